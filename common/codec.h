@@ -1,0 +1,85 @@
+// Wire dtype conversion for zenflow tensors.
+//
+// Gradients and parameters travel over the wire as fp32, bf16 or fp16 and are
+// accumulated / stored as fp32 on the server. This file provides exact scalar
+// conversions (round-to-nearest-even, IEEE semantics) plus bulk Encode /
+// Decode / DecodeAdd / AllFinite routines that are vectorized with AVX-512 or
+// AVX2 (+F16C) when the CPU supports them. The SIMD level is picked once at
+// runtime; the translation unit is compiled without -march flags and uses
+// per-function target attributes instead.
+//
+// All functions are stateless and thread-safe. Pointers need not be aligned.
+
+#ifndef ZENFLOW_COMMON_CODEC_H_
+#define ZENFLOW_COMMON_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zenflow {
+
+// Element type of a tensor on the wire. Values match the proto enum.
+enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Bytes per element: 4 for kF32, 2 for kBF16 and kF16.
+size_t DTypeSize(DType dtype);
+
+// Short lowercase name: "fp32", "bf16", "fp16" ("unknown" otherwise).
+const char* DTypeName(DType dtype);
+
+// fp32 -> bf16 with round-to-nearest-even. NaN stays NaN (returned quiet, sign
+// and top payload bits kept); +-Inf stays +-Inf; large finite values may round
+// to Inf.
+uint16_t FloatToBf16(float value);
+
+// bf16 -> fp32 (exact).
+float Bf16ToFloat(uint16_t bits);
+
+// fp32 -> IEEE binary16 with round-to-nearest-even, including subnormal
+// results. Values whose magnitude rounds above 65504 become +-Inf. NaN stays
+// NaN (quiet, sign and top payload bits kept).
+uint16_t FloatToF16(float value);
+
+// IEEE binary16 -> fp32 (exact for all non-NaN inputs; NaNs come back quiet,
+// matching the hardware F16C conversion).
+float F16ToFloat(uint16_t bits);
+
+// Converts n floats to `dtype`; dst must hold n * DTypeSize(dtype) bytes.
+void Encode(DType dtype, const float* src, size_t n, void* dst);
+
+// Converts n encoded values to floats.
+void Decode(DType dtype, const void* src, size_t n, float* dst);
+
+// acc[i] += decode(src[i]) for i in [0, n).
+void DecodeAdd(DType dtype, const void* src, size_t n, float* acc);
+
+// Returns true if all n encoded values are finite. Otherwise returns false and,
+// if first_bad is non-null, stores the index of the first NaN or Inf there.
+bool AllFinite(DType dtype, const void* src, size_t n, size_t* first_bad);
+
+// SIMD level used by the functions above: "avx512", "avx2" or "scalar".
+const char* CodecSimdLevel();
+
+// Implementation details exposed for tests and benchmarks only.
+namespace codec_internal {
+
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The ISA the public functions dispatch to.
+Isa ActiveIsa();
+
+// True if this CPU can run code compiled for `isa`.
+bool IsaSupported(Isa isa);
+
+// Same as the public functions but forced to `isa`, which must be supported.
+void EncodeWith(Isa isa, DType dtype, const float* src, size_t n, void* dst);
+void DecodeWith(Isa isa, DType dtype, const void* src, size_t n, float* dst);
+void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n,
+                   float* acc);
+bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
+                   size_t* first_bad);
+
+}  // namespace codec_internal
+}  // namespace zenflow
+
+#endif  // ZENFLOW_COMMON_CODEC_H_

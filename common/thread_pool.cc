@@ -1,0 +1,107 @@
+// Fixed-size thread pool with a statically partitioned ParallelFor.
+// See thread_pool.h.
+
+#include "common/thread_pool.h"
+
+#include <algorithm>
+
+namespace zenflow {
+namespace {
+
+// Bounds of chunk `index` when [0, n) is split into `chunks` near-equal
+// contiguous pieces (the first n % chunks pieces get one extra item).
+void ChunkBounds(size_t n, size_t chunks, size_t index, size_t* begin,
+                 size_t* end) {
+  const size_t base = n / chunks;
+  const size_t extra = n % chunks;
+  *begin = index * base + std::min(index, extra);
+  *end = *begin + base + (index < extra ? 1 : 0);
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads)
+    : num_threads_(std::max(1, num_threads)) {
+  workers_.reserve(num_threads_ - 1);
+  for (int i = 1; i < num_threads_; ++i) {
+    workers_.emplace_back([this, i] { WorkerLoop(i); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::RunChunk(size_t index, size_t n, size_t chunks,
+                          const std::function<void(size_t, size_t)>& fn) {
+  size_t begin, end;
+  ChunkBounds(n, chunks, index, &begin, &end);
+  try {
+    fn(begin, end);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void ThreadPool::ParallelFor(size_t n, size_t grain,
+                             const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  if (grain == 0) grain = 1;
+  const size_t chunks = std::max<size_t>(
+      1, std::min<size_t>(static_cast<size_t>(num_threads_), n / grain));
+  if (chunks == 1) {
+    fn(0, n);
+    return;
+  }
+
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunks_ = chunks;
+    pending_ = chunks - 1;
+    error_ = nullptr;
+    ++generation_;
+  }
+  work_cv_.notify_all();
+
+  RunChunk(0, n, chunks, fn);
+
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+    error = error_;
+    error_ = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  const size_t chunk = static_cast<size_t>(index);
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [&] { return shutdown_ || generation_ != seen; });
+    if (shutdown_) return;
+    seen = generation_;
+    if (chunk >= chunks_) continue;  // Not needed for this job.
+    const std::function<void(size_t, size_t)>* fn = fn_;
+    const size_t n = n_;
+    const size_t chunks = chunks_;
+    lock.unlock();
+    RunChunk(chunk, n, chunks, *fn);
+    lock.lock();
+    if (--pending_ == 0) done_cv_.notify_one();
+  }
+}
+
+}  // namespace zenflow

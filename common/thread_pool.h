@@ -1,0 +1,77 @@
+// A small fixed-size thread pool offering a statically partitioned
+// ParallelFor, used to spread optimizer and codec work over CPU cores.
+
+#ifndef ZENFLOW_COMMON_THREAD_POOL_H_
+#define ZENFLOW_COMMON_THREAD_POOL_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace zenflow {
+
+// Fixed-size pool of `num_threads` participants: num_threads - 1 background
+// threads plus the thread that calls ParallelFor.
+//
+// Thread-safe: ParallelFor may be called concurrently from several threads;
+// such calls are serialized. ParallelFor must not be called from inside a
+// ParallelFor callback of the same pool (it would deadlock).
+class ThreadPool {
+ public:
+  // num_threads >= 1 (smaller values are treated as 1). ThreadPool(1) starts
+  // no threads and runs everything inline on the caller.
+  explicit ThreadPool(int num_threads);
+
+  // Joins all background threads. No ParallelFor may be in progress.
+  ~ThreadPool();
+
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Total participants, including the calling thread.
+  int num_threads() const { return num_threads_; }
+
+  // Splits [0, n) into k = min(num_threads(), max(1, n / grain)) contiguous
+  // chunks of near-equal size (each at least `grain` items unless n < grain;
+  // grain 0 is treated as 1). Chunk i is [i*n/k, (i+1)*n/k) up to rounding,
+  // so the partition depends only on (n, grain, num_threads()). Chunk 0 runs
+  // on the caller, chunk i on background thread i. Calls fn(begin, end) once
+  // per chunk and returns when all chunks are done; does nothing if n == 0.
+  // If fn throws, the first exception is rethrown here after all chunks end.
+  void ParallelFor(size_t n, size_t grain,
+                   const std::function<void(size_t, size_t)>& fn);
+
+ private:
+  void WorkerLoop(int index);
+
+  // Runs chunk `index` of the current job and records any exception.
+  void RunChunk(size_t index, size_t n, size_t chunks,
+                const std::function<void(size_t, size_t)>& fn);
+
+  const int num_threads_;
+  std::vector<std::thread> workers_;
+
+  // Serializes concurrent ParallelFor calls.
+  std::mutex call_mu_;
+
+  // Guards the job state below.
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // Workers wait for a new generation.
+  std::condition_variable done_cv_;  // The caller waits for pending_ == 0.
+  bool shutdown_ = false;
+  uint64_t generation_ = 0;
+  const std::function<void(size_t, size_t)>* fn_ = nullptr;
+  size_t n_ = 0;
+  size_t chunks_ = 0;
+  size_t pending_ = 0;  // Background chunks not yet finished.
+  std::exception_ptr error_;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_COMMON_THREAD_POOL_H_

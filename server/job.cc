@@ -1,0 +1,1133 @@
+// One optimizer job; see job.h.
+#include "server/job.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/selection.h"
+#include "common/status_macros.h"
+
+namespace zenflow {
+namespace {
+
+constexpr int64_t kDefaultShardBytes = 4 << 20;
+constexpr int64_t kMinShardBytes = 1024;
+constexpr int32_t kMaxWorldSize = 4096;
+
+absl::StatusOr<DType> WireDType(v1::DType d, const char* what) {
+  switch (d) {
+    case v1::DTYPE_FP32:
+      return DType::kF32;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    case v1::DTYPE_FP16:
+      return DType::kF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown dtype ", static_cast<int>(d),
+                       " (use DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16)"));
+  }
+}
+
+bool ValidJobId(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                     (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+bool AllFiniteF32(const float* p, size_t n, size_t* bad) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p[i])) {
+      *bad = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+void RejectionCounter::Export(google::protobuf::Map<std::string, int64_t>* out) const {
+  for (int i = 0; i < 32; ++i) {
+    const int64_t n = counts_[i].load(std::memory_order_relaxed);
+    if (n == 0) continue;
+    std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(i));
+    (*out)[name] += n;
+  }
+}
+
+absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
+  if (!ValidJobId(spec->job_id())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id '", spec->job_id(),
+        "' is invalid: use 1-128 characters from [A-Za-z0-9._-]"));
+  }
+  if (spec->tensors_size() == 0) {
+    return absl::InvalidArgumentError("job has no tensors");
+  }
+  std::map<std::string, int> seen;
+  for (int i = 0; i < spec->tensors_size(); ++i) {
+    v1::TensorSpec* t = spec->mutable_tensors(i);
+    if (t->name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor #", i, " has no name"));
+    }
+    if (!seen.emplace(t->name(), i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t->name(), "' is listed twice"));
+    }
+    if (t->shape_size() < 1 || t->shape_size() > 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t->name(), "': shape ", ShapeString(t->shape()),
+                       " must be 1-D [n] or 2-D [rows, cols]"));
+    }
+    for (int64_t d : t->shape()) {
+      if (d <= 0 || d > (int64_t{1} << 31)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", t->name(), "': shape ", ShapeString(t->shape()),
+                         " must have dimensions in [1, 2^31]"));
+      }
+    }
+    if (t->dtype() == v1::DTYPE_UNSPECIFIED) t->set_dtype(v1::DTYPE_FP32);
+    ZF_RETURN_IF_ERROR(WireDType(t->dtype(), "tensor dtype").status());
+  }
+  if (spec->world_size() == 0) spec->set_world_size(1);
+  if (spec->world_size() < 1 || spec->world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size ", spec->world_size(), " must be in [1, ", kMaxWorldSize, "]"));
+  }
+  if (spec->wire_dtype() == v1::DTYPE_UNSPECIFIED) spec->set_wire_dtype(v1::DTYPE_BF16);
+  ZF_RETURN_IF_ERROR(WireDType(spec->wire_dtype(), "wire_dtype").status());
+  if (spec->delta_kind() == v1::DELTA_UNSPECIFIED) spec->set_delta_kind(v1::DELTA_VALUES);
+  if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::MODE_ZENFLOW);
+  if (spec->max_shard_bytes() == 0) {
+    spec->set_max_shard_bytes(std::min<int64_t>(kDefaultShardBytes, max_message_bytes / 2));
+  }
+  if (spec->max_shard_bytes() < kMinShardBytes ||
+      spec->max_shard_bytes() > max_message_bytes - 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_shard_bytes ", spec->max_shard_bytes(), " must be in [", kMinShardBytes,
+        ", ", max_message_bytes - 4096, "] (the daemon's max message size less headers)"));
+  }
+
+  v1::AdamWConfig* a = spec->mutable_adamw();
+  if (!a->has_lr()) a->set_lr(1e-3f);
+  if (!a->has_beta1()) a->set_beta1(0.9f);
+  if (!a->has_beta2()) a->set_beta2(0.999f);
+  if (!a->has_eps()) a->set_eps(1e-8f);
+  if (!a->has_weight_decay()) a->set_weight_decay(0.01f);
+  if (!(a->lr() > 0 && std::isfinite(a->lr()))) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw.lr ", a->lr(), " must be > 0"));
+  }
+  if (!(a->beta1() >= 0 && a->beta1() < 1) || !(a->beta2() >= 0 && a->beta2() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw betas (", a->beta1(), ", ",
+                                                   a->beta2(), ") must be in [0, 1)"));
+  }
+  if (!(a->eps() > 0 && std::isfinite(a->eps()))) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw.eps ", a->eps(), " must be > 0"));
+  }
+  if (!(a->weight_decay() >= 0 && std::isfinite(a->weight_decay()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adamw.weight_decay ", a->weight_decay(), " must be >= 0"));
+  }
+  if (!(a->max_grad_norm() >= 0 && std::isfinite(a->max_grad_norm()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adamw.max_grad_norm ", a->max_grad_norm(), " must be >= 0 (0 = no clipping)"));
+  }
+
+  v1::ZenFlowConfig* z = spec->mutable_zenflow();
+  if (spec->mode() == v1::MODE_ZERO_OFFLOAD) {
+    z->set_topk_ratio(0);
+    z->set_update_interval(1);
+    z->set_select_interval(1);
+    z->set_full_warmup_rounds(0);
+    z->mutable_apply_delay()->set_sync(true);
+  } else if (spec->mode() == v1::MODE_ZENFLOW) {
+    if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
+    if (z->update_interval() == 0) z->set_update_interval(4);
+    if (z->select_interval() == 0) z->set_select_interval(25 * z->update_interval());
+    if (z->apply_delay().kind_case() == v1::ApplyDelay::KIND_NOT_SET) {
+      z->mutable_apply_delay()->set_adaptive(true);
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mode ", static_cast<int>(spec->mode()), " is unknown (MODE_ZENFLOW or MODE_ZERO_OFFLOAD)"));
+  }
+  if (!(z->topk_ratio() >= 0 && z->topk_ratio() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("zenflow.topk_ratio ", z->topk_ratio(), " must be in [0, 1]"));
+  }
+  if (z->update_interval() < 1 || z->update_interval() > 1 << 20) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zenflow.update_interval ", z->update_interval(), " must be in [1, 2^20]"));
+  }
+  if (z->select_interval() < z->update_interval() ||
+      z->select_interval() % z->update_interval() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zenflow.select_interval ", z->select_interval(),
+        " must be a positive multiple of update_interval ", z->update_interval()));
+  }
+  if (z->full_warmup_rounds() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zenflow.full_warmup_rounds ", z->full_warmup_rounds(), " must be >= 0"));
+  }
+  if (z->importance() == v1::IMPORTANCE_UNSPECIFIED) z->set_importance(v1::IMPORTANCE_L1);
+  const v1::ApplyDelay& d = z->apply_delay();
+  if (d.kind_case() == v1::ApplyDelay::kSteps &&
+      (d.steps() < 1 || d.steps() > z->update_interval())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("zenflow.apply_delay.steps ", d.steps(), " must be in [1, ",
+                     z->update_interval(), "] (use sync for 0)"));
+  }
+  if (d.kind_case() == v1::ApplyDelay::kOverlapStep) {
+    z->mutable_apply_delay()->set_steps(z->update_interval());
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+
+std::shared_ptr<Job> Job::Create(const v1::JobSpec& spec, JobContext ctx) {
+  return std::shared_ptr<Job>(new Job(spec, ctx));
+}
+
+Job::Job(const v1::JobSpec& spec, JobContext ctx)
+    : spec_(spec),
+      ctx_(ctx),
+      world_(spec.world_size()),
+      interval_(spec.zenflow().update_interval()),
+      wire_dtype_(*WireDType(spec.wire_dtype(), "wire_dtype")) {
+  const bool zenflow = spec.mode() == v1::MODE_ZENFLOW;
+  tensors_.resize(spec.tensors_size());
+  for (int i = 0; i < spec.tensors_size(); ++i) {
+    const v1::TensorSpec& ts = spec.tensors(i);
+    TensorState& t = tensors_[i];
+    t.name = ts.name();
+    t.rows = ts.shape_size() == 2 ? ts.shape(0) : 1;
+    t.cols = ts.shape_size() == 2 ? ts.shape(1) : ts.shape(0);
+    t.always_important = zenflow && (ts.shape_size() == 1 || ts.local());
+    t.param_dtype = *WireDType(ts.dtype(), "dtype");
+    const size_t n = static_cast<size_t>(t.rows * t.cols);
+    params_ += static_cast<int64_t>(n);
+    t.master.assign(n, 0.0f);
+    t.m.assign(n, 0.0f);
+    t.v.assign(n, 0.0f);
+    t.acc[0].assign(n, 0.0f);
+    t.acc[1].assign(n, 0.0f);
+    t.count.assign(t.cols, 0);
+    t.important.assign(t.cols, 0);  // version 0: every column remote
+    t.last_step.assign(world_, std::vector<int64_t>(t.cols, -1));
+    t.round_hits.assign(world_, std::vector<int32_t>(t.cols, 0));
+  }
+  ranks_.resize(world_);
+}
+
+absl::Status Job::CheckLive() const {
+  if (deleted_) {
+    return absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].name == name) return static_cast<int>(i);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("job '", spec_.job_id(), "' has no tensor '", name, "'"));
+}
+
+absl::Status Job::CheckRank(int32_t rank) const {
+  if (rank < 0 || rank >= world_) {
+    return absl::OutOfRangeError(absl::StrCat("rank ", rank, " out of range [0, ", world_,
+                                              ") of job '", spec_.job_id(), "'"));
+  }
+  if (!ranks_[rank].joined) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " has not joined job '",
+                                            spec_.job_id(), "' (call JoinJob first)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::CheckRoundBuffer(int64_t round) const {
+  if (round - 2 >= rounds_updated_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", round, " would reuse the accumulation buffer of round ", round - 2,
+        ", whose update has not finished: wait for round ", round - 2,
+        "'s deltas (apply delay must not exceed update_interval)"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Upload ----------------------------------------------------------------
+
+Job::Upload::Upload(std::shared_ptr<Job> job)
+    : job_(std::move(job)), staged_(job_->tensors_.size()), filled_(job_->tensors_.size(), 0) {}
+
+absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
+  {
+    absl::ReaderMutexLock lock(&job_->mu_);
+    ZF_RETURN_IF_ERROR(job_->CheckLive());
+    if (job_->uploaded_) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "parameters of job '", job_->spec_.job_id(),
+          "' were already uploaded; they can be uploaded once (delete and recreate the job to "
+          "start over)"));
+    }
+  }
+  ZF_ASSIGN_OR_RETURN(int ti, job_->TensorIndex(chunk.tensor()));
+  const TensorState& t = job_->tensors_[ti];
+  const v1::TensorSpec& ts = job_->spec_.tensors(ti);
+  const int64_t numel = t.rows * t.cols;
+  if (chunk.shape_size() > 0) {
+    bool same = chunk.shape_size() == ts.shape_size();
+    for (int i = 0; same && i < ts.shape_size(); ++i) same = chunk.shape(i) == ts.shape(i);
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': uploaded shape ", ShapeString(chunk.shape()),
+          " does not match the job's shape ", ShapeString(ts.shape())));
+    }
+  } else if (filled_[ti] == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "': the first chunk must carry the shape ", ShapeString(ts.shape())));
+  }
+  if (chunk.offset() != filled_[ti]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", t.name, "': chunk at offset ", chunk.offset(),
+                     " out of order; expected offset ", filled_[ti],
+                     " (chunks of a tensor are sent in row-major order)"));
+  }
+  const v1::DType pd = chunk.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FP32 : chunk.dtype();
+  ZF_ASSIGN_OR_RETURN(DType dt, WireDType(pd, "upload dtype"));
+  const size_t esize = DTypeSize(dt);
+  if (chunk.payload().size() % esize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "': payload of ", chunk.payload().size(),
+        " bytes is not a whole number of ", DTypeName(dt), " values"));
+  }
+  const int64_t n = static_cast<int64_t>(chunk.payload().size() / esize);
+  if (chunk.offset() + n > numel) {
+    return absl::OutOfRangeError(absl::StrCat("tensor '", t.name, "': chunk [", chunk.offset(),
+                                              ", ", chunk.offset() + n,
+                                              ") exceeds the tensor's ", numel, " elements"));
+  }
+  size_t bad = 0;
+  if (!AllFinite(dt, chunk.payload().data(), n, &bad)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name,
+                                                   "': non-finite value at element ",
+                                                   chunk.offset() + static_cast<int64_t>(bad)));
+  }
+  if (staged_[ti].empty()) staged_[ti].resize(numel);
+  Decode(dt, chunk.payload().data(), n, staged_[ti].data() + chunk.offset());
+  filled_[ti] += n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
+  absl::MutexLock lock(&job_->mu_);
+  ZF_RETURN_IF_ERROR(job_->CheckLive());
+  if (job_->uploaded_) {
+    return absl::AlreadyExistsError(absl::StrCat("parameters of job '", job_->spec_.job_id(),
+                                                 "' were already uploaded"));
+  }
+  for (size_t i = 0; i < job_->tensors_.size(); ++i) {
+    const TensorState& t = job_->tensors_[i];
+    if (filled_[i] != t.rows * t.cols) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("upload incomplete: tensor '", t.name, "' has ", filled_[i], " of ",
+                       t.rows * t.cols, " elements; nothing was stored"));
+    }
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < job_->tensors_.size(); ++i) {
+    TensorState& t = job_->tensors_[i];
+    const std::vector<float>& src = staged_[i];  // row-major [rows][cols]
+    constexpr int64_t kBlock = 64;
+    for (int64_t r0 = 0; r0 < t.rows; r0 += kBlock) {
+      for (int64_t c0 = 0; c0 < t.cols; c0 += kBlock) {
+        const int64_t r1 = std::min(t.rows, r0 + kBlock), c1 = std::min(t.cols, c0 + kBlock);
+        for (int64_t c = c0; c < c1; ++c) {
+          for (int64_t r = r0; r < r1; ++r) t.master[c * t.rows + r] = src[r * t.cols + c];
+        }
+      }
+    }
+    total += t.rows * t.cols;
+    staged_[i].clear();
+    staged_[i].shrink_to_fit();
+  }
+  job_->uploaded_ = true;
+  v1::UploadParametersResponse resp;
+  resp.set_elements(total);
+  resp.set_tensors(static_cast<int64_t>(job_->tensors_.size()));
+  return resp;
+}
+
+// ---- Control ---------------------------------------------------------------
+
+v1::Selection Job::SelectionLocked() const {
+  v1::Selection s;
+  s.set_version(selection_version_);
+  s.set_step(selection_step_);
+  for (const TensorState& t : tensors_) {
+    v1::ColumnSet* cs = s.add_important();
+    cs->set_tensor(t.name);
+    cs->mutable_columns()->Add(t.important_cols.begin(), t.important_cols.end());
+  }
+  return s;
+}
+
+absl::StatusOr<v1::JoinJobResponse> Job::Join(int32_t rank) {
+  absl::MutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  if (rank < 0 || rank >= world_) {
+    return absl::OutOfRangeError(absl::StrCat("rank ", rank, " out of range [0, ", world_,
+                                              ") of job '", spec_.job_id(), "'"));
+  }
+  if (ranks_[rank].joined) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", rank, " already joined job '", spec_.job_id(), "'"));
+  }
+  ranks_[rank].joined = true;
+  v1::JoinJobResponse resp;
+  *resp.mutable_spec() = spec_;
+  *resp.mutable_selection() = SelectionLocked();
+  return resp;
+}
+
+void Job::Describe(v1::GetJobResponse* out) {
+  absl::ReaderMutexLock lock(&mu_);
+  *out->mutable_spec() = spec_;
+  out->set_parameters_uploaded(uploaded_);
+  for (int r = 0; r < world_; ++r) {
+    if (ranks_[r].joined) out->add_joined_ranks(r);
+  }
+  out->set_rounds_updated(rounds_updated_);
+  out->set_selection_version(selection_version_);
+}
+
+void Job::Stats(v1::JobStats* out) {
+  absl::ReaderMutexLock lock(&mu_);
+  out->set_job_id(spec_.job_id());
+  out->set_shards_received(shards_received_);
+  out->set_shard_bytes_received(shard_bytes_received_);
+  out->set_rounds_updated(rounds_updated_);
+  out->set_rounds_skipped_nonfinite(rounds_skipped_);
+  out->set_delta_messages_sent(delta_messages_sent_);
+  out->set_delta_bytes_sent(delta_bytes_sent_);
+  out->set_update_seconds_total(update_seconds_total_);
+  out->set_last_update_seconds(last_update_seconds_);
+  out->set_params(params_);
+  rejected_.Export(out->mutable_rejected());
+}
+
+absl::StatusOr<std::shared_ptr<Mailbox>> Job::MailboxFor(int32_t rank) {
+  absl::ReaderMutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  ZF_RETURN_IF_ERROR(CheckRank(rank));
+  return ranks_[rank].mailbox;
+}
+
+v1::DownMessage Job::AttachedMessage(int32_t rank) {
+  absl::ReaderMutexLock lock(&mu_);
+  v1::DownMessage msg;
+  msg.mutable_attached()->set_selection_version(selection_version_);
+  if (rank >= 0 && rank < world_) msg.mutable_attached()->set_next_round(ranks_[rank].next_round);
+  return msg;
+}
+
+void Job::Shutdown() {
+  std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    deleted_ = true;
+    for (auto& w : pending_.waiters) {
+      if (w) waiters.push_back(std::move(w));
+    }
+    pending_ = PendingSelection();
+  }
+  for (auto& w : waiters) {
+    w(absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted")));
+  }
+}
+
+// ---- Data ------------------------------------------------------------------
+
+absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up) {
+  absl::MutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  ZF_RETURN_IF_ERROR(CheckRank(rank));
+  switch (up.kind_case()) {
+    case v1::UpMessage::kShard:
+      return HandleShard(rank, up.shard());
+    case v1::UpMessage::kClose:
+      return HandleClose(rank, up.close());
+    case v1::UpMessage::kAttach:
+      return absl::FailedPreconditionError("this stream is already attached");
+    default:
+      return absl::InvalidArgumentError("empty message: set shard or close");
+  }
+}
+
+absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
+  if (!uploaded_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "': upload the parameters before sending gradients"));
+  }
+  if (pending_.step >= 0 && pending_.submitted[rank]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
+                     pending_.step, "; wait for the selection and hand off state first"));
+  }
+  const RankState& rs = ranks_[rank];
+  if (shard.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", shard.step(), " is negative"));
+  }
+  const int64_t round = shard.step() / interval_;
+  if (round < rs.next_round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", shard.step(), " belongs to round ", round, ", which rank ", rank,
+                     " already closed"));
+  }
+  if (round > rs.next_round) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "step ", shard.step(), " is in round ", round, ", too far ahead: rank ", rank,
+        " has not closed round ", rs.next_round, " (steps ", rs.next_round * interval_, "..",
+        rs.next_round * interval_ + interval_ - 1, ")"));
+  }
+  ZF_RETURN_IF_ERROR(CheckRoundBuffer(round));
+  if (shard.selection_version() != selection_version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "column-set version ", shard.selection_version(), " is ",
+        shard.selection_version() < selection_version_ ? "stale" : "unknown",
+        "; the current version is ", selection_version_));
+  }
+  if (rs.handed_off_version != selection_version_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " must call HandOff for selection version ",
+                     selection_version_, " before sending shards"));
+  }
+  ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(shard.tensor()));
+  TensorState& t = tensors_[ti];
+  const v1::DType pd = shard.dtype() == v1::DTYPE_UNSPECIFIED ? spec_.wire_dtype() : shard.dtype();
+  ZF_ASSIGN_OR_RETURN(DType dt, WireDType(pd, "shard dtype"));
+  const size_t ncols = static_cast<size_t>(shard.columns_size());
+  if (ncols == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", t.name, "': shard for step ", shard.step(), " has no columns"));
+  }
+  const size_t expected = ncols * static_cast<size_t>(t.rows) * DTypeSize(dt);
+  if (shard.payload().size() != expected) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor '%s': payload is %d bytes but %d columns x %d rows of %s need %d bytes",
+        t.name, shard.payload().size(), ncols, t.rows, DTypeName(dt), expected));
+  }
+  std::vector<int32_t> sorted(shard.columns().begin(), shard.columns().end());
+  for (int32_t c : sorted) {
+    if (c < 0 || c >= t.cols) {
+      return absl::OutOfRangeError(absl::StrCat("tensor '", t.name, "': column ", c,
+                                                " out of range [0, ", t.cols, ")"));
+    }
+    if (t.important[c]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': column ", c, " is important under selection version ",
+          selection_version_, " and is updated on the worker; send only unimportant columns"));
+    }
+    if (t.last_step[rank][c] == shard.step()) {
+      return absl::AlreadyExistsError(absl::StrCat("tensor '", t.name, "': column ", c,
+                                                   " of step ", shard.step(),
+                                                   " was already received from rank ", rank));
+    }
+  }
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i] == sorted[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': column ", sorted[i], " is repeated in one shard"));
+    }
+  }
+  const char* payload = shard.payload().data();
+  const size_t col_bytes = static_cast<size_t>(t.rows) * DTypeSize(dt);
+  size_t bad = 0;
+  const bool finite = AllFinite(dt, payload, ncols * t.rows, &bad);
+  if (!finite && !spec_.skip_nonfinite_rounds()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
+        " row ", bad % t.rows, " of step ", shard.step(),
+        " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
+  }
+  // Everything checked: apply.
+  if (!finite) rounds_[round].nonfinite = true;
+  std::vector<float>& acc = t.acc[round & 1];
+  for (size_t i = 0; i < ncols; ++i) {
+    const int32_t c = shard.columns(static_cast<int>(i));
+    if (finite) {
+      DecodeAdd(dt, payload + i * col_bytes, t.rows, acc.data() + static_cast<size_t>(c) * t.rows);
+    }
+    t.last_step[rank][c] = shard.step();
+    t.round_hits[rank][c] += 1;
+  }
+  ++shards_received_;
+  shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
+  return absl::OkStatus();
+}
+
+absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
+  RankState& rs = ranks_[rank];
+  if (!uploaded_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "': upload the parameters before closing rounds"));
+  }
+  if (close.round() < rs.next_round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " already closed round ", close.round()));
+  }
+  if (close.round() > rs.next_round) {
+    return absl::OutOfRangeError(absl::StrCat("round ", close.round(), " is too far ahead: rank ",
+                                              rank, " must close round ", rs.next_round,
+                                              " first"));
+  }
+  if (pending_.step >= 0 && pending_.submitted[rank]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " is waiting for the selection at step ", pending_.step));
+  }
+  if (rs.handed_off_version != selection_version_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " must call HandOff for selection version ",
+                     selection_version_, " before closing a round"));
+  }
+  const int64_t steps = close.steps() == 0 ? interval_ : close.steps();
+  if (steps < 1 || steps > interval_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("round ", close.round(), ": steps ", close.steps(), " must be in [1, ",
+                     interval_, "] (0 means update_interval)"));
+  }
+  if (!(close.lr() >= 0 && std::isfinite(close.lr()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("round ", close.round(), ": lr ", close.lr(), " must be finite and >= 0"));
+  }
+  ZF_RETURN_IF_ERROR(CheckRoundBuffer(close.round()));
+  auto it = rounds_.find(close.round());
+  if (it != rounds_.end() && it->second.closed > 0 && it->second.lr != close.lr()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round ", close.round(), ": lr ", close.lr(), " differs from the lr ", it->second.lr,
+        " other ranks closed it with"));
+  }
+  for (const TensorState& t : tensors_) {
+    for (int64_t c = 0; c < t.cols; ++c) {
+      if (!t.important[c] && t.round_hits[rank][c] != steps) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank, " cannot close round ", close.round(), ": tensor '", t.name,
+            "' column ", c, " has gradients from ", t.round_hits[rank][c], " of ", steps,
+            " steps"));
+      }
+    }
+  }
+  // Apply.
+  for (TensorState& t : tensors_) {
+    std::fill(t.round_hits[rank].begin(), t.round_hits[rank].end(), 0);
+  }
+  rs.next_round = close.round() + 1;
+  RoundState& round = rounds_[close.round()];
+  round.closed += 1;
+  round.steps_sum += steps;
+  round.lr = close.lr();
+  round.last_close = std::chrono::steady_clock::now();
+  if (round.closed == world_) {
+    rounds_closed_ = close.round() + 1;
+    std::shared_ptr<Job> self = shared_from_this();
+    const int64_t r = close.round();
+    ctx_.executor->Schedule([self, r] { self->RunUpdate(r); });
+  }
+  return absl::OkStatus();
+}
+
+// ---- Update ----------------------------------------------------------------
+
+namespace {
+
+// A run of adjacent columns with the same update count: contiguous in the
+// column-major buffers, so one kernel call covers it.
+struct ColumnRun {
+  int tensor;
+  int64_t first_col;
+  int64_t ncols;
+};
+
+}  // namespace
+
+void Job::RunUpdate(int64_t round) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RoundState rs;
+  std::vector<std::vector<int32_t>> remote(tensors_.size());
+  std::vector<std::shared_ptr<Mailbox>> boxes;
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (deleted_) return;
+    rs = rounds_[round];
+    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+      const TensorState& t = tensors_[ti];
+      for (int64_t c = 0; c < t.cols; ++c) {
+        if (!t.important[c]) remote[ti].push_back(static_cast<int32_t>(c));
+      }
+    }
+    for (const RankState& r : ranks_) boxes.push_back(r.mailbox);
+    version = selection_version_;
+  }
+  const int parity = static_cast<int>(round & 1);
+  const v1::AdamWConfig& cfg = spec_.adamw();
+  const bool arithmetic = spec_.delta_kind() == v1::DELTA_ARITHMETIC;
+
+  // Runs of adjacent columns with equal counts, split to bound their size.
+  std::vector<ColumnRun> runs;
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    const int64_t max_cols = std::max<int64_t>(1, (int64_t{1} << 16) / t.rows);
+    const std::vector<int32_t>& cols = remote[ti];
+    size_t i = 0;
+    while (i < cols.size()) {
+      size_t j = i + 1;
+      while (j < cols.size() && cols[j] == cols[j - 1] + 1 &&
+             t.count[cols[j]] == t.count[cols[i]] &&
+             static_cast<int64_t>(j - i) < max_cols) {
+        ++j;
+      }
+      runs.push_back({static_cast<int>(ti), cols[i], static_cast<int64_t>(j - i)});
+      i = j;
+    }
+  }
+
+  float grad_norm = 0.0f;
+  const double scale = rs.steps_sum > 0 ? 1.0 / static_cast<double>(rs.steps_sum) : 0.0;
+  std::vector<std::vector<float>> old_values;
+  if (!rs.nonfinite) {
+    // Norm of the round's mean gradient: per-run partial sums, added in order.
+    std::vector<double> partial(runs.size(), 0.0);
+    ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
+      for (size_t k = b; k < e; ++k) {
+        const ColumnRun& run = runs[k];
+        const TensorState& t = tensors_[run.tensor];
+        const float* g = t.acc[parity].data() + run.first_col * t.rows;
+        double s = 0;
+        for (int64_t i = 0; i < run.ncols * t.rows; ++i) s += static_cast<double>(g[i]) * g[i];
+        partial[k] = s;
+      }
+    });
+    double sum = 0;
+    for (double p : partial) sum += p;
+    const double norm = std::sqrt(sum) * scale;
+    grad_norm = static_cast<float>(norm);
+    double clip = 1.0;
+    if (cfg.max_grad_norm() > 0 && norm > cfg.max_grad_norm()) {
+      clip = cfg.max_grad_norm() / (norm + 1e-6);
+    }
+    const float grad_scale = static_cast<float>(scale * clip);
+    if (arithmetic) {
+      old_values.resize(tensors_.size());
+      for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+        const TensorState& t = tensors_[ti];
+        old_values[ti].resize(remote[ti].size() * t.rows);
+        for (size_t i = 0; i < remote[ti].size(); ++i) {
+          std::memcpy(old_values[ti].data() + i * t.rows, t.master.data() + remote[ti][i] * t.rows,
+                      t.rows * sizeof(float));
+        }
+      }
+    }
+    const AdamWHyper h{rs.lr, cfg.beta1(), cfg.beta2(), cfg.eps(), cfg.weight_decay()};
+    ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
+      for (size_t k = b; k < e; ++k) {
+        const ColumnRun& run = runs[k];
+        TensorState& t = tensors_[run.tensor];
+        const int64_t step = t.count[run.first_col] + 1;
+        const size_t off = static_cast<size_t>(run.first_col * t.rows);
+        const size_t n = static_cast<size_t>(run.ncols * t.rows);
+        float* g = t.acc[parity].data() + off;
+        AdamWUpdate(ctx_.simd, h, step, grad_scale, g, t.master.data() + off, t.m.data() + off,
+                    t.v.data() + off, n);
+        std::memset(g, 0, n * sizeof(float));
+        for (int64_t c = 0; c < run.ncols; ++c) t.count[run.first_col + c] = step;
+      }
+    });
+  } else {
+    ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
+      for (size_t k = b; k < e; ++k) {
+        const ColumnRun& run = runs[k];
+        TensorState& t = tensors_[run.tensor];
+        std::memset(t.acc[parity].data() + run.first_col * t.rows, 0,
+                    run.ncols * t.rows * sizeof(float));
+      }
+    });
+  }
+
+  // Deltas: chunks of columns of at most max_shard_bytes each.
+  std::vector<v1::DownMessage> deltas;
+  if (!rs.nonfinite) {
+    struct Chunk {
+      int tensor;
+      size_t begin, end;  // indices into remote[tensor]
+    };
+    std::vector<Chunk> chunks;
+    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+      const TensorState& t = tensors_[ti];
+      const DType out = arithmetic ? DType::kF32 : t.param_dtype;
+      const size_t per = std::max<size_t>(
+          1, static_cast<size_t>(spec_.max_shard_bytes()) / (t.rows * DTypeSize(out)));
+      for (size_t i = 0; i < remote[ti].size(); i += per) {
+        chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
+      }
+    }
+    deltas.resize(chunks.size());
+    ctx_.pool->ParallelFor(chunks.size(), 1, [&](size_t b, size_t e) {
+      std::vector<float> diff;
+      for (size_t k = b; k < e; ++k) {
+        const Chunk& ch = chunks[k];
+        const TensorState& t = tensors_[ch.tensor];
+        const DType out = arithmetic ? DType::kF32 : t.param_dtype;
+        v1::ParameterDelta* d = deltas[k].mutable_delta();
+        d->set_round(round);
+        d->set_tensor(t.name);
+        d->set_kind(arithmetic ? v1::DELTA_ARITHMETIC : v1::DELTA_VALUES);
+        d->set_dtype(out == DType::kF32   ? v1::DTYPE_FP32
+                     : out == DType::kBF16 ? v1::DTYPE_BF16
+                                           : v1::DTYPE_FP16);
+        const size_t n = ch.end - ch.begin;
+        std::string* payload = d->mutable_payload();
+        payload->resize(n * t.rows * DTypeSize(out));
+        char* dst = payload->data();
+        for (size_t i = ch.begin; i < ch.end; ++i) {
+          const int32_t c = remote[ch.tensor][i];
+          d->add_columns(c);
+          const float* src = t.master.data() + static_cast<size_t>(c) * t.rows;
+          if (arithmetic) {
+            diff.resize(t.rows);
+            const float* old = old_values[ch.tensor].data() + i * t.rows;
+            for (int64_t r = 0; r < t.rows; ++r) diff[r] = src[r] - old[r];
+            src = diff.data();
+          }
+          Encode(out, src, t.rows, dst);
+          dst += t.rows * DTypeSize(out);
+        }
+      }
+    });
+  }
+  int64_t delta_bytes = 0;
+  for (const v1::DownMessage& d : deltas) {
+    delta_bytes += static_cast<int64_t>(d.delta().payload().size());
+  }
+  for (const auto& box : boxes) {
+    for (const v1::DownMessage& d : deltas) box->Push(d);
+  }
+
+  const auto t1 = std::chrono::steady_clock::now();
+  v1::DownMessage done;
+  v1::RoundDone* rd = done.mutable_done();
+  rd->set_round(round);
+  rd->set_delta_messages(static_cast<int32_t>(deltas.size()));
+  rd->set_skipped_nonfinite(rs.nonfinite);
+  rd->set_grad_norm(grad_norm);
+  rd->set_close_to_done_seconds(Seconds(t1 - rs.last_close));
+  rd->set_selection_version(version);
+
+  std::vector<std::function<void()>> callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    rounds_updated_ = round + 1;
+    rounds_.erase(round);
+    if (rs.nonfinite) ++rounds_skipped_;
+    delta_messages_sent_ += static_cast<int64_t>(deltas.size() * boxes.size());
+    delta_bytes_sent_ += delta_bytes * static_cast<int64_t>(boxes.size());
+    last_update_seconds_ = Seconds(t1 - t0);
+    update_seconds_total_ += last_update_seconds_;
+    callbacks = MaybeFinishSelectionLocked();
+  }
+  for (const auto& box : boxes) box->Push(done);
+  for (auto& cb : callbacks) cb();
+}
+
+// ---- Selection -------------------------------------------------------------
+
+void Job::SubmitImportance(const v1::SubmitImportanceRequest& req,
+                           std::function<void(absl::StatusOr<v1::Selection>)> done) {
+  std::vector<std::function<void()>> callbacks;
+  absl::Status status = [&]() -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    ZF_RETURN_IF_ERROR(CheckLive());
+    ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
+    if (spec_.mode() != v1::MODE_ZENFLOW) {
+      return absl::FailedPreconditionError(
+          "zero_offload jobs keep every column on the daemon and have no selection");
+    }
+    if (req.step() < 0 || req.step() % interval_ != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("selection step ", req.step(),
+                       " is not a round boundary (a multiple of update_interval ", interval_, ")"));
+    }
+    const int64_t round = req.step() / interval_;
+    if (ranks_[req.rank()].next_round != round) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "selection at step ", req.step(), " needs rank ", req.rank(),
+          " to have closed every round before round ", round, "; its next round is ",
+          ranks_[req.rank()].next_round));
+    }
+    if (selection_version_ > 0 && req.step() <= selection_step_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a selection was already made at step ", selection_step_, "; step ", req.step(),
+          " is not later"));
+    }
+    if (pending_.step >= 0 && pending_.step != req.step()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("other ranks submitted importance for step ", pending_.step,
+                       ", not step ", req.step()));
+    }
+    if (pending_.step >= 0 && pending_.submitted[req.rank()]) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "rank ", req.rank(), " already submitted importance for step ", req.step()));
+    }
+    std::vector<std::vector<float>> scores(tensors_.size());
+    std::vector<bool> given(tensors_.size(), false);
+    for (const v1::TensorImportance& ti : req.tensors()) {
+      ZF_ASSIGN_OR_RETURN(int idx, TensorIndex(ti.tensor()));
+      const TensorState& t = tensors_[idx];
+      if (given[idx]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("importance of tensor '", t.name, "' is given twice"));
+      }
+      given[idx] = true;
+      if (t.always_important) continue;  // ignored: fully important anyway
+      if (ti.scores_size() != t.cols) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ",
+                                                       ti.scores_size(),
+                                                       " importance scores for ", t.cols,
+                                                       " columns"));
+      }
+      for (int c = 0; c < ti.scores_size(); ++c) {
+        if (!(ti.scores(c) >= 0 && std::isfinite(ti.scores(c)))) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name,
+                                                         "': importance of column ", c, " is ",
+                                                         ti.scores(c), "; need finite >= 0"));
+        }
+      }
+      scores[idx].assign(ti.scores().begin(), ti.scores().end());
+    }
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (!given[i] && !tensors_[i].always_important) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("missing importance for tensor '", tensors_[i].name, "'"));
+      }
+    }
+    if (pending_.step < 0) {
+      pending_.step = req.step();
+      pending_.submitted.assign(world_, false);
+      pending_.scores.assign(world_, {});
+      pending_.waiters.assign(world_, nullptr);
+    }
+    pending_.submitted[req.rank()] = true;
+    pending_.scores[req.rank()] = std::move(scores);
+    pending_.waiters[req.rank()] = std::move(done);
+    callbacks = MaybeFinishSelectionLocked();
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    rejected_.Add(status.code());
+    done(status);
+    return;
+  }
+  for (auto& cb : callbacks) cb();
+}
+
+std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
+  if (pending_.step < 0) return {};
+  for (bool s : pending_.submitted) {
+    if (!s) return {};
+  }
+  if (rounds_updated_ != pending_.step / interval_) return {};  // drain first
+  const float k = spec_.zenflow().topk_ratio();
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    TensorState& t = tensors_[ti];
+    t.prev_important_cols = t.important_cols;
+    std::vector<int32_t> chosen;
+    if (t.always_important) {
+      chosen.resize(t.cols);
+      for (int64_t c = 0; c < t.cols; ++c) chosen[c] = static_cast<int32_t>(c);
+    } else {
+      std::vector<float> sum(t.cols, 0.0f);
+      for (int r = 0; r < world_; ++r) {  // fixed order: deterministic
+        const std::vector<float>& s = pending_.scores[r][ti];
+        for (int64_t c = 0; c < t.cols; ++c) sum[c] += s[c];
+      }
+      chosen = SelectTopK(sum, TopKCount(k, t.cols));
+    }
+    std::fill(t.important.begin(), t.important.end(), 0);
+    for (int32_t c : chosen) t.important[c] = 1;
+    t.important_cols = std::move(chosen);
+  }
+  ++selection_version_;
+  selection_step_ = pending_.step;
+  const v1::Selection sel = SelectionLocked();
+  std::vector<std::function<void()>> out;
+  for (auto& w : pending_.waiters) {
+    out.push_back([w = std::move(w), sel] { w(sel); });
+  }
+  pending_ = PendingSelection();
+  return out;
+}
+
+void Job::FillColumnState(const TensorState& t, const std::vector<int32_t>& cols,
+                          v1::ColumnState* out) const {
+  out->set_tensor(t.name);
+  for (int32_t c : cols) {
+    out->add_columns(c);
+    const size_t off = static_cast<size_t>(c) * t.rows;
+    out->mutable_values()->Add(t.master.begin() + off, t.master.begin() + off + t.rows);
+    out->mutable_m()->Add(t.m.begin() + off, t.m.begin() + off + t.rows);
+    out->mutable_v()->Add(t.v.begin() + off, t.v.begin() + off + t.rows);
+    out->add_update_counts(t.count[c]);
+  }
+}
+
+absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) {
+  absl::MutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
+  if (req.version() != selection_version_ || req.version() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("hand-off for selection version ", req.version(),
+                     " but the current version is ", selection_version_,
+                     selection_version_ == 0 ? " (no selection yet)" : ""));
+  }
+  if (rounds_updated_ != rounds_closed_) {
+    return absl::FailedPreconditionError("an update is in flight; hand-off must follow a drain");
+  }
+  std::vector<std::vector<int32_t>> leaving(tensors_.size()), joining(tensors_.size());
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    std::set_difference(t.prev_important_cols.begin(), t.prev_important_cols.end(),
+                        t.important_cols.begin(), t.important_cols.end(),
+                        std::back_inserter(leaving[ti]));
+    std::set_difference(t.important_cols.begin(), t.important_cols.end(),
+                        t.prev_important_cols.begin(), t.prev_important_cols.end(),
+                        std::back_inserter(joining[ti]));
+  }
+  std::vector<const v1::ColumnState*> given(tensors_.size(), nullptr);
+  for (const v1::ColumnState& cs : req.leaving()) {
+    ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(cs.tensor()));
+    if (given[ti] != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("leaving state of tensor '", cs.tensor(), "' is given twice"));
+    }
+    given[ti] = &cs;
+  }
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    const std::vector<int32_t>& want = leaving[ti];
+    const v1::ColumnState* cs = given[ti];
+    const int n = cs == nullptr ? 0 : cs->columns_size();
+    if (n != static_cast<int>(want.size()) ||
+        (n > 0 && !std::equal(want.begin(), want.end(), cs->columns().begin()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': expected the state of ", want.size(),
+          " leaving columns [", absl::StrJoin(want.begin(), want.begin() + std::min<size_t>(want.size(), 8), ", "),
+          want.size() > 8 ? ", ..." : "", "], got ", n));
+    }
+    if (n == 0) continue;
+    const int64_t need = static_cast<int64_t>(n) * t.rows;
+    if (cs->values_size() != need || cs->m_size() != need || cs->v_size() != need ||
+        cs->update_counts_size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': leaving state needs ", need, " values, m and v and ", n,
+          " update counts; got ", cs->values_size(), ", ", cs->m_size(), ", ", cs->v_size(),
+          " and ", cs->update_counts_size()));
+    }
+    size_t bad = 0;
+    if (!AllFiniteF32(cs->values().data(), need, &bad) ||
+        !AllFiniteF32(cs->m().data(), need, &bad) || !AllFiniteF32(cs->v().data(), need, &bad)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': leaving state holds a non-finite value"));
+    }
+    for (int i = 0; i < n; ++i) {
+      if (cs->update_counts(i) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name,
+                                                       "': negative update count for column ",
+                                                       cs->columns(i)));
+      }
+    }
+  }
+  const bool compare = handoff_applied_version_ == req.version();
+  for (size_t ti = 0; compare && ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    const v1::ColumnState* cs = given[ti];
+    for (size_t i = 0; i < leaving[ti].size(); ++i) {
+      const size_t off = static_cast<size_t>(leaving[ti][i]) * t.rows;
+      const size_t src = i * t.rows;
+      const size_t bytes = t.rows * sizeof(float);
+      if (std::memcmp(t.master.data() + off, cs->values().data() + src, bytes) != 0 ||
+          std::memcmp(t.m.data() + off, cs->m().data() + src, bytes) != 0 ||
+          std::memcmp(t.v.data() + off, cs->v().data() + src, bytes) != 0 ||
+          t.count[leaving[ti][i]] != cs->update_counts(static_cast<int>(i))) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", req.rank(), ": state of tensor '", t.name, "' column ", leaving[ti][i],
+            " differs from the state already handed off for version ", req.version(),
+            ": the ranks have diverged"));
+      }
+    }
+  }
+  if (!compare) {
+    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+      TensorState& t = tensors_[ti];
+      const v1::ColumnState* cs = given[ti];
+      for (size_t i = 0; i < leaving[ti].size(); ++i) {
+        const size_t off = static_cast<size_t>(leaving[ti][i]) * t.rows;
+        const size_t src = i * t.rows;
+        std::copy_n(cs->values().data() + src, t.rows, t.master.data() + off);
+        std::copy_n(cs->m().data() + src, t.rows, t.m.data() + off);
+        std::copy_n(cs->v().data() + src, t.rows, t.v.data() + off);
+        t.count[leaving[ti][i]] = cs->update_counts(static_cast<int>(i));
+      }
+    }
+    handoff_applied_version_ = req.version();
+  }
+  ranks_[req.rank()].handed_off_version = req.version();
+  v1::HandOffResponse resp;
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    if (joining[ti].empty()) continue;
+    FillColumnState(tensors_[ti], joining[ti], resp.add_joining());
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::ColumnState> Job::ReadColumns(const std::string& tensor,
+                                                 const std::vector<int32_t>& cols) {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return j->rounds_updated_ == j->rounds_closed_; },
+      this));
+  ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(tensor));
+  const TensorState& t = tensors_[ti];
+  for (int32_t c : cols) {
+    if (c < 0 || c >= t.cols) {
+      return absl::OutOfRangeError(absl::StrCat("tensor '", tensor, "': column ", c,
+                                                " out of range [0, ", t.cols, ")"));
+    }
+  }
+  v1::ColumnState out;
+  FillColumnState(t, cols, &out);
+  return out;
+}
+
+}  // namespace zenflow

@@ -1,0 +1,63 @@
+// The daemon's jobs and the resources they share (update threads, executor).
+// The gRPC service is a thin adapter over this class.
+//
+//   JobRegistry registry({.update_threads = 2});
+//   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, registry.CreateJob(request_spec));
+//   ZF_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry.Find(spec.job_id()));
+#ifndef ZENFLOW_SERVER_REGISTRY_H_
+#define ZENFLOW_SERVER_REGISTRY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/thread_pool.h"
+#include "server/job.h"
+#include "server/serial_executor.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+struct RegistryOptions {
+  int update_threads = 2;                  // AdamW participants
+  int64_t max_message_bytes = 64 << 20;    // the server's receive limit
+  int64_t max_params = int64_t{1} << 34;   // all jobs together
+};
+
+// Thread-safe.
+class JobRegistry {
+ public:
+  explicit JobRegistry(const RegistryOptions& options);
+  ~JobRegistry();
+  JobRegistry(const JobRegistry&) = delete;
+  JobRegistry& operator=(const JobRegistry&) = delete;
+
+  // Validates and normalizes the spec; returns it with defaults filled in.
+  absl::StatusOr<v1::JobSpec> CreateJob(v1::JobSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeleteJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::GetStatsResponse> Stats(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Counts a rejected request (daemon-wide; jobs count their own too).
+  void CountRejection(absl::StatusCode code) { rejected_.Add(code); }
+
+  SimdLevel simd() const { return ctx_.simd; }
+  int update_threads() const { return pool_.num_threads(); }
+
+ private:
+  const RegistryOptions options_;
+  ThreadPool pool_;
+  SerialExecutor executor_;
+  JobContext ctx_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t params_ ABSL_GUARDED_BY(mu_) = 0;
+  RejectionCounter rejected_;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_SERVER_REGISTRY_H_

@@ -1,0 +1,338 @@
+// gRPC adapter of zenflowd; see service.h.
+#include "server/service.h"
+
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace zenflow {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+void ZenFlowService::Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job) {
+  if (!s.ok()) {
+    registry_->CountRejection(s.code());
+    if (job != nullptr) job->CountRejection(s.code());
+  }
+  reactor->Finish(ToGrpcStatus(s));
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::CreateJob(grpc::CallbackServerContext* ctx,
+                                                    const v1::CreateJobRequest* req,
+                                                    v1::CreateJobResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::JobSpec> spec = registry_->CreateJob(req->spec());
+  if (spec.ok()) *resp->mutable_spec() = *std::move(spec);
+  Finish(reactor, spec.status(), nullptr);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::JoinJob(grpc::CallbackServerContext* ctx,
+                                                  const v1::JoinJobRequest* req,
+                                                  v1::JoinJobResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr);
+    return reactor;
+  }
+  absl::StatusOr<v1::JoinJobResponse> r = (*job)->Join(req->rank());
+  if (r.ok()) *resp = *std::move(r);
+  Finish(reactor, r.status(), job->get());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::GetJob(grpc::CallbackServerContext* ctx,
+                                                 const v1::GetJobRequest* req,
+                                                 v1::GetJobResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (job.ok()) (*job)->Describe(resp);
+  Finish(reactor, job.status(), nullptr);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::DeleteJob(grpc::CallbackServerContext* ctx,
+                                                    const v1::DeleteJobRequest* req,
+                                                    v1::DeleteJobResponse*) {
+  auto* reactor = ctx->DefaultReactor();
+  Finish(reactor, registry_->DeleteJob(req->job_id()), nullptr);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetStatsRequest* req,
+                                                   v1::GetStatsResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::GetStatsResponse> s = registry_->Stats(req->job_id());
+  if (s.ok()) *resp = *std::move(s);
+  Finish(reactor, s.status(), nullptr);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerContext* ctx,
+                                                           const v1::SubmitImportanceRequest* req,
+                                                           v1::SubmitImportanceResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr);
+    return reactor;
+  }
+  // Job::SubmitImportance counts its own rejections.
+  JobRegistry* registry = registry_;
+  (*job)->SubmitImportance(*req, [reactor, resp, registry](absl::StatusOr<v1::Selection> sel) {
+    if (sel.ok()) {
+      *resp->mutable_selection() = *std::move(sel);
+    } else {
+      registry->CountRejection(sel.status().code());
+    }
+    reactor->Finish(ToGrpcStatus(sel.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* ctx,
+                                                  const v1::HandOffRequest* req,
+                                                  v1::HandOffResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr);
+    return reactor;
+  }
+  absl::StatusOr<v1::HandOffResponse> r = (*job)->HandOff(*req);
+  if (r.ok()) *resp = *std::move(r);
+  Finish(reactor, r.status(), job->get());
+  return reactor;
+}
+
+// ---- UploadParameters ---------------------------------------------------------
+
+namespace {
+
+class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersRequest> {
+ public:
+  UploadReactor(JobRegistry* registry, v1::UploadParametersResponse* resp)
+      : registry_(registry), resp_(resp) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (cancelled_.load()) return Done(absl::CancelledError("upload cancelled"));
+      if (upload_ == nullptr) {
+        return Done(absl::InvalidArgumentError("upload stream carried no chunks"));
+      }
+      absl::StatusOr<v1::UploadParametersResponse> r = upload_->Commit();
+      if (r.ok()) *resp_ = *std::move(r);
+      return Done(r.status());
+    }
+    if (upload_ == nullptr) {
+      absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(chunk_.job_id());
+      if (!job.ok()) return Done(job.status());
+      job_ = *std::move(job);
+      job_id_ = chunk_.job_id();
+      upload_ = std::make_unique<Job::Upload>(job_);
+    } else if (chunk_.job_id() != job_id_ && !chunk_.job_id().empty()) {
+      return Done(absl::InvalidArgumentError(absl::StrCat(
+          "chunk for job '", chunk_.job_id(), "' in an upload stream of job '", job_id_, "'")));
+    }
+    absl::Status s = upload_->AddChunk(chunk_);
+    if (!s.ok()) return Done(s);
+    StartRead(&chunk_);
+  }
+
+  void OnCancel() override { cancelled_.store(true); }
+  void OnDone() override { delete this; }
+
+ private:
+  void Done(const absl::Status& s) {
+    if (!s.ok()) {
+      registry_->CountRejection(s.code());
+      if (job_ != nullptr) job_->CountRejection(s.code());
+    }
+    Finish(ToGrpcStatus(s));
+  }
+
+  JobRegistry* const registry_;
+  v1::UploadParametersResponse* const resp_;
+  v1::UploadParametersRequest chunk_;
+  std::shared_ptr<Job> job_;
+  std::string job_id_;
+  std::unique_ptr<Job::Upload> upload_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// ---- Stream -----------------------------------------------------------------
+//
+// One read in flight (reads are handled in order on gRPC's threads); writes
+// are driven by the rank's Mailbox, one in flight. The stream finishes when
+// the client half-closes or cancels, after any in-flight write completes.
+
+class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>,
+                            public Mailbox::Writer {
+ public:
+  explicit StreamReactor(JobRegistry* registry) : registry_(registry) { StartRead(&up_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return RequestFinish(absl::OkStatus());
+    if (job_ == nullptr) {
+      absl::Status s = Attach();
+      if (!s.ok()) {
+        registry_->CountRejection(s.code());
+        if (job_ != nullptr) job_->CountRejection(s.code());
+        job_ = nullptr;
+        return RequestFinish(s);
+      }
+    } else {
+      absl::Status s = job_->HandleUp(rank_, up_);
+      if (!s.ok()) {
+        registry_->CountRejection(s.code());
+        job_->CountRejection(s.code());
+        v1::DownMessage err;
+        err.mutable_error()->set_seq(up_.seq());
+        err.mutable_error()->set_code(static_cast<int32_t>(s.code()));
+        err.mutable_error()->set_message(std::string(s.message()));
+        mailbox_->Push(std::move(err));
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+    }
+    StartRead(&up_);
+  }
+
+  void Write(const v1::DownMessage* msg) override { StartWrite(msg); }
+
+  void OnWriteDone(bool ok) override {
+    if (mailbox_->WriteDone(this, ok)) MaybeFinish();
+  }
+
+  void OnCancel() override { RequestFinish(absl::CancelledError("stream cancelled")); }
+
+  void OnDone() override {
+    if (mailbox_ != nullptr) mailbox_->Detach(this);
+    delete this;
+  }
+
+ private:
+  absl::Status Attach() {
+    if (up_.kind_case() != v1::UpMessage::kAttach) {
+      return absl::FailedPreconditionError(
+          "the first message of a stream must be attach{job_id, rank}");
+    }
+    absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(up_.attach().job_id());
+    if (!job.ok()) return job.status();
+    job_ = *job;
+    absl::StatusOr<std::shared_ptr<Mailbox>> box = job_->MailboxFor(up_.attach().rank());
+    if (!box.ok()) return box.status();
+    rank_ = up_.attach().rank();
+    // Greet first, so the greeting precedes anything queued for the rank.
+    v1::DownMessage hello = job_->AttachedMessage(rank_);
+    if (!(*box)->Attach(this)) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", rank_, " of job '",
+                                                   up_.attach().job_id(),
+                                                   "' already has a stream attached"));
+    }
+    mailbox_ = *box;
+    // The greeting goes behind anything already queued; clients treat it as
+    // informational.
+    mailbox_->Push(std::move(hello));
+    return absl::OkStatus();
+  }
+
+  void RequestFinish(absl::Status s) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      finish_requested_ = true;
+      finish_status_ = std::move(s);
+    }
+    const bool in_flight = mailbox_ != nullptr && mailbox_->Detach(this);
+    if (!in_flight) MaybeFinish();
+    // else: OnWriteDone reports the end of the write and finishes.
+  }
+
+  void MaybeFinish() {
+    absl::Status s;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_requested_ || finish_called_) return;
+      finish_called_ = true;
+      s = finish_status_;
+    }
+    Finish(ToGrpcStatus(s));
+  }
+
+  JobRegistry* const registry_;
+  v1::UpMessage up_;
+  // Set once by the first message (reads are serialized), then read-only.
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<Mailbox> mailbox_;
+  int32_t rank_ = -1;
+
+  absl::Mutex mu_;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::UploadParametersRequest>* ZenFlowService::UploadParameters(
+    grpc::CallbackServerContext*, v1::UploadParametersResponse* resp) {
+  return new UploadReactor(registry_, resp);
+}
+
+grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>* ZenFlowService::Stream(
+    grpc::CallbackServerContext*) {
+  return new StreamReactor(registry_);
+}
+
+// ---- Server -----------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const ServerOptions& options) {
+  std::unique_ptr<ZenFlowServer> s(new ZenFlowServer());
+  RegistryOptions ro = options.registry;
+  ro.max_message_bytes = options.max_message_bytes;
+  s->registry_ = std::make_unique<JobRegistry>(ro);
+  s->service_ = std::make_unique<ZenFlowService>(s->registry_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
+                                               " (address in use or not local?)"));
+  }
+  return s;
+}
+
+void ZenFlowServer::Shutdown() {
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+}
+
+ZenFlowServer::~ZenFlowServer() {
+  Shutdown();
+  server_.reset();
+  service_.reset();
+  registry_.reset();
+}
+
+}  // namespace zenflow

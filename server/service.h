@@ -1,0 +1,92 @@
+// gRPC adapter of zenflowd: the zenflow.v1.ZenFlow callback service over a
+// JobRegistry, and the server that hosts it (health checking, reflection,
+// explicit message size limits).
+//
+//   ServerOptions opts; opts.listen = "127.0.0.1:0";
+//   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowServer> server, ZenFlowServer::Start(opts));
+//   server->Wait();
+#ifndef ZENFLOW_SERVER_SERVICE_H_
+#define ZENFLOW_SERVER_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "server/registry.h"
+#include "zenflow/v1/zenflow.grpc.pb.h"
+
+namespace zenflow {
+
+// Converts at the RPC boundary; the codes are the same numbers.
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+// Thread-safe (all state lives in the registry).
+class ZenFlowService final : public v1::ZenFlow::CallbackService {
+ public:
+  explicit ZenFlowService(JobRegistry* registry) : registry_(registry) {}
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CreateJobRequest* req,
+                                      v1::CreateJobResponse* resp) override;
+  grpc::ServerReadReactor<v1::UploadParametersRequest>* UploadParameters(
+      grpc::CallbackServerContext* ctx, v1::UploadParametersResponse* resp) override;
+  grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
+                                    const v1::JoinJobRequest* req,
+                                    v1::JoinJobResponse* resp) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
+                                   const v1::GetJobRequest* req,
+                                   v1::GetJobResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
+                                      const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
+                                     const v1::GetStatsRequest* req,
+                                     v1::GetStatsResponse* resp) override;
+  grpc::ServerUnaryReactor* SubmitImportance(grpc::CallbackServerContext* ctx,
+                                             const v1::SubmitImportanceRequest* req,
+                                             v1::SubmitImportanceResponse* resp) override;
+  grpc::ServerUnaryReactor* HandOff(grpc::CallbackServerContext* ctx,
+                                    const v1::HandOffRequest* req,
+                                    v1::HandOffResponse* resp) override;
+  grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>* Stream(
+      grpc::CallbackServerContext* ctx) override;
+
+ private:
+  // Finishes a unary call, counting a rejection.
+  void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job);
+
+  JobRegistry* registry_;
+};
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
+  RegistryOptions registry;
+  int64_t max_message_bytes = 64 << 20;   // receive and send limit
+};
+
+// Owns the registry, the service and the gRPC server. Thread-safe.
+class ZenFlowServer {
+ public:
+  // Fails (UNAVAILABLE) when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ZenFlowServer>> Start(const ServerOptions& options);
+  ~ZenFlowServer();
+
+  int port() const { return port_; }
+  JobRegistry* registry() { return registry_.get(); }
+  void Wait() { server_->Wait(); }
+  // Stops accepting calls and cancels the ones in flight (bounded by deadline).
+  void Shutdown();
+
+ private:
+  ZenFlowServer() = default;
+  std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<ZenFlowService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_SERVER_SERVICE_H_

@@ -1,0 +1,80 @@
+// zenflowd: the ZenFlow optimizer daemon. Hosts the zenflow.v1 gRPC service
+// (jobs, gradient shards in, parameter deltas out) until SIGTERM or SIGINT.
+//
+//   zenflowd --listen=127.0.0.1:50051 --update_threads=2
+#include <pthread.h>
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "host:port to serve gRPC on; port 0 picks a free port (see --port_file)");
+ABSL_FLAG(int, update_threads, 2, "threads that run AdamW updates (including the update thread)");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent, bytes");
+ABSL_FLAG(int64_t, max_params, int64_t{1} << 34,
+          "most parameters held over all jobs (20 bytes each); larger CreateJob calls get "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, the bound port is written to this file once serving (for scripts and tests)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See README.md for the API.");
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  zenflow::ServerOptions opts;
+  opts.listen = absl::GetFlag(FLAGS_listen);
+  opts.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  opts.registry.update_threads = absl::GetFlag(FLAGS_update_threads);
+  opts.registry.max_params = absl::GetFlag(FLAGS_max_params);
+  if (opts.max_message_bytes < (1 << 16) || opts.max_message_bytes > (int64_t{1} << 31) - 1) {
+    std::fprintf(stderr, "zenflowd: --max_message_bytes must be in [65536, 2^31)\n");
+    return 2;
+  }
+  if (opts.registry.update_threads < 1 || opts.registry.update_threads > 1024) {
+    std::fprintf(stderr, "zenflowd: --update_threads must be in [1, 1024]\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<zenflow::ZenFlowServer>> server =
+      zenflow::ZenFlowServer::Start(opts);
+  if (!server.ok()) {
+    std::fprintf(stderr, "zenflowd: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << (*server)->port() << "\n";
+    }
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  std::fprintf(stderr, "zenflowd: serving zenflow.v1 on port %d (simd=%s, update_threads=%d)\n",
+               (*server)->port(), zenflow::SimdLevelName((*server)->registry()->simd()),
+               (*server)->registry()->update_threads());
+  sd_notify(0, "READY=1");
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "zenflowd: signal %d, shutting down\n", sig);
+  sd_notify(0, "STOPPING=1");
+  (*server)->Shutdown();
+  server->reset();
+  return 0;
+}
