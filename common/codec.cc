@@ -154,10 +154,9 @@ ZF_TARGET_AVX2 inline __m256i Bf16RoundAvx2(__m256i x) {
   const __m256i quiet = _mm256_set1_epi32(0x40);
   const __m256i hi = _mm256_srli_epi32(x, 16);
   const __m256i lsb = _mm256_and_si256(hi, one);
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(x, bias), lsb), 16);
-  const __m256i is_nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), lsb), 16);
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
   const __m256i nan_val = _mm256_or_si256(hi, quiet);
   return _mm256_blendv_epi8(rounded, nan_val, is_nan);
 }
@@ -172,10 +171,10 @@ ZF_TARGET_AVX2 void EncodeAvx2(DType dtype, const float* src, size_t n,
   size_t i = 0;
   if (dtype == DType::kBF16) {
     for (; i + 16 <= n; i += 16) {
-      const __m256i a = Bf16RoundAvx2(
-          _mm256_castps_si256(_mm256_loadu_ps(src + i)));
-      const __m256i b = Bf16RoundAvx2(
-          _mm256_castps_si256(_mm256_loadu_ps(src + i + 8)));
+      const __m256i a =
+          Bf16RoundAvx2(_mm256_castps_si256(_mm256_loadu_ps(src + i)));
+      const __m256i b =
+          Bf16RoundAvx2(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)));
       // packus interleaves 128-bit lanes; restore element order.
       const __m256i packed =
           _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
@@ -195,8 +194,7 @@ ZF_TARGET_AVX2 void EncodeAvx2(DType dtype, const float* src, size_t n,
 ZF_TARGET_AVX2 inline __m256 Load8Avx2(DType dtype, const char* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   if (dtype == DType::kBF16) {
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   return _mm256_cvtph_ps(h);
 }
@@ -209,7 +207,8 @@ ZF_TARGET_AVX2 void DecodeAvx2(DType dtype, const void* src, size_t n,
   }
   const auto* in = static_cast<const char*>(src);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load8Avx2(dtype, in + 2 * i));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, Load8Avx2(dtype, in + 2 * i));
   DecodeScalar(dtype, in + 2 * i, n - i, dst + i);
 }
 
@@ -219,7 +218,8 @@ ZF_TARGET_AVX2 void DecodeAddAvx2(DType dtype, const void* src, size_t n,
   size_t i = 0;
   if (dtype == DType::kF32) {
     for (; i + 16 <= n; i += 16) {
-      const __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i));
+      const __m256 a =
+          _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i));
       const __m256 b =
           _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i + 32));
       _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), a));
@@ -252,10 +252,12 @@ ZF_TARGET_AVX2 bool AllFiniteAvx2(DType dtype, const void* src, size_t n,
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 4 * i));
       const __m256i b =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 4 * i + 32));
-      const unsigned bad_a = static_cast<unsigned>(_mm256_movemask_ps(
-          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(a, mask), mask))));
-      const unsigned bad_b = static_cast<unsigned>(_mm256_movemask_ps(
-          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, mask), mask))));
+      const unsigned bad_a =
+          static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
+              _mm256_cmpeq_epi32(_mm256_and_si256(a, mask), mask))));
+      const unsigned bad_b =
+          static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(
+              _mm256_cmpeq_epi32(_mm256_and_si256(b, mask), mask))));
       const unsigned bad = bad_a | (bad_b << 8);
       if (bad != 0) {
         if (first_bad != nullptr) *first_bad = i + __builtin_ctz(bad);
@@ -264,7 +266,8 @@ ZF_TARGET_AVX2 bool AllFiniteAvx2(DType dtype, const void* src, size_t n,
     }
     tail_ok = AllFiniteScalar(dtype, in + 4 * i, n - i, &tail_index);
   } else {
-    const __m256i mask = _mm256_set1_epi16(static_cast<short>(ExpMask16(dtype)));
+    const __m256i mask =
+        _mm256_set1_epi16(static_cast<short>(ExpMask16(dtype)));
     for (; i + 16 <= n; i += 16) {
       const __m256i x =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
@@ -304,8 +307,8 @@ ZF_TARGET_AVX512 inline __m512i Bf16RoundAvx512(__m512i x) {
   const __m512i quiet = _mm512_set1_epi32(0x40);
   const __m512i hi = _mm512_srli_epi32(x, 16);
   const __m512i lsb = _mm512_and_si512(hi, one);
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, bias), lsb), 16);
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, bias), lsb), 16);
   const __mmask16 is_nan =
       _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
   return _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(hi, quiet));
@@ -345,8 +348,7 @@ ZF_TARGET_AVX512 inline __m512 Load16Avx512(DType dtype, const char* p,
                                             __mmask16 k) {
   const __m256i h = _mm256_maskz_loadu_epi16(k, p);
   if (dtype == DType::kBF16) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   return _mm512_cvtph_ps(h);
 }
@@ -354,8 +356,7 @@ ZF_TARGET_AVX512 inline __m512 Load16Avx512(DType dtype, const char* p,
 ZF_TARGET_AVX512 inline __m512 Load16Avx512(DType dtype, const char* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   if (dtype == DType::kBF16) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   return _mm512_cvtph_ps(h);
 }
@@ -396,8 +397,8 @@ ZF_TARGET_AVX512 void DecodeAddAvx512(DType dtype, const void* src, size_t n,
       const size_t count = n - i < 16 ? n - i : 16;
       const __mmask16 k = TailMask16(count);
       const __m512 a = _mm512_maskz_loadu_ps(k, f + i);
-      _mm512_mask_storeu_ps(acc + i, k,
-                            _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), a));
+      _mm512_mask_storeu_ps(
+          acc + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), a));
     }
     return;
   }
@@ -426,10 +427,11 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
     for (; i + 32 <= n; i += 32) {
       const __m512i a = _mm512_loadu_si512(in + 4 * i);
       const __m512i b = _mm512_loadu_si512(in + 4 * i + 64);
-      const uint32_t bad =
-          static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(_mm512_and_si512(a, mask), mask)) |
-          (static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(_mm512_and_si512(b, mask), mask))
-           << 16);
+      const uint32_t bad = static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(
+                               _mm512_and_si512(a, mask), mask)) |
+                           (static_cast<uint32_t>(_mm512_cmpeq_epi32_mask(
+                                _mm512_and_si512(b, mask), mask))
+                            << 16);
       if (bad != 0) {
         if (first_bad != nullptr) *first_bad = i + __builtin_ctz(bad);
         return false;
@@ -439,8 +441,8 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
       const size_t count = n - i < 16 ? n - i : 16;
       const __mmask16 k = TailMask16(count);
       const __m512i x = _mm512_maskz_loadu_epi32(k, in + 4 * i);
-      const uint32_t bad = _mm512_mask_cmpeq_epi32_mask(
-          k, _mm512_and_si512(x, mask), mask);
+      const uint32_t bad =
+          _mm512_mask_cmpeq_epi32_mask(k, _mm512_and_si512(x, mask), mask);
       if (bad != 0) {
         if (first_bad != nullptr) *first_bad = i + __builtin_ctz(bad);
         return false;
@@ -452,10 +454,11 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
   for (; i + 64 <= n; i += 64) {
     const __m512i a = _mm512_loadu_si512(in + 2 * i);
     const __m512i b = _mm512_loadu_si512(in + 2 * i + 64);
-    const uint64_t bad =
-        static_cast<uint64_t>(_mm512_cmpeq_epi16_mask(_mm512_and_si512(a, mask), mask)) |
-        (static_cast<uint64_t>(_mm512_cmpeq_epi16_mask(_mm512_and_si512(b, mask), mask))
-         << 32);
+    const uint64_t bad = static_cast<uint64_t>(_mm512_cmpeq_epi16_mask(
+                             _mm512_and_si512(a, mask), mask)) |
+                         (static_cast<uint64_t>(_mm512_cmpeq_epi16_mask(
+                              _mm512_and_si512(b, mask), mask))
+                          << 32);
     if (bad != 0) {
       if (first_bad != nullptr) *first_bad = i + __builtin_ctzll(bad);
       return false;
@@ -539,7 +542,8 @@ uint16_t FloatToF16(float value) {
   }
   if (a >= 0x38800000u) {  // Normal result (>= 2^-14): rebias 127 -> 15.
     const uint32_t r = a - 0x38000000u;
-    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+    return static_cast<uint16_t>(sign |
+                                 ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
   }
   if (a <= 0x33000000u) {  // <= 2^-25: rounds to (signed) zero.
     return static_cast<uint16_t>(sign);

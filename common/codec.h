@@ -74,8 +74,7 @@ bool IsaSupported(Isa isa);
 // Same as the public functions but forced to `isa`, which must be supported.
 void EncodeWith(Isa isa, DType dtype, const float* src, size_t n, void* dst);
 void DecodeWith(Isa isa, DType dtype, const void* src, size_t n, float* dst);
-void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n,
-                   float* acc);
+void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n, float* acc);
 bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
                    size_t* first_bad);
 

@@ -127,7 +127,8 @@ TEST(CodecTest, ExhaustiveBulkMatchesScalar) {
     std::vector<float> want(65536);
     for (uint32_t h = 0; h < 65536; ++h) {
       all[h] = static_cast<uint16_t>(h);
-      want[h] = dtype == DType::kBF16 ? Bf16ToFloat(all[h]) : F16ToFloat(all[h]);
+      want[h] =
+          dtype == DType::kBF16 ? Bf16ToFloat(all[h]) : F16ToFloat(all[h]);
     }
     for (Isa isa : SupportedIsas()) {
       for (size_t offset : {0, 1, 3}) {
@@ -148,9 +149,8 @@ TEST(CodecTest, ExhaustiveBulkMatchesScalar) {
         for (uint32_t h = 0; h < 65536; ++h) {
           uint16_t e;
           std::memcpy(&e, enc.data() + offset + 2 * h, 2);
-          const uint16_t expect = dtype == DType::kBF16
-                                      ? FloatToBf16(want[h])
-                                      : FloatToF16(want[h]);
+          const uint16_t expect = dtype == DType::kBF16 ? FloatToBf16(want[h])
+                                                        : FloatToF16(want[h]);
           ASSERT_EQ(e, expect) << h;
         }
       }
@@ -163,10 +163,10 @@ TEST(CodecTest, Bf16RoundNearestEven) {
   const float half = std::ldexp(1.0f, -8);   // Half an ulp.
   const float tiny = std::ldexp(1.0f, -23);  // fp32 ulp at 1.0.
   EXPECT_EQ(FloatToBf16(1.0f), 0x3F80);
-  EXPECT_EQ(FloatToBf16(1.0f + half), 0x3F80);          // Tie -> even.
-  EXPECT_EQ(FloatToBf16(1.0f + half + tiny), 0x3F81);   // Above -> up.
-  EXPECT_EQ(FloatToBf16(1.0f + half - tiny), 0x3F80);   // Below -> down.
-  EXPECT_EQ(FloatToBf16(1.0f + ulp + half), 0x3F82);    // Tie, odd -> up.
+  EXPECT_EQ(FloatToBf16(1.0f + half), 0x3F80);         // Tie -> even.
+  EXPECT_EQ(FloatToBf16(1.0f + half + tiny), 0x3F81);  // Above -> up.
+  EXPECT_EQ(FloatToBf16(1.0f + half - tiny), 0x3F80);  // Below -> down.
+  EXPECT_EQ(FloatToBf16(1.0f + ulp + half), 0x3F82);   // Tie, odd -> up.
   EXPECT_EQ(FloatToBf16(1.0f + ulp + half - tiny), 0x3F81);
   EXPECT_EQ(FloatToBf16(-(1.0f + half)), 0xBF80);
   EXPECT_EQ(FloatToBf16(-(1.0f + half + tiny)), 0xBF81);
@@ -177,8 +177,8 @@ TEST(CodecTest, Bf16RoundNearestEven) {
   // Largest float is above the largest bf16 plus half an ulp: overflows.
   EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::max()), 0x7F80);
   // Signaling and quiet NaNs stay NaN and come back quiet.
-  for (uint32_t nan_bits : {0x7F800001u, 0x7FC00000u, 0xFF800001u, 0x7FFFFFFFu,
-                            0x7F80FFFFu}) {
+  for (uint32_t nan_bits :
+       {0x7F800001u, 0x7FC00000u, 0xFF800001u, 0x7FFFFFFFu, 0x7F80FFFFu}) {
     const uint16_t r = FloatToBf16(FromBits(nan_bits));
     EXPECT_EQ(r & 0x7FC0, 0x7FC0) << std::hex << nan_bits;
     EXPECT_EQ(r >> 15, nan_bits >> 31);
@@ -190,9 +190,9 @@ TEST(CodecTest, F16RoundNearestEven) {
   const float half = std::ldexp(1.0f, -11);  // Half an fp16 ulp at 1.0.
   const float tiny = std::ldexp(1.0f, -23);
   EXPECT_EQ(FloatToF16(1.0f), 0x3C00);
-  EXPECT_EQ(FloatToF16(1.0f + half), 0x3C00);                 // Tie -> even.
+  EXPECT_EQ(FloatToF16(1.0f + half), 0x3C00);  // Tie -> even.
   EXPECT_EQ(FloatToF16(1.0f + half + tiny), 0x3C01);
-  EXPECT_EQ(FloatToF16(1.0f + 3 * half), 0x3C02);             // Tie, odd -> up.
+  EXPECT_EQ(FloatToF16(1.0f + 3 * half), 0x3C02);  // Tie, odd -> up.
   EXPECT_EQ(FloatToF16(1.0f + 3 * half - 2 * tiny), 0x3C01);
   EXPECT_EQ(FloatToF16(-(1.0f + half + tiny)), 0xBC01);
   EXPECT_EQ(FloatToF16(-0.0f), 0x8000);
@@ -213,7 +213,8 @@ TEST(CodecTest, F16RoundNearestEven) {
   EXPECT_EQ(FloatToF16(std::ldexp(1022.5f, -24)), 0x03FE);
   EXPECT_EQ(FloatToF16(-std::ldexp(1.0f, -26)), 0x8000);
   EXPECT_EQ(FloatToF16(std::numeric_limits<float>::denorm_min()), 0x0000);
-  for (uint32_t nan_bits : {0x7F800001u, 0x7FC00000u, 0xFF800001u, 0x7FFFFFFFu}) {
+  for (uint32_t nan_bits :
+       {0x7F800001u, 0x7FC00000u, 0xFF800001u, 0x7FFFFFFFu}) {
     const uint16_t r = FloatToF16(FromBits(nan_bits));
     EXPECT_EQ(r & 0x7E00, 0x7E00) << std::hex << nan_bits;
     EXPECT_EQ(r >> 15, nan_bits >> 31);
@@ -253,7 +254,8 @@ TEST(CodecTest, VectorPathsMatchScalarRandom) {
       for (size_t n = 0; n <= 67; ++n) {
         for (size_t off : {0, 1, 2, 3, 5}) {
           SCOPED_TRACE(std::string(IsaName(isa)) + " " + DTypeName(dtype) +
-                       " n=" + std::to_string(n) + " off=" + std::to_string(off));
+                       " n=" + std::to_string(n) +
+                       " off=" + std::to_string(off));
           // Float buffers are offset by whole elements (not vector-aligned);
           // encoded buffers by arbitrary bytes.
           const std::vector<float> values = RandomFloats(&rng, n, true);
@@ -339,7 +341,8 @@ TEST(CodecTest, AllFiniteFindsFirstBad) {
   std::mt19937 rng(7);
   for (DType dtype : kAllDTypes) {
     const size_t es = DTypeSize(dtype);
-    for (size_t n : {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 129, 1000}) {
+    for (size_t n :
+         {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 129, 1000}) {
       std::vector<float> values = RandomFloats(&rng, n, false);
       // Finite extremes must not be flagged.
       values[0] = dtype == DType::kF16 ? 65504.0f : 3.0e38f;
@@ -368,8 +371,8 @@ TEST(CodecTest, AllFiniteFindsFirstBad) {
                          " n=" + std::to_string(n) + " pos=" +
                          std::to_string(pos) + " v=" + std::to_string(special));
             size_t bad = 777;
-            EXPECT_FALSE(codec_internal::AllFiniteWith(isa, dtype,
-                                                       enc.data() + 1, n, &bad));
+            EXPECT_FALSE(codec_internal::AllFiniteWith(
+                isa, dtype, enc.data() + 1, n, &bad));
             EXPECT_EQ(bad, pos);
             EXPECT_FALSE(codec_internal::AllFiniteWith(
                 isa, dtype, enc.data() + 1, n, nullptr));

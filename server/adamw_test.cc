@@ -15,7 +15,8 @@
 namespace zenflow {
 namespace {
 
-void ExpectRelNear(double want, float got, double rel, const std::string& what) {
+void ExpectRelNear(double want, float got, double rel,
+                   const std::string& what) {
   EXPECT_LE(std::fabs(static_cast<double>(got) - want), rel * std::fabs(want))
       << what << ": want " << want << " got " << got;
 }
@@ -34,9 +35,8 @@ TEST(AdamWTest, ReferenceMatchesHandComputation) {
                      /*eps=*/1e-8f, /*weight_decay=*/0.1f};
   const float grad_scale = 0.5f;
   // Per-step gradients for each of the three elements.
-  const float grads[3][3] = {{1.0f, -2.0f, 0.25f},
-                             {0.5f, -1.0f, 3.0f},
-                             {-0.75f, 0.1f, 0.0f}};
+  const float grads[3][3] = {
+      {1.0f, -2.0f, 0.25f}, {0.5f, -1.0f, 3.0f}, {-0.75f, 0.1f, 0.0f}};
   float p[3] = {1.0f, -0.5f, 2.0f};
   float m[3] = {0.0f, 0.0f, 0.0f};
   float v[3] = {0.0f, 0.0f, 0.0f};
@@ -168,8 +168,8 @@ TEST_P(AdamWSimdTest, WeightDecayIsDecoupled) {
   }
   const AdamWHyper h{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f};
   const float decay = static_cast<float>(1.0 - 0.01 * 0.1);
-  const float decay_f = static_cast<float>(1.0 - static_cast<double>(h.lr) *
-                                                     static_cast<double>(h.weight_decay));
+  const float decay_f = static_cast<float>(
+      1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
   EXPECT_NEAR(decay_f, decay, 1e-9);
   const size_t n = 37;
   std::vector<float> g(n, 0.0f), p(n), m(n, 0.0f), v(n, 0.0f);

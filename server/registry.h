@@ -45,6 +45,7 @@ class JobRegistry {
   void CountRejection(absl::StatusCode code) { rejected_.Add(code); }
 
   SimdLevel simd() const { return ctx_.simd; }
+  int64_t max_message_bytes() const { return options_.max_message_bytes; }
   int update_threads() const { return pool_.num_threads(); }
 
  private:

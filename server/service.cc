@@ -1,6 +1,7 @@
 // gRPC adapter of zenflowd; see service.h.
 #include "server/service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <utility>
@@ -11,6 +12,23 @@
 #include "grpcpp/health_check_service_interface.h"
 
 namespace zenflow {
+
+namespace {
+
+// Requests between the service's limit and gRPC's (twice as large) are
+// rejected here, so that they are counted and a stream survives them.
+absl::Status CheckSize(const google::protobuf::Message& m, JobRegistry* registry) {
+  const size_t size = m.ByteSizeLong();
+  if (static_cast<int64_t>(size) > registry->max_message_bytes()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request of ", size, " bytes exceeds the daemon's limit of ",
+                     registry->max_message_bytes(),
+                     " bytes (--max_message_bytes); split it (client max_shard_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -29,6 +47,10 @@ grpc::ServerUnaryReactor* ZenFlowService::CreateJob(grpc::CallbackServerContext*
                                                     const v1::CreateJobRequest* req,
                                                     v1::CreateJobResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
+    Finish(reactor, s, nullptr);
+    return reactor;
+  }
   absl::StatusOr<v1::JobSpec> spec = registry_->CreateJob(req->spec());
   if (spec.ok()) *resp->mutable_spec() = *std::move(spec);
   Finish(reactor, spec.status(), nullptr);
@@ -87,6 +109,10 @@ grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerC
     Finish(reactor, job.status(), nullptr);
     return reactor;
   }
+  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
+    Finish(reactor, s, job->get());
+    return reactor;
+  }
   // Job::SubmitImportance counts its own rejections.
   JobRegistry* registry = registry_;
   (*job)->SubmitImportance(*req, [reactor, resp, registry](absl::StatusOr<v1::Selection> sel) {
@@ -107,6 +133,10 @@ grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* c
   absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
   if (!job.ok()) {
     Finish(reactor, job.status(), nullptr);
+    return reactor;
+  }
+  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
+    Finish(reactor, s, job->get());
     return reactor;
   }
   absl::StatusOr<v1::HandOffResponse> r = (*job)->HandOff(*req);
@@ -146,7 +176,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersR
       return Done(absl::InvalidArgumentError(absl::StrCat(
           "chunk for job '", chunk_.job_id(), "' in an upload stream of job '", job_id_, "'")));
     }
-    absl::Status s = upload_->AddChunk(chunk_);
+    absl::Status s = CheckSize(chunk_, registry_);
+    if (s.ok()) s = upload_->AddChunk(chunk_);
     if (!s.ok()) return Done(s);
     StartRead(&chunk_);
   }
@@ -194,7 +225,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
         return RequestFinish(s);
       }
     } else {
-      absl::Status s = job_->HandleUp(rank_, up_);
+      absl::Status s = CheckSize(up_, registry_);
+      if (s.ok()) s = job_->HandleUp(rank_, up_);
       if (!s.ok()) {
         registry_->CountRejection(s.code());
         job_->CountRejection(s.code());
@@ -311,7 +343,10 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  // gRPC's own limit is twice the service's, so moderately oversized
+  // messages reach the service and get a counted, in-band rejection.
+  const int64_t hard = std::min<int64_t>(2 * options.max_message_bytes, (int64_t{1} << 31) - 1);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(hard));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();

@@ -1,0 +1,527 @@
+// The worker client library; see client.h.
+#include "client/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace zenflow {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+v1::DType ToProto(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return v1::DTYPE_FP32;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
+    case DType::kF16:
+      return v1::DTYPE_FP16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+Client::Client(const ClientOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  std::unique_ptr<Client> c(new Client(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  c->channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  absl::Duration backoff = absl::Milliseconds(100);
+  const int attempts = std::max(1, options.connect_attempts);
+  for (int i = 0; i < attempts; ++i) {
+    const auto deadline = std::chrono::system_clock::now() +
+                          absl::ToChronoMilliseconds(options.connect_timeout);
+    if (c->channel_->WaitForConnected(deadline)) {
+      c->stub_ = v1::ZenFlow::NewStub(c->channel_);
+      return c;
+    }
+    if (i + 1 < attempts) {
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(5));
+    }
+  }
+  return absl::UnavailableError(absl::StrCat("cannot connect to zenflowd at ", options.target,
+                                             " after ", attempts, " attempts of ",
+                                             absl::FormatDuration(options.connect_timeout)));
+}
+
+Client::~Client() { CloseStream(); }
+
+std::unique_ptr<grpc::ClientContext> Client::UnaryContext(absl::Duration timeout) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  return ctx;
+}
+
+// ---- Control ------------------------------------------------------------------
+
+absl::StatusOr<v1::JobSpec> Client::CreateJob(const v1::JobSpec& spec) {
+  v1::CreateJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::CreateJobResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->CreateJob(ctx.get(), req, &resp)));
+  return resp.spec();
+}
+
+absl::StatusOr<v1::UploadParametersResponse> Client::UploadParameters(
+    const std::string& job_id, const std::vector<TensorValues>& tensors) {
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  v1::UploadParametersResponse resp;
+  auto writer = stub_->UploadParameters(ctx.get(), &resp);
+  const int64_t per_chunk = std::max<int64_t>(1, options_.max_shard_bytes / 4);
+  for (const TensorValues& t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    for (int64_t off = 0; off < numel || (numel == 0 && off == 0); off += per_chunk) {
+      v1::UploadParametersRequest chunk;
+      chunk.set_job_id(job_id);
+      chunk.set_tensor(t.name);
+      if (off == 0) chunk.mutable_shape()->Add(t.shape.begin(), t.shape.end());
+      chunk.set_offset(off);
+      chunk.set_dtype(v1::DTYPE_FP32);
+      const int64_t n = std::min(per_chunk, numel - off);
+      chunk.set_payload(reinterpret_cast<const char*>(t.data + off), n * sizeof(float));
+      if (!writer->Write(chunk)) break;  // the server ended the call: Finish says why
+      if (numel == 0) break;
+    }
+  }
+  writer->WritesDone();
+  ZF_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
+  return resp;
+}
+
+absl::StatusOr<v1::JoinJobResponse> Client::JoinJob(const std::string& job_id, int32_t rank) {
+  v1::JoinJobRequest req;
+  req.set_job_id(job_id);
+  req.set_rank(rank);
+  v1::JoinJobResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->JoinJob(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(Attach(job_id, rank));
+  return resp;
+}
+
+absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::GetJobResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->GetJob(ctx.get(), req, &resp)));
+  return resp;
+}
+
+absl::Status Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  v1::DeleteJobResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  return FromGrpc(stub_->DeleteJob(ctx.get(), req, &resp));
+}
+
+absl::StatusOr<v1::GetStatsResponse> Client::GetStats(const std::string& job_id) {
+  v1::GetStatsRequest req;
+  req.set_job_id(job_id);
+  v1::GetStatsResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->GetStats(ctx.get(), req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<v1::Selection> Client::SubmitImportance(
+    int64_t step, const std::vector<v1::TensorImportance>& tensors) {
+  v1::SubmitImportanceRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    req.set_job_id(job_id_);
+    req.set_rank(rank_);
+  }
+  req.set_step(step);
+  for (const auto& t : tensors) *req.add_tensors() = t;
+  v1::SubmitImportanceResponse resp;
+  auto ctx = UnaryContext(options_.selection_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->SubmitImportance(ctx.get(), req, &resp)));
+  return resp.selection();
+}
+
+absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
+                                                    const std::vector<v1::ColumnState>& leaving) {
+  v1::HandOffRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    req.set_job_id(job_id_);
+    req.set_rank(rank_);
+  }
+  req.set_version(version);
+  for (const auto& l : leaving) *req.add_leaving() = l;
+  v1::HandOffResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->HandOff(ctx.get(), req, &resp)));
+  return resp;
+}
+
+// ---- Stream -------------------------------------------------------------------
+
+absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
+  absl::MutexLock attach_lock(&attach_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stream_open_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this client's stream is attached to job '", job_id_, "' rank ", rank_));
+    }
+  }
+  if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
+  stream_ctx_ = std::make_unique<grpc::ClientContext>();
+  stream_ = stub_->Stream(stream_ctx_.get());
+  v1::UpMessage hello;
+  hello.mutable_attach()->set_job_id(job_id);
+  hello.mutable_attach()->set_rank(rank);
+  {
+    absl::MutexLock lock(&mu_);
+    job_id_ = job_id;
+    rank_ = rank;
+    attached_ = false;
+    stream_open_ = true;
+    closing_ = false;
+    stream_status_ = absl::OkStatus();
+    stream_finished_ = false;
+    outq_.clear();
+    inflight_bytes_ = 0;
+    partial_.clear();
+  }
+  const bool wrote = stream_->Write(hello);
+  reader_ = std::thread([this] { ReaderLoop(); });
+  // Wait for the daemon's greeting or the end of the stream.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->attached_ || c->stream_finished_; },
+      this));
+  if (!attached_) {
+    if (!wrote && stream_status_.ok()) return absl::UnavailableError("stream closed before attach");
+    return stream_status_;
+  }
+  writer_running_ = true;
+  writer_ = std::thread([this] { WriterLoop(); });
+  return absl::OkStatus();
+}
+
+void Client::ReaderLoop() {
+  v1::DownMessage msg;
+  while (stream_->Read(&msg)) {
+    std::function<void(RoundUpdate)> cb;
+    std::optional<RoundUpdate> complete;
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.bytes_received += static_cast<int64_t>(msg.ByteSizeLong());
+      switch (msg.kind_case()) {
+        case v1::DownMessage::kAttached:
+          attached_ = true;
+          break;
+        case v1::DownMessage::kDelta: {
+          RoundUpdate& u = partial_[msg.delta().round()];
+          u.round = msg.delta().round();
+          u.deltas.push_back(std::move(*msg.mutable_delta()));
+          break;
+        }
+        case v1::DownMessage::kDone: {
+          const int64_t r = msg.done().round();
+          RoundUpdate u;
+          auto it = partial_.find(r);
+          if (it != partial_.end()) {
+            u = std::move(it->second);
+            partial_.erase(it);
+          }
+          u.round = r;
+          u.done = msg.done();
+          ++stats_.rounds_received;
+          if (callback_) {
+            cb = callback_;
+            complete = std::move(u);
+          } else {
+            ready_.push_back(std::move(u));
+          }
+          break;
+        }
+        case v1::DownMessage::kError:
+          ++stats_.stream_errors;
+          errors_.push_back(absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
+                                         absl::StrCat(msg.error().message(), " (message #",
+                                                      msg.error().seq(), ")")));
+          break;
+        default:
+          break;
+      }
+    }
+    if (cb && complete) cb(std::move(*complete));
+  }
+  {
+    // Finish() may only run once the writer no longer uses the stream.
+    absl::MutexLock lock(&mu_);
+    stream_open_ = false;
+    mu_.Await(absl::Condition(
+        +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !c->writer_running_; }, this));
+  }
+  grpc::Status st = stream_->Finish();
+  absl::MutexLock lock(&mu_);
+  stream_status_ = st.ok() ? absl::CancelledError("stream closed by the daemon") : FromGrpc(st);
+  if (st.ok() && closing_) stream_status_ = absl::OkStatus();
+  stream_finished_ = true;
+}
+
+void Client::WriterLoop() {
+  for (;;) {
+    v1::UpMessage msg;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !c->outq_.empty() || c->closing_ || !c->stream_open_;
+          },
+          this));
+      if (outq_.empty() || !stream_open_) {
+        break;
+      }
+      msg = std::move(outq_.front());
+      outq_.pop_front();
+      writing_ = true;
+    }
+    const int64_t size = static_cast<int64_t>(msg.ByteSizeLong());
+    const bool ok = stream_->Write(msg);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    inflight_bytes_ -= size;
+    if (!ok) {
+      // The stream broke; the reader records why.
+      outq_.clear();
+      inflight_bytes_ = 0;
+      break;
+    }
+    ++stats_.messages_sent;
+    stats_.bytes_sent += size;
+  }
+  absl::MutexLock lock(&mu_);
+  if (closing_ && stream_open_) stream_->WritesDone();
+  writer_running_ = false;
+}
+
+absl::Status Client::Enqueue(v1::UpMessage msg) {
+  const int64_t size = static_cast<int64_t>(msg.ByteSizeLong());
+  if (size > options_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("message of ", size,
+                                                   " bytes exceeds max_message_bytes ",
+                                                   options_.max_message_bytes));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!stream_open_ || !attached_) {
+    return stream_finished_ && !stream_status_.ok()
+               ? EndStatusLocked()
+               : absl::FailedPreconditionError("no stream attached: JoinJob or Attach first");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::pair<Client*, int64_t> arg(this, size);
+  mu_.Await(absl::Condition(
+      +[](std::pair<Client*, int64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        Client* c = a->first;
+        return !c->stream_open_ || c->inflight_bytes_ == 0 ||
+               c->inflight_bytes_ + a->second <= c->options_.max_inflight_bytes;
+      },
+      &arg));
+  stats_.send_blocked_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!stream_open_) return EndStatusLocked();
+  msg.set_seq(next_seq_++);
+  inflight_bytes_ += size;
+  outq_.push_back(std::move(msg));
+  return absl::OkStatus();
+}
+
+absl::Status Client::PushShard(v1::GradientShard shard) {
+  v1::UpMessage msg;
+  *msg.mutable_shard() = std::move(shard);
+  return Enqueue(std::move(msg));
+}
+
+absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_t version,
+                                 const std::vector<int32_t>& columns, const float* col_major,
+                                 int64_t rows, DType dtype) {
+  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
+  const size_t per = std::max<size_t>(1, static_cast<size_t>(options_.max_shard_bytes) / col_bytes);
+  for (size_t i = 0; i < columns.size(); i += per) {
+    const size_t n = std::min(per, columns.size() - i);
+    v1::GradientShard shard;
+    shard.set_step(step);
+    shard.set_tensor(tensor);
+    shard.set_selection_version(version);
+    shard.set_dtype(ToProto(dtype));
+    shard.mutable_columns()->Add(columns.begin() + i, columns.begin() + i + n);
+    std::string* payload = shard.mutable_payload();
+    payload->resize(n * col_bytes);
+    Encode(dtype, col_major + i * rows, n * rows, payload->data());
+    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps) {
+  v1::UpMessage msg;
+  msg.mutable_close()->set_round(round);
+  msg.mutable_close()->set_lr(lr);
+  msg.mutable_close()->set_steps(steps);
+  return Enqueue(std::move(msg));
+}
+
+absl::Status Client::Flush(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const bool done = mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !c->stream_open_ || (c->outq_.empty() && !c->writing_);
+          },
+          this),
+      timeout);
+  if (!stream_open_) return EndStatusLocked();
+  if (!done) return absl::DeadlineExceededError("flush timed out");
+  return absl::OkStatus();
+}
+
+void Client::SetRoundCallback(std::function<void(RoundUpdate)> cb) {
+  std::deque<RoundUpdate> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    callback_ = cb;
+    if (cb) pending.swap(ready_);
+  }
+  for (auto& u : pending) cb(std::move(u));
+}
+
+absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto has = [this, round]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const auto& u : ready_) {
+      if (u.round == round) return true;
+    }
+    return false;
+  };
+  struct Arg {
+    Client* c;
+    decltype(has)* f;
+  } arg{this, &has};
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                             return (*a->f)() || !a->c->stream_open_;
+                           },
+                           &arg),
+                       timeout);
+  stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+    if (it->round == round) {
+      RoundUpdate u = std::move(*it);
+      ready_.erase(it);
+      return u;
+    }
+  }
+  if (!stream_open_) {
+    absl::Status s = EndStatusLocked();
+    return s.ok() ? absl::CancelledError("stream closed") : s;
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("round ", round, "'s update did not arrive within ", absl::FormatDuration(timeout)));
+}
+
+std::optional<RoundUpdate> Client::PollRound() {
+  absl::MutexLock lock(&mu_);
+  if (ready_.empty()) return std::nullopt;
+  RoundUpdate u = std::move(ready_.front());
+  ready_.pop_front();
+  return u;
+}
+
+std::vector<absl::Status> Client::TakeErrors() {
+  absl::MutexLock lock(&mu_);
+  std::vector<absl::Status> out;
+  out.swap(errors_);
+  return out;
+}
+
+bool Client::WaitForErrors(size_t n, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  struct Arg {
+    Client* c;
+    size_t n;
+  } arg{this, n};
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                    return a->c->errors_.size() >= a->n || !a->c->stream_open_;
+                                  },
+                                  &arg),
+                              timeout) &&
+         errors_.size() >= n;
+}
+
+absl::Status Client::stream_status() {
+  absl::MutexLock lock(&mu_);
+  if (!stream_open_) return EndStatusLocked();
+  return absl::OkStatus();
+}
+
+absl::Status Client::EndStatusLocked() {
+  mu_.AwaitWithTimeout(absl::Condition(&stream_finished_), absl::Seconds(10));
+  if (!stream_finished_) return absl::UnavailableError("stream ended; its status is not known yet");
+  return stream_status_;
+}
+
+ClientStats Client::stats() {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+int32_t Client::rank() {
+  absl::MutexLock lock(&mu_);
+  return rank_;
+}
+
+std::string Client::job_id() {
+  absl::MutexLock lock(&mu_);
+  return job_id_;
+}
+
+void Client::CloseStream() {
+  absl::MutexLock attach_lock(&attach_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+  }
+  if (writer_.joinable()) writer_.join();  // sends what is queued, then half-closes
+  if (stream_ctx_ != nullptr && reader_.joinable()) {
+    // Wait briefly for the daemon to finish the stream, then cancel.
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return !c->stream_open_;
+                               },
+                               this),
+                           absl::Seconds(2));
+    }
+    stream_ctx_->TryCancel();
+  }
+  if (reader_.joinable()) reader_.join();
+}
+
+}  // namespace zenflow

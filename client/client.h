@@ -1,0 +1,168 @@
+// The worker client library: a training process's connection to zenflowd.
+// It owns the gRPC channel, the rank's data stream (gradient shards up,
+// parameter deltas down), a bounded send window and the accounting of time
+// spent blocked. It knows nothing about models.
+//
+//   ZF_ASSIGN_OR_RETURN(auto client, zenflow::Client::Connect({.target = "127.0.0.1:50051"}));
+//   ZF_RETURN_IF_ERROR(client->JoinJob("job", /*rank=*/0).status());
+//   ZF_RETURN_IF_ERROR(client->PushColumns(step, "w", version, cols, grad_colmajor, rows));
+//   ZF_RETURN_IF_ERROR(client->CloseRound(round, lr));
+//   ZF_ASSIGN_OR_RETURN(zenflow::RoundUpdate u, client->WaitRound(round, absl::Seconds(30)));
+#ifndef ZENFLOW_CLIENT_CLIENT_H_
+#define ZENFLOW_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/codec.h"
+#include "grpcpp/grpcpp.h"
+#include "zenflow/v1/zenflow.grpc.pb.h"
+
+namespace zenflow {
+
+struct ClientOptions {
+  std::string target = "127.0.0.1:50051";
+  absl::Duration connect_timeout = absl::Seconds(5);  // per attempt
+  int connect_attempts = 5;                           // with doubling backoff
+  absl::Duration rpc_timeout = absl::Seconds(60);     // unary deadline
+  absl::Duration selection_timeout = absl::Minutes(10);  // SubmitImportance waits for all ranks
+  int64_t max_message_bytes = 64 << 20;
+  int64_t max_shard_bytes = 4 << 20;     // PushColumns splits payloads at this size
+  int64_t max_inflight_bytes = 64 << 20;  // pushes block beyond this many unsent bytes
+};
+
+// Every delta of one round, in arrival order, and its RoundDone marker.
+struct RoundUpdate {
+  int64_t round = -1;
+  std::vector<v1::ParameterDelta> deltas;
+  v1::RoundDone done;
+};
+
+struct ClientStats {
+  int64_t messages_sent = 0;
+  int64_t bytes_sent = 0;          // serialized up messages
+  int64_t bytes_received = 0;      // serialized down messages
+  int64_t rounds_received = 0;
+  double send_blocked_seconds = 0;  // PushShard waiting for window space
+  double wait_seconds = 0;          // WaitRound waiting for deltas (the stall)
+  int64_t stream_errors = 0;        // rejected up messages
+};
+
+// Thread-safe: any method may be called from any thread. Deltas arrive on an
+// internal thread; with a round callback set, it runs there.
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();  // closes the stream (without waiting for deltas)
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // ---- Control ----
+  absl::StatusOr<v1::JobSpec> CreateJob(const v1::JobSpec& spec);
+  // Uploads row-major fp32 values of every tensor, chunked at max_shard_bytes.
+  struct TensorValues {
+    std::string name;
+    std::vector<int64_t> shape;
+    const float* data = nullptr;  // row-major, product(shape) values
+  };
+  absl::StatusOr<v1::UploadParametersResponse> UploadParameters(
+      const std::string& job_id, const std::vector<TensorValues>& tensors);
+  // Joins the job as `rank` and attaches this client's data stream to it.
+  absl::StatusOr<v1::JoinJobResponse> JoinJob(const std::string& job_id, int32_t rank);
+  // Attaches the data stream to an already joined rank (after a reconnect).
+  absl::Status Attach(const std::string& job_id, int32_t rank);
+  absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id);
+  absl::Status DeleteJob(const std::string& job_id);
+  absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& job_id = "");
+  // Blocks until every rank submitted importance for `step`.
+  absl::StatusOr<v1::Selection> SubmitImportance(int64_t step,
+                                                 const std::vector<v1::TensorImportance>& tensors);
+  absl::StatusOr<v1::HandOffResponse> HandOff(int64_t version,
+                                              const std::vector<v1::ColumnState>& leaving);
+
+  // ---- Data (after JoinJob or Attach) ----
+  // Queues an up message; blocks only while the send window is full. Fails
+  // if the stream is broken (see stream_status()).
+  absl::Status PushShard(v1::GradientShard shard);
+  // Encodes columns (column-major fp32, rows values per column) in `dtype`
+  // and pushes them as shards of at most max_shard_bytes.
+  absl::Status PushColumns(int64_t step, const std::string& tensor, int64_t version,
+                           const std::vector<int32_t>& columns, const float* col_major,
+                           int64_t rows, DType dtype);
+  absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
+  // Blocks until everything queued was handed to the transport.
+  absl::Status Flush(absl::Duration timeout);
+
+  // Deltas: either a callback (runs on the receive thread; rounds then do
+  // not queue) or WaitRound/PollRound.
+  void SetRoundCallback(std::function<void(RoundUpdate)> cb);
+  absl::StatusOr<RoundUpdate> WaitRound(int64_t round, absl::Duration timeout);
+  std::optional<RoundUpdate> PollRound();
+  // Errors the daemon reported for rejected up messages, oldest first
+  // (each carries the daemon's status code and message); clears them.
+  std::vector<absl::Status> TakeErrors();
+  // Waits until at least `n` errors are pending (for tests and tools).
+  bool WaitForErrors(size_t n, absl::Duration timeout);
+
+  // OK while the stream is healthy; the final status once it ended.
+  absl::Status stream_status();
+  ClientStats stats();
+  v1::ZenFlow::Stub* stub() { return stub_.get(); }
+  int32_t rank();
+  std::string job_id();
+
+ private:
+  explicit Client(const ClientOptions& options);
+  void CloseStream();
+  void ReaderLoop();
+  void WriterLoop();
+  std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout) const;
+  absl::Status Enqueue(v1::UpMessage msg) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream's final status, once the reader has finished it.
+  absl::Status EndStatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ZenFlow::Stub> stub_;
+
+  // One attached stream at a time; attach/close are serialized by attach_mu_.
+  absl::Mutex attach_mu_;
+  std::unique_ptr<grpc::ClientContext> stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
+  std::thread reader_, writer_;
+
+  absl::Mutex mu_;
+  std::string job_id_ ABSL_GUARDED_BY(mu_);
+  int32_t rank_ ABSL_GUARDED_BY(mu_) = -1;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::UpMessage> outq_ ABSL_GUARDED_BY(mu_);
+  int64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writer_running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_finished_ ABSL_GUARDED_BY(mu_) = true;  // no stream, or Finish() returned
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, RoundUpdate> partial_ ABSL_GUARDED_BY(mu_);
+  std::deque<RoundUpdate> ready_ ABSL_GUARDED_BY(mu_);
+  std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  ClientStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_CLIENT_CLIENT_H_

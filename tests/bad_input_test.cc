@@ -1,0 +1,426 @@
+// Bad input against a real zenflowd over loopback gRPC: each rejection has a
+// specific status code and an actionable message, is counted, and leaves the
+// job untouched — proven by a following good round that still matches the
+// independent reference exactly as if the bad request had never been sent.
+#include <limits>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/harness.h"
+
+namespace zenflow::testing {
+namespace {
+
+#define ASSERT_OK(expr)                              \
+  do {                                               \
+    const absl::Status zf_s = (expr);                \
+    ASSERT_TRUE(zf_s.ok()) << #expr << ": " << zf_s; \
+  } while (0)
+
+using absl::StatusCode;
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new DaemonProcess();
+    // A small message limit so that "oversized" is cheap to produce.
+    const absl::Status s = daemon_->Start({"--max_message_bytes=1048576"});
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    const absl::Status s = daemon_->Stop();
+    EXPECT_TRUE(s.ok()) << "zenflowd must survive bad input and exit cleanly: " << s;
+    delete daemon_;
+  }
+
+  // A fresh job (unique id per test), set up and past one good round.
+  std::unique_ptr<Harness> MakeJob(JobOptions o = {}) {
+    o.job_id = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    auto h = std::make_unique<Harness>(daemon_->target(), o);
+    absl::Status s = h->Setup();
+    if (s.ok()) s = h->GoodRound(1e-2f);
+    EXPECT_TRUE(s.ok()) << s;
+    return h;
+  }
+
+  // Sends one up message from `rank` and returns the in-band rejection.
+  static absl::Status Rejection(Harness& h, int rank, v1::GradientShard shard) {
+    Client& c = h.client(rank);
+    c.TakeErrors();
+    absl::Status push = c.PushShard(std::move(shard));
+    if (!push.ok()) return push;
+    if (!c.WaitForErrors(1, absl::Seconds(30))) return absl::OkStatus();
+    std::vector<absl::Status> errs = c.TakeErrors();
+    return errs.front();
+  }
+
+  static absl::Status CloseRejection(Harness& h, int rank, int64_t round, float lr) {
+    Client& c = h.client(rank);
+    c.TakeErrors();
+    absl::Status push = c.CloseRound(round, lr);
+    if (!push.ok()) return push;
+    if (!c.WaitForErrors(1, absl::Seconds(30))) return absl::OkStatus();
+    return c.TakeErrors().front();
+  }
+
+  static v1::GradientShard Shard(const Harness& h, int64_t step, std::vector<int32_t> cols,
+                                 int rows = 8) {
+    v1::GradientShard s;
+    s.set_step(step);
+    s.set_tensor("w");
+    s.set_selection_version(h.version());
+    s.set_dtype(v1::DTYPE_FP32);
+    s.mutable_columns()->Add(cols.begin(), cols.end());
+    std::vector<float> vals(cols.size() * rows, 0.5f);
+    s.set_payload(reinterpret_cast<const char*>(vals.data()), vals.size() * 4);
+    return s;
+  }
+
+  static int64_t Rejected(Harness& h, const std::string& code) {
+    absl::StatusOr<v1::GetStatsResponse> st = h.client(0).GetStats(h.options().job_id);
+    if (!st.ok() || st->jobs_size() != 1) return -1;
+    auto it = st->jobs(0).rejected().find(code);
+    return it == st->jobs(0).rejected().end() ? 0 : it->second;
+  }
+
+  static DaemonProcess* daemon_;
+};
+
+DaemonProcess* BadInputTest::daemon_ = nullptr;
+
+void ExpectStatus(const absl::Status& s, StatusCode code, const std::string& fragment) {
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), fragment)) << "message: " << s.message()
+                                                        << "\nexpected to contain: " << fragment;
+}
+
+TEST_F(BadInputTest, UnknownJobIsNotFound) {
+  auto h = MakeJob();
+  ExpectStatus(h->client(0).GetJob("no-such-job").status(), StatusCode::kNotFound, "no job 'no-such-job'");
+  ClientOptions co;
+  co.target = daemon_->target();
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  ExpectStatus((*c)->JoinJob("no-such-job", 0).status(), StatusCode::kNotFound, "no job");
+  ExpectStatus((*c)->Attach("no-such-job", 0), StatusCode::kNotFound, "no job");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, UnknownTensorIsNotFound) {
+  auto h = MakeJob();
+  v1::GradientShard s = Shard(*h, 4, {0});
+  s.set_tensor("layers.9.nope");
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kNotFound, "has no tensor 'layers.9.nope'");
+  EXPECT_EQ(Rejected(*h, "NOT_FOUND"), 1);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, UnknownRankIsRejected) {
+  auto h = MakeJob();
+  ClientOptions co;
+  co.target = daemon_->target();
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  ExpectStatus((*c)->JoinJob(h->options().job_id, 5).status(), StatusCode::kOutOfRange,
+               "rank 5 out of range [0, 2)");
+  ExpectStatus((*c)->JoinJob(h->options().job_id, -1).status(), StatusCode::kOutOfRange,
+               "out of range");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, RankNotJoinedCannotAttach) {
+  JobOptions o;
+  o.job_id = "not-joined";
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Connect());
+  ASSERT_OK(h.CreateJob());
+  ASSERT_OK(h.Upload());
+  ExpectStatus(h.client(1).Attach("not-joined", 1), StatusCode::kNotFound,
+               "rank 1 has not joined job 'not-joined' (call JoinJob first)");
+  ASSERT_OK(h.JoinAll());
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, RankJoiningTwiceIsAlreadyExists) {
+  auto h = MakeJob();
+  ClientOptions co;
+  co.target = daemon_->target();
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  ExpectStatus((*c)->JoinJob(h->options().job_id, 1).status(), StatusCode::kAlreadyExists,
+               "rank 1 already joined");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, SecondUploadIsAlreadyExists) {
+  auto h = MakeJob();
+  std::vector<float> zeros(8 * 16, 0.0f);
+  absl::Status s = h->client(0)
+                       .UploadParameters(h->options().job_id,
+                                         {{"w", {8, 16}, zeros.data()}, {"b", {16}, zeros.data()}})
+                       .status();
+  ExpectStatus(s, StatusCode::kAlreadyExists, "already uploaded");
+  EXPECT_EQ(Rejected(*h, "ALREADY_EXISTS"), 1);
+  ASSERT_OK(h->GoodRound(1e-2f));  // the first upload's values are still there
+}
+
+TEST_F(BadInputTest, UploadShapeMismatchIsInvalidAndStoresNothing) {
+  JobOptions o;
+  o.job_id = "upload-shape";
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Connect());
+  ASSERT_OK(h.CreateJob());
+  std::vector<float> zeros(8 * 16, 0.0f);
+  ExpectStatus(
+      h.client(0).UploadParameters("upload-shape", {{"w", {16, 8}, zeros.data()}}).status(),
+      StatusCode::kInvalidArgument, "uploaded shape [16, 8] does not match the job's shape [8, 16]");
+  // An incomplete upload commits nothing...
+  ExpectStatus(h.client(0).UploadParameters("upload-shape", {{"w", {8, 16}, zeros.data()}}).status(),
+               StatusCode::kFailedPrecondition, "tensor 'b' has 0 of 16 elements");
+  // ...so the real upload is still the first one and the results are exact.
+  ASSERT_OK(h.Upload());
+  ASSERT_OK(h.JoinAll());
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, CreateJobBadSpecsAreInvalidArgument) {
+  ClientOptions co;
+  co.target = daemon_->target();
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  v1::JobSpec spec;
+  spec.set_job_id("bad spec!");
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument, "job_id 'bad spec!' is invalid");
+  spec.set_job_id("badspec");
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument, "no tensors");
+  auto* t = spec.add_tensors();
+  t->set_name("w");
+  t->add_shape(4);
+  t->add_shape(0);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument, "shape [4, 0]");
+  t->set_shape(1, 4);
+  spec.mutable_zenflow()->set_update_interval(4);
+  spec.mutable_zenflow()->set_select_interval(6);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "select_interval 6 must be a positive multiple of update_interval 4");
+  spec.mutable_zenflow()->set_select_interval(8);
+  spec.mutable_zenflow()->mutable_apply_delay()->set_steps(5);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument, "apply_delay.steps 5");
+  spec.mutable_zenflow()->mutable_apply_delay()->set_overlap_step(true);
+  ASSERT_OK((*c)->CreateJob(spec).status());
+  absl::StatusOr<v1::GetJobResponse> job = (*c)->GetJob("badspec");
+  ASSERT_OK(job.status());
+  EXPECT_EQ(job->spec().zenflow().apply_delay().steps(), 4) << "overlap_step means d = S";
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kAlreadyExists, "already exists");
+  ASSERT_OK((*c)->DeleteJob("badspec"));
+  ExpectStatus((*c)->GetJob("badspec").status(), StatusCode::kNotFound, "no job");
+}
+
+TEST_F(BadInputTest, PayloadSizeMismatchIsInvalidArgument) {
+  auto h = MakeJob();
+  v1::GradientShard s = Shard(*h, 4, {0, 1});
+  s.mutable_payload()->resize(s.payload().size() - 4);
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kInvalidArgument,
+               "payload is 60 bytes but 2 columns x 8 rows of fp32 need 64 bytes");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, ColumnOutOfRangeIsOutOfRange) {
+  auto h = MakeJob();
+  ExpectStatus(Rejection(*h, 0, Shard(*h, 4, {3, 16})), StatusCode::kOutOfRange,
+               "tensor 'w': column 16 out of range [0, 16)");
+  ExpectStatus(Rejection(*h, 1, Shard(*h, 4, {-1})), StatusCode::kOutOfRange, "column -1 out of range");
+  EXPECT_EQ(Rejected(*h, "OUT_OF_RANGE"), 2);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, RepeatedColumnIsInvalidArgument) {
+  auto h = MakeJob();
+  ExpectStatus(Rejection(*h, 0, Shard(*h, 4, {5, 2, 5})), StatusCode::kInvalidArgument,
+               "column 5 is repeated in one shard");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, ColumnSentTwiceForOneStepIsAlreadyExists) {
+  auto h = MakeJob();
+  ASSERT_OK(h->PushStep(0, 4));  // every column of step 4 from rank 0
+  ExpectStatus(Rejection(*h, 0, Shard(*h, 4, {7})), StatusCode::kAlreadyExists,
+               "column 7 of step 4 was already received from rank 0");
+  ASSERT_OK(h->GoodRound(1e-2f));  // the duplicate was not added
+}
+
+TEST_F(BadInputTest, StepOfClosedRoundIsFailedPrecondition) {
+  auto h = MakeJob();  // round 0 is closed and updated
+  ExpectStatus(Rejection(*h, 0, Shard(*h, 3, {0})), StatusCode::kFailedPrecondition,
+               "step 3 belongs to round 0, which rank 0 already closed");
+  ExpectStatus(CloseRejection(*h, 1, 0, 1e-2f), StatusCode::kFailedPrecondition,
+               "rank 1 already closed round 0");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, StepTooFarAheadIsOutOfRange) {
+  auto h = MakeJob();  // next round is 1 (steps 4..7)
+  ExpectStatus(Rejection(*h, 0, Shard(*h, 8, {0})), StatusCode::kOutOfRange,
+               "step 8 is in round 2, too far ahead: rank 0 has not closed round 1");
+  ExpectStatus(CloseRejection(*h, 0, 2, 1e-2f), StatusCode::kOutOfRange, "round 2 is too far ahead");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, IncompleteRoundCannotClose) {
+  auto h = MakeJob();
+  for (int64_t step = 4; step < 7; ++step) ASSERT_OK(h->PushStep(0, step));  // 3 of 4 steps
+  ExpectStatus(CloseRejection(*h, 0, 1, 1e-2f), StatusCode::kFailedPrecondition,
+               "rank 0 cannot close round 1: tensor 'w' column 0 has gradients from 3 of 4 steps");
+  ASSERT_OK(h->GoodRound(1e-2f));  // completes the round; exact
+}
+
+TEST_F(BadInputTest, LearningRateMustAgreeAcrossRanks) {
+  auto h = MakeJob();
+  for (int64_t step = 4; step < 8; ++step) ASSERT_OK(h->PushStep(0, step));
+  for (int64_t step = 4; step < 8; ++step) ASSERT_OK(h->PushStep(1, step));
+  ASSERT_OK(h->client(0).CloseRound(1, 1e-2f));
+  // Rank 0's stream is ordered: once its second close is rejected, the
+  // first one has been applied.
+  ExpectStatus(CloseRejection(*h, 0, 1, 1e-2f), StatusCode::kFailedPrecondition,
+               "rank 0 already closed round 1");
+  ExpectStatus(CloseRejection(*h, 1, 1, 3e-2f), StatusCode::kInvalidArgument,
+               "lr 0.03 differs from the lr 0.01 other ranks closed it with");
+  ExpectStatus(CloseRejection(*h, 1, 1, -1.0f), StatusCode::kInvalidArgument, "must be finite and >= 0");
+  // Rank 0's close stands; the harness closes rank 0 again (rejected as
+  // already closed) and rank 1 properly, and the round is exact.
+  ASSERT_OK(h->client(1).CloseRound(1, 1e-2f));
+  h->client(0).TakeErrors();
+  std::vector<std::vector<std::vector<float>>> grads;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int64_t step = 4; step < 8; ++step) {
+      std::vector<std::vector<float>> g(2);
+      for (int ti = 0; ti < 2; ++ti) {
+        const TensorDef& d = h->options().tensors[ti];
+        g[ti].resize(d.rows * d.cols);
+        for (int64_t r = 0; r < d.rows; ++r)
+          for (int64_t c = 0; c < d.cols; ++c) g[ti][r * d.cols + c] = TestGrad(rank, step, ti, r, c);
+      }
+      grads.push_back(g);
+    }
+  }
+  h->ref().Round(grads, 1e-2f, h->remote(), h->remote(), false);
+  ASSERT_OK(h->CheckRound(1));
+}
+
+TEST_F(BadInputTest, StaleColumnSetVersionIsFailedPrecondition) {
+  JobOptions o;
+  auto h = MakeJob(o);
+  std::vector<float> imp(16);
+  for (int c = 0; c < 16; ++c) imp[c] = static_cast<float>(c);
+  ASSERT_OK(h->Reselect({imp, {}}));  // version 1: columns 12..15 important
+  v1::GradientShard s = Shard(*h, 4, {0});
+  s.set_selection_version(0);
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kFailedPrecondition,
+               "column-set version 0 is stale; the current version is 1");
+  s.set_selection_version(7);
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kFailedPrecondition, "version 7 is unknown");
+  // An important column does not belong in a shard.
+  ExpectStatus(Rejection(*h, 1, Shard(*h, 4, {13})), StatusCode::kInvalidArgument,
+               "column 13 is important under selection version 1");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, NonFiniteGradientIsRejected) {
+  auto h = MakeJob();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    v1::GradientShard s = Shard(*h, 4, {2, 3});
+    float* vals = reinterpret_cast<float*>(s.mutable_payload()->data());
+    vals[8 + 5] = bad;  // column 3, row 5
+    ExpectStatus(Rejection(*h, 0, s), StatusCode::kInvalidArgument,
+                 "non-finite gradient in column 3 row 5 of step 4");
+  }
+  EXPECT_EQ(Rejected(*h, "INVALID_ARGUMENT"), 2);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, NonFiniteRoundIsSkippedWhenTheJobSaysSo) {
+  JobOptions o;
+  o.skip_nonfinite = true;
+  o.world = 1;
+  auto h = MakeJob(o);
+  ASSERT_OK(h->GoodRound(1e-2f));  // round 1
+  // Round 2: every column, but one value of step 9 is Inf.
+  std::vector<int32_t> all(16);
+  for (int c = 0; c < 16; ++c) all[c] = c;
+  v1::GradientShard s = Shard(*h, 9, all);
+  reinterpret_cast<float*>(s.mutable_payload()->data())[17] = std::numeric_limits<float>::infinity();
+  ASSERT_OK(h->client(0).PushShard(s));
+  v1::GradientShard b = Shard(*h, 9, all, 1);
+  b.set_tensor("b");
+  ASSERT_OK(h->client(0).PushShard(b));
+  for (int64_t step : {8, 10, 11}) ASSERT_OK(h->PushStep(0, step));
+  ASSERT_OK(h->client(0).CloseRound(2, 1e-2f));
+  absl::StatusOr<RoundUpdate> u2 = h->client(0).WaitRound(2, absl::Seconds(30));
+  ASSERT_OK(u2.status());
+  EXPECT_TRUE(u2->done.skipped_nonfinite());
+  EXPECT_TRUE(u2->deltas.empty());
+  EXPECT_TRUE(h->client(0).TakeErrors().empty());
+  h->SkipRound();
+  // Round 3 equals a reference that never saw round 2.
+  ASSERT_OK(h->GoodRound(1e-2f));
+  absl::StatusOr<v1::GetStatsResponse> st = h->client(0).GetStats(h->options().job_id);
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).rounds_skipped_nonfinite(), 1);
+}
+
+TEST_F(BadInputTest, OversizedMessageIsResourceExhausted) {
+  auto h = MakeJob();
+  // The daemon accepts messages up to 1 MiB (--max_message_bytes). A 1.5 MiB
+  // shard is rejected in-band and counted; the stream stays up.
+  v1::GradientShard s = Shard(*h, 4, {0});
+  s.mutable_payload()->assign(3 << 19, '\0');
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kResourceExhausted,
+               "exceeds the daemon's limit of 1048576 bytes (--max_message_bytes)");
+  EXPECT_EQ(Rejected(*h, "RESOURCE_EXHAUSTED"), 1);
+  ASSERT_OK(h->GoodRound(1e-2f));
+  // Beyond twice the limit gRPC itself refuses the message and ends the
+  // stream with RESOURCE_EXHAUSTED; the rank reattaches and carries on.
+  s = Shard(*h, 8, {0});
+  s.mutable_payload()->assign(3 << 20, '\0');
+  ASSERT_OK(h->client(0).PushShard(s));
+  absl::Status end = absl::OkStatus();
+  for (int i = 0; i < 1000 && end.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    end = h->client(0).stream_status();
+  }
+  EXPECT_EQ(end.code(), StatusCode::kResourceExhausted) << end;
+  ASSERT_OK(h->client(0).Attach(h->options().job_id, 0));
+  ASSERT_OK(h->GoodRound(1e-2f));
+  // Unary requests over the limit too.
+  v1::JobSpec spec = h->spec();
+  spec.set_job_id("huge");
+  for (int i = 0; i < 30000; ++i) {
+    auto* t = spec.add_tensors();
+    t->set_name(absl::StrCat("extra_tensor_with_a_long_name_", i));
+    t->add_shape(1);
+  }
+  ExpectStatus(h->client(0).CreateJob(spec).status(), StatusCode::kResourceExhausted,
+               "--max_message_bytes");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, TooManyParametersIsResourceExhausted) {
+  ClientOptions co;
+  co.target = daemon_->target();
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  v1::JobSpec spec;
+  spec.set_job_id("too-big");
+  auto* t = spec.add_tensors();
+  t->set_name("w");
+  t->add_shape(int64_t{1} << 20);
+  t->add_shape(int64_t{1} << 20);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kResourceExhausted, "--max_params");
+}
+
+}  // namespace
+}  // namespace zenflow::testing

@@ -1,0 +1,213 @@
+// End-to-end tests of zenflowd: a real daemon process, real loopback gRPC,
+// the client library, and an independent reference optimizer.
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/selection.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/harness.h"
+
+namespace zenflow::testing {
+namespace {
+
+#define ASSERT_OK(expr)                                \
+  do {                                                 \
+    const absl::Status zf_s = (expr);                  \
+    ASSERT_TRUE(zf_s.ok()) << #expr << ": " << zf_s;   \
+  } while (0)
+
+class DaemonE2ETest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new DaemonProcess();
+    const absl::Status s = daemon_->Start({"--update_threads=2"});
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    const absl::Status s = daemon_->Stop();
+    EXPECT_TRUE(s.ok()) << "zenflowd did not shut down cleanly: " << s;
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  static DaemonProcess* daemon_;
+};
+
+DaemonProcess* DaemonE2ETest::daemon_ = nullptr;
+
+TEST_F(DaemonE2ETest, TwoRanksFourStepsFp32MatchReferenceAdamW) {
+  JobOptions o;
+  o.job_id = "fp32";
+  o.wire = DType::kF32;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  // Three rounds: bias correction by each column's own update count.
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.GoodRound(5e-3f));
+  ASSERT_OK(h.GoodRound(2e-3f));
+  absl::StatusOr<v1::GetStatsResponse> stats = h.client(0).GetStats("fp32");
+  ASSERT_OK(stats.status());
+  ASSERT_EQ(stats->jobs_size(), 1);
+  EXPECT_EQ(stats->jobs(0).rounds_updated(), 3);
+  EXPECT_EQ(stats->jobs(0).params(), 8 * 16 + 16);
+  EXPECT_TRUE(stats->jobs(0).rejected().empty());
+}
+
+TEST_F(DaemonE2ETest, TwoRanksFourStepsBf16MatchReferenceOnBf16Inputs) {
+  JobOptions o;
+  o.job_id = "bf16";
+  o.wire = DType::kBF16;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.GoodRound(1e-2f));
+  // The wire really was bf16: 2 bytes per gradient value.
+  absl::StatusOr<v1::GetStatsResponse> stats = h.client(0).GetStats("bf16");
+  ASSERT_OK(stats.status());
+  EXPECT_EQ(stats->jobs(0).shard_bytes_received(), 2 /*rounds*/ * 2 /*ranks*/ * 4 /*steps*/ *
+                                                       (8 * 16 + 16) * 2 /*bytes*/);
+}
+
+TEST_F(DaemonE2ETest, OneRankLargeTensorSplitsIntoManyShards) {
+  JobOptions o;
+  o.job_id = "large";
+  o.world = 1;
+  o.interval = 2;
+  o.tensors = {{"w", 96, 300, false}};
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-3f));
+  ASSERT_OK(h.GoodRound(1e-3f));
+}
+
+TEST_F(DaemonE2ETest, ClippingUsesTheMeanGradientNorm) {
+  JobOptions o;
+  o.job_id = "clip";
+  o.max_grad_norm = 0.5f;  // the test gradients' mean has a norm of several units
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
+// Expected top-k over the sum of both ranks' importance (0.25x + 0.75x).
+std::vector<int32_t> ExpectedTopK(const std::vector<float>& imp, float k) {
+  std::vector<float> sum(imp.size());
+  for (size_t i = 0; i < imp.size(); ++i) sum[i] = imp[i] * 0.25f + imp[i] * 0.75f;
+  std::vector<int32_t> idx(imp.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return sum[a] > sum[b]; });
+  idx.resize(static_cast<size_t>(std::ceil(k * imp.size() - 1e-6)));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+TEST_F(DaemonE2ETest, ReselectionHandsOffStateExactlyBothWays) {
+  JobOptions o;
+  o.job_id = "resel";
+  o.topk = 0.25f;  // 4 of 16 columns of "w"; "b" (1-D) always important
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  // Warm-up round: every column through the daemon.
+  ASSERT_OK(h.GoodRound(1e-2f));
+
+  std::vector<float> imp1(16), imp2(16), imp3(16);
+  for (int c = 0; c < 16; ++c) {
+    imp1[c] = static_cast<float>((c * 7) % 16);   // top: 13, 6, 15(?)... computed below
+    imp2[c] = static_cast<float>((c * 5 + 3) % 16);
+    imp3[c] = c == 2 || c == 9 ? 100.0f : 1.0f;   // ties among the rest: lowest indices
+  }
+  for (const auto* imp : {&imp1, &imp2, &imp3}) {
+    ASSERT_OK(h.Reselect({*imp, {}}));
+    // The daemon's selection is the exact top-k of the summed importance.
+    std::vector<int32_t> want = ExpectedTopK(*imp, 0.25f);
+    std::vector<int32_t> remote_want;
+    for (int32_t c = 0; c < 16; ++c) {
+      if (!std::binary_search(want.begin(), want.end(), c)) remote_want.push_back(c);
+    }
+    EXPECT_EQ(h.remote()[0], remote_want);
+    EXPECT_TRUE(h.remote()[1].empty()) << "1-D tensors are always important";
+    ASSERT_OK(h.GoodRound(1e-2f));
+    ASSERT_OK(h.GoodRound(5e-3f));
+  }
+  absl::StatusOr<v1::GetJobResponse> job = h.client(1).GetJob("resel");
+  ASSERT_OK(job.status());
+  EXPECT_EQ(job->selection_version(), 3);
+  EXPECT_EQ(job->rounds_updated(), 7);
+}
+
+TEST_F(DaemonE2ETest, ManyJobsAndRanksConcurrently) {
+  constexpr int kJobs = 3;
+  std::vector<absl::Status> results(kJobs);
+  std::vector<std::thread> threads;
+  for (int j = 0; j < kJobs; ++j) {
+    threads.emplace_back([&, j] {
+      JobOptions o;
+      o.job_id = absl::StrCat("concurrent-", j);
+      o.world = 2 + j % 2;
+      o.wire = j == 1 ? DType::kBF16 : DType::kF32;
+      Harness h(daemon_->target(), o);
+      absl::Status s = h.Setup();
+      for (int r = 0; s.ok() && r < 3; ++r) s = h.GoodRound(1e-2f);
+      if (s.ok()) s = h.Reselect({std::vector<float>(16, 1.0f), {}});
+      for (int r = 0; s.ok() && r < 2; ++r) s = h.GoodRound(1e-2f);
+      results[j] = s;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int j = 0; j < kJobs; ++j) EXPECT_TRUE(results[j].ok()) << "job " << j << ": " << results[j];
+}
+
+TEST_F(DaemonE2ETest, DeltasQueuedWhileDetachedArriveAfterReattach) {
+  JobOptions o;
+  o.job_id = "reattach";
+  o.world = 1;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  // A second client attaches to the same joined rank only after the first
+  // one's stream is gone.
+  ClientOptions co;
+  co.target = daemon_->target();
+  absl::StatusOr<std::unique_ptr<Client>> other = Client::Connect(co);
+  ASSERT_OK(other.status());
+  absl::Status busy = (*other)->Attach("reattach", 0);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kAlreadyExists) << busy;
+  EXPECT_NE(busy.message().find("already has a stream"), std::string::npos) << busy;
+}
+
+TEST_F(DaemonE2ETest, HealthServiceReportsServing) {
+  auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request;  // HealthCheckRequest{service: ""}: zero bytes
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "HealthCheckResponse{status: SERVING}";
+}
+
+}  // namespace
+}  // namespace zenflow::testing

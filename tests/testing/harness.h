@@ -1,0 +1,101 @@
+// Test support: drives one job on a real zenflowd through the client library,
+// one Client per rank, and checks every returned column against the
+// independent RefOptimizer.
+//
+//   Harness h(daemon.target(), JobOptions{.job_id = "j", .world = 2});
+//   ASSERT_OK(h.Setup());
+//   ASSERT_OK(h.GoodRound(1e-2f));   // push S steps from every rank, close, check
+#ifndef ZENFLOW_TESTS_TESTING_HARNESS_H_
+#define ZENFLOW_TESTS_TESTING_HARNESS_H_
+
+#include <memory>
+#include <set>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/client.h"
+#include "common/codec.h"
+#include "tests/testing/reference.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow::testing {
+
+struct TensorDef {
+  std::string name;
+  int64_t rows = 1, cols = 1;
+  bool one_d = false;
+};
+
+struct JobOptions {
+  std::string job_id = "job";
+  int world = 2;
+  int interval = 4;  // S
+  DType wire = DType::kF32;
+  std::vector<TensorDef> tensors = {{"w", 8, 16, false}, {"b", 1, 16, true}};
+  float topk = 0.25f;
+  bool skip_nonfinite = false;
+  float max_grad_norm = 0;
+  v1::DeltaKind delta_kind = v1::DELTA_VALUES;
+};
+
+// Deterministic gradient of element (r, c) of tensor ti at (rank, step).
+float TestGrad(int rank, int64_t step, int ti, int64_t r, int64_t c);
+// Deterministic initial parameter value.
+float TestInit(int ti, int64_t r, int64_t c);
+
+// Not thread-safe.
+class Harness {
+ public:
+  Harness(std::string target, JobOptions opts);
+
+  // Connects one client per rank, creates the job, uploads the initial
+  // values and joins every rank.
+  absl::Status Setup();
+  // Creates the job only (for tests of the steps that follow).
+  absl::Status Connect();
+  absl::Status CreateJob();
+  absl::Status Upload();
+  absl::Status JoinAll();
+
+  // Pushes the gradients of every remote column for `step` from `rank`
+  // (GoodRound then does not push that step of that rank again).
+  absl::Status PushStep(int rank, int64_t step);
+  // The daemon skipped a round (non-finite gradients): the reference skips it.
+  void SkipRound() { ++next_round_; }
+  // A whole good round: every rank pushes S steps and closes; then every
+  // rank's update must match the reference, bit-identical across ranks.
+  absl::Status GoodRound(float lr);
+  // Waits for `round` on every rank and checks it against the reference
+  // (which Round() on the reference must already reflect).
+  absl::Status CheckRound(int64_t round);
+
+  // Selection at the start of the next round: submits importance from every
+  // rank (concurrently), checks every rank got the same selection, hands
+  // off exact state and records the new remote sets.
+  absl::Status Reselect(const std::vector<std::vector<float>>& importance_per_tensor);
+
+  Client& client(int rank) { return *clients_[rank]; }
+  int64_t next_round() const { return next_round_; }
+  int64_t version() const { return version_; }
+  const JobOptions& options() const { return opts_; }
+  RefOptimizer& ref() { return *ref_; }
+  const std::vector<std::vector<int32_t>>& remote() const { return remote_; }
+  v1::JobSpec spec() const;
+
+ private:
+  std::string target_;
+  JobOptions opts_;
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::unique_ptr<RefOptimizer> ref_;
+  std::vector<std::vector<int32_t>> remote_;     // per tensor, ascending
+  std::vector<std::vector<int32_t>> important_;  // per tensor, ascending
+  std::set<std::pair<int, int64_t>> pushed_;  // (rank, step) pushed by PushStep
+  int64_t next_round_ = 0;
+  int64_t version_ = 0;
+};
+
+}  // namespace zenflow::testing
+
+#endif  // ZENFLOW_TESTS_TESTING_HARNESS_H_
