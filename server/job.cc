@@ -489,16 +489,16 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", spec_.job_id(), "': upload the parameters before sending gradients"));
   }
-  if (pending_.step >= 0 && pending_.submitted[rank]) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
-                     pending_.step, "; wait for the selection and hand off state first"));
-  }
   const RankState& rs = ranks_[rank];
   if (shard.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step ", shard.step(), " is negative"));
   }
   const int64_t round = shard.step() / interval_;
+  if (pending_.step >= 0 && pending_.submitted[rank] && round >= pending_.step / interval_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
+                     pending_.step, "; wait for the selection and hand off state first"));
+  }
   if (round < rs.next_round) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", shard.step(), " belongs to round ", round, ", which rank ", rank,
@@ -602,7 +602,8 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
                                               rank, " must close round ", rs.next_round,
                                               " first"));
   }
-  if (pending_.step >= 0 && pending_.submitted[rank]) {
+  if (pending_.step >= 0 && pending_.submitted[rank] &&
+      close.round() >= pending_.step / interval_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " is waiting for the selection at step ", pending_.step));
   }
@@ -879,11 +880,13 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req,
                        " is not a round boundary (a multiple of update_interval ", interval_, ")"));
     }
     const int64_t round = req.step() / interval_;
-    if (ranks_[req.rank()].next_round != round) {
+    // The rank's close of the previous round may still be in flight on its
+    // stream: the selection then waits for it.
+    const int64_t next = ranks_[req.rank()].next_round;
+    if (next != round && next != round - 1) {
       return absl::FailedPreconditionError(absl::StrCat(
           "selection at step ", req.step(), " needs rank ", req.rank(),
-          " to have closed every round before round ", round, "; its next round is ",
-          ranks_[req.rank()].next_round));
+          " to have closed every round before round ", round, "; its next round is ", next));
     }
     if (selection_version_ > 0 && req.step() <= selection_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -956,7 +959,11 @@ std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
   for (bool s : pending_.submitted) {
     if (!s) return {};
   }
-  if (rounds_updated_ != pending_.step / interval_) return {};  // drain first
+  const int64_t round = pending_.step / interval_;
+  for (const RankState& r : ranks_) {
+    if (r.next_round != round) return {};  // a close still in flight
+  }
+  if (rounds_updated_ != round) return {};  // drain first
   const float k = spec_.zenflow().topk_ratio();
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     TensorState& t = tensors_[ti];
