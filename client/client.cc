@@ -144,7 +144,7 @@ absl::StatusOr<v1::Selection> Client::SubmitImportance(
     int64_t step, const std::vector<v1::TensorImportance>& tensors) {
   v1::SubmitImportanceRequest req;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_rank(rank_);
   }
@@ -160,7 +160,7 @@ absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
                                                     const std::vector<v1::ColumnState>& leaving) {
   v1::HandOffRequest req;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     req.set_job_id(job_id_);
     req.set_rank(rank_);
   }
@@ -175,9 +175,9 @@ absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
 // ---- Stream -------------------------------------------------------------------
 
 absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
-  absl::MutexLock attach_lock(&attach_mu_);
+  MutexLock attach_lock(&attach_mu_);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stream_open_) {
       return absl::FailedPreconditionError(
           absl::StrCat("this client's stream is attached to job '", job_id_, "' rank ", rank_));
@@ -191,7 +191,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   hello.mutable_attach()->set_job_id(job_id);
   hello.mutable_attach()->set_rank(rank);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     job_id_ = job_id;
     rank_ = rank;
     attached_ = false;
@@ -206,10 +206,8 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   const bool wrote = stream_->Write(hello);
   reader_ = std::thread([this] { ReaderLoop(); });
   // Wait for the daemon's greeting or the end of the stream.
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->attached_ || c->stream_finished_; },
-      this));
+  MutexLock lock(&mu_);
+  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return attached_ || stream_finished_; });
   if (!attached_) {
     if (!wrote && stream_status_.ok()) return absl::UnavailableError("stream closed before attach");
     return stream_status_;
@@ -225,7 +223,7 @@ void Client::ReaderLoop() {
     std::function<void(RoundUpdate)> cb;
     std::optional<RoundUpdate> complete;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stats_.bytes_received += static_cast<int64_t>(msg.ByteSizeLong());
       switch (msg.kind_case()) {
         case v1::DownMessage::kAttached:
@@ -270,13 +268,19 @@ void Client::ReaderLoop() {
   }
   {
     // Finish() may only run once the writer no longer uses the stream.
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stream_open_ = false;
-    mu_.Await(absl::Condition(
-        +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !c->writer_running_; }, this));
+    // A write into a stream the daemon ended may stay blocked on flow
+    // control; cancelling then releases it (the daemon's status, already
+    // received, is kept).
+    if (!mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !writer_running_; },
+                              absl::Seconds(1))) {
+      stream_ctx_->TryCancel();
+      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !writer_running_; });
+    }
   }
   grpc::Status st = stream_->Finish();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stream_status_ = st.ok() ? absl::CancelledError("stream closed by the daemon") : FromGrpc(st);
   if (st.ok() && closing_) stream_status_ = absl::OkStatus();
   stream_finished_ = true;
@@ -286,12 +290,10 @@ void Client::WriterLoop() {
   for (;;) {
     v1::UpMessage msg;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !c->outq_.empty() || c->closing_ || !c->stream_open_;
-          },
-          this));
+      MutexLock lock(&mu_);
+      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !outq_.empty() || closing_ || !stream_open_;
+          });
       if (outq_.empty() || !stream_open_) {
         break;
       }
@@ -301,7 +303,7 @@ void Client::WriterLoop() {
     }
     const int64_t size = static_cast<int64_t>(msg.ByteSizeLong());
     const bool ok = stream_->Write(msg);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     inflight_bytes_ -= size;
     if (!ok) {
@@ -313,7 +315,7 @@ void Client::WriterLoop() {
     ++stats_.messages_sent;
     stats_.bytes_sent += size;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (closing_ && stream_open_) stream_->WritesDone();
   writer_running_ = false;
 }
@@ -325,21 +327,17 @@ absl::Status Client::Enqueue(v1::UpMessage msg) {
                                                    " bytes exceeds max_message_bytes ",
                                                    options_.max_message_bytes));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!stream_open_ || !attached_) {
     return stream_finished_ && !stream_status_.ok()
                ? EndStatusLocked()
                : absl::FailedPreconditionError("no stream attached: JoinJob or Attach first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  std::pair<Client*, int64_t> arg(this, size);
-  mu_.Await(absl::Condition(
-      +[](std::pair<Client*, int64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        Client* c = a->first;
-        return !c->stream_open_ || c->inflight_bytes_ == 0 ||
-               c->inflight_bytes_ + a->second <= c->options_.max_inflight_bytes;
-      },
-      &arg));
+  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !stream_open_ || inflight_bytes_ == 0 ||
+           inflight_bytes_ + size <= options_.max_inflight_bytes;
+  });
   stats_.send_blocked_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!stream_open_) return EndStatusLocked();
@@ -385,13 +383,11 @@ absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps) {
 }
 
 absl::Status Client::Flush(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const bool done = mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !c->stream_open_ || (c->outq_.empty() && !c->writing_);
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !stream_open_ || (outq_.empty() && !writing_);
           },
-          this),
       timeout);
   if (!stream_open_) return EndStatusLocked();
   if (!done) return absl::DeadlineExceededError("flush timed out");
@@ -401,7 +397,7 @@ absl::Status Client::Flush(absl::Duration timeout) {
 void Client::SetRoundCallback(std::function<void(RoundUpdate)> cb) {
   std::deque<RoundUpdate> pending;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     callback_ = cb;
     if (cb) pending.swap(ready_);
   }
@@ -409,7 +405,7 @@ void Client::SetRoundCallback(std::function<void(RoundUpdate)> cb) {
 }
 
 absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const auto t0 = std::chrono::steady_clock::now();
   auto has = [this, round]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const auto& u : ready_) {
@@ -417,15 +413,7 @@ absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration time
     }
     return false;
   };
-  struct Arg {
-    Client* c;
-    decltype(has)* f;
-  } arg{this, &has};
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                             return (*a->f)() || !a->c->stream_open_;
-                           },
-                           &arg),
+  mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return has() || !stream_open_; },
                        timeout);
   stats_.wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -445,7 +433,7 @@ absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration time
 }
 
 std::optional<RoundUpdate> Client::PollRound() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (ready_.empty()) return std::nullopt;
   RoundUpdate u = std::move(ready_.front());
   ready_.pop_front();
@@ -453,70 +441,61 @@ std::optional<RoundUpdate> Client::PollRound() {
 }
 
 std::vector<absl::Status> Client::TakeErrors() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<absl::Status> out;
   out.swap(errors_);
   return out;
 }
 
 bool Client::WaitForErrors(size_t n, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  struct Arg {
-    Client* c;
-    size_t n;
-  } arg{this, n};
-  return mu_.AwaitWithTimeout(absl::Condition(
-                                  +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                    return a->c->errors_.size() >= a->n || !a->c->stream_open_;
-                                  },
-                                  &arg),
-                              timeout) &&
+  MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return errors_.size() >= n || !stream_open_; },
+             timeout) &&
          errors_.size() >= n;
 }
 
 absl::Status Client::stream_status() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!stream_open_) return EndStatusLocked();
   return absl::OkStatus();
 }
 
 absl::Status Client::EndStatusLocked() {
-  mu_.AwaitWithTimeout(absl::Condition(&stream_finished_), absl::Seconds(10));
+  mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_finished_; }, absl::Seconds(30));
   if (!stream_finished_) return absl::UnavailableError("stream ended; its status is not known yet");
   return stream_status_;
 }
 
 ClientStats Client::stats() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
 int32_t Client::rank() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return rank_;
 }
 
 std::string Client::job_id() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return job_id_;
 }
 
 void Client::CloseStream() {
-  absl::MutexLock attach_lock(&attach_mu_);
+  MutexLock attach_lock(&attach_mu_);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     closing_ = true;
   }
   if (writer_.joinable()) writer_.join();  // sends what is queued, then half-closes
   if (stream_ctx_ != nullptr && reader_.joinable()) {
     // Wait briefly for the daemon to finish the stream, then cancel.
     {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](Client* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                 return !c->stream_open_;
+      MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return !stream_open_;
                                },
-                               this),
                            absl::Seconds(2));
     }
     stream_ctx_->TryCancel();

@@ -24,7 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
 #include "grpcpp/grpcpp.h"
@@ -138,12 +138,12 @@ class Client {
   std::unique_ptr<v1::ZenFlow::Stub> stub_;
 
   // One attached stream at a time; attach/close are serialized by attach_mu_.
-  absl::Mutex attach_mu_;
+  Mutex attach_mu_;
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
   std::thread reader_, writer_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   int32_t rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;

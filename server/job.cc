@@ -282,7 +282,7 @@ Job::Upload::Upload(std::shared_ptr<Job> job)
 
 absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
   {
-    absl::ReaderMutexLock lock(&job_->mu_);
+    MutexLock lock(&job_->mu_);
     ZF_RETURN_IF_ERROR(job_->CheckLive());
     if (job_->uploaded_) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -340,7 +340,7 @@ absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
 }
 
 absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
-  absl::MutexLock lock(&job_->mu_);
+  MutexLock lock(&job_->mu_);
   ZF_RETURN_IF_ERROR(job_->CheckLive());
   if (job_->uploaded_) {
     return absl::AlreadyExistsError(absl::StrCat("parameters of job '", job_->spec_.job_id(),
@@ -393,7 +393,7 @@ v1::Selection Job::SelectionLocked() const {
 }
 
 absl::StatusOr<v1::JoinJobResponse> Job::Join(int32_t rank) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   if (rank < 0 || rank >= world_) {
     return absl::OutOfRangeError(absl::StrCat("rank ", rank, " out of range [0, ", world_,
@@ -411,7 +411,7 @@ absl::StatusOr<v1::JoinJobResponse> Job::Join(int32_t rank) {
 }
 
 void Job::Describe(v1::GetJobResponse* out) {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   *out->mutable_spec() = spec_;
   out->set_parameters_uploaded(uploaded_);
   for (int r = 0; r < world_; ++r) {
@@ -422,7 +422,7 @@ void Job::Describe(v1::GetJobResponse* out) {
 }
 
 void Job::Stats(v1::JobStats* out) {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   out->set_job_id(spec_.job_id());
   out->set_shards_received(shards_received_);
   out->set_shard_bytes_received(shard_bytes_received_);
@@ -437,14 +437,14 @@ void Job::Stats(v1::JobStats* out) {
 }
 
 absl::StatusOr<std::shared_ptr<Mailbox>> Job::MailboxFor(int32_t rank) {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(rank));
   return ranks_[rank].mailbox;
 }
 
 v1::DownMessage Job::AttachedMessage(int32_t rank) {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   v1::DownMessage msg;
   msg.mutable_attached()->set_selection_version(selection_version_);
   if (rank >= 0 && rank < world_) msg.mutable_attached()->set_next_round(ranks_[rank].next_round);
@@ -454,7 +454,7 @@ v1::DownMessage Job::AttachedMessage(int32_t rank) {
 void Job::Shutdown() {
   std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     deleted_ = true;
     for (auto& w : pending_.waiters) {
       if (w) waiters.push_back(std::move(w));
@@ -469,7 +469,7 @@ void Job::Shutdown() {
 // ---- Data ------------------------------------------------------------------
 
 absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(rank));
   switch (up.kind_case()) {
@@ -679,7 +679,7 @@ void Job::RunUpdate(int64_t round) {
   std::vector<std::shared_ptr<Mailbox>> boxes;
   int64_t version = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (deleted_) return;
     rs = rounds_[round];
     for (size_t ti = 0; ti < tensors_.size(); ++ti) {
@@ -847,7 +847,7 @@ void Job::RunUpdate(int64_t round) {
 
   std::vector<std::function<void()>> callbacks;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     rounds_updated_ = round + 1;
     rounds_.erase(round);
     if (rs.nonfinite) ++rounds_skipped_;
@@ -867,7 +867,7 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req,
                            std::function<void(absl::StatusOr<v1::Selection>)> done) {
   std::vector<std::function<void()>> callbacks;
   absl::Status status = [&]() -> absl::Status {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ZF_RETURN_IF_ERROR(CheckLive());
     ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
     if (spec_.mode() != v1::MODE_ZENFLOW) {
@@ -1009,7 +1009,7 @@ void Job::FillColumnState(const TensorState& t, const std::vector<int32_t>& cols
 }
 
 absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
   if (req.version() != selection_version_ || req.version() == 0) {
@@ -1120,10 +1120,8 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
 
 absl::StatusOr<v1::ColumnState> Job::ReadColumns(const std::string& tensor,
                                                  const std::vector<int32_t>& cols) {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return j->rounds_updated_ == j->rounds_closed_; },
-      this));
+  MutexLock lock(&mu_);
+  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return rounds_updated_ == rounds_closed_; });
   ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(tensor));
   const TensorState& t = tensors_[ti];
   for (int32_t c : cols) {

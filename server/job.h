@@ -22,7 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/codec.h"
 #include "common/thread_pool.h"
 #include "server/adamw.h"
@@ -157,10 +157,10 @@ class Job : public std::enable_shared_from_this<Job> {
 
   Job(const v1::JobSpec& spec, JobContext ctx);
 
-  absl::Status CheckLive() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
-  absl::Status CheckRank(int32_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status CheckRoundBuffer(int64_t round) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRoundBuffer(int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleClose(int32_t rank, const v1::RoundClose& close)
@@ -171,7 +171,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // callbacks to run (outside the lock).
   std::vector<std::function<void()>> MaybeFinishSelectionLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::Selection SelectionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  v1::Selection SelectionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillColumnState(const TensorState& t, const std::vector<int32_t>& cols,
                        v1::ColumnState* out) const;
 
@@ -182,7 +182,7 @@ class Job : public std::enable_shared_from_this<Job> {
   const DType wire_dtype_;
   int64_t params_ = 0;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
   bool uploaded_ ABSL_GUARDED_BY(mu_) = false;
   // Tensor buffers: metadata immutable; contents guarded by mu_, except that

@@ -18,7 +18,7 @@ Mailbox::Writer* Mailbox::NextWriteLocked() {
 void Mailbox::Push(v1::DownMessage msg) {
   Writer* w = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(std::move(msg));
     w = NextWriteLocked();
   }
@@ -30,7 +30,7 @@ void Mailbox::Push(v1::DownMessage msg) {
 bool Mailbox::Attach(Writer* w) {
   Writer* start = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (writer_ != nullptr) return false;
     writer_ = w;
     start = NextWriteLocked();
@@ -40,7 +40,7 @@ bool Mailbox::Attach(Writer* w) {
 }
 
 bool Mailbox::Detach(Writer* w) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (writer_ == w) writer_ = nullptr;
   return in_flight_on_ == w;
 }
@@ -49,7 +49,7 @@ bool Mailbox::WriteDone(Writer* w, bool ok) {
   Writer* next = nullptr;
   bool finished = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (in_flight_on_ == w) {
       in_flight_on_ = nullptr;
       if (!ok) queue_.push_front(std::move(current_));
@@ -68,7 +68,7 @@ bool Mailbox::WriteDone(Writer* w, bool ok) {
 }
 
 size_t Mailbox::queued() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return queue_.size();
 }
 

@@ -11,7 +11,7 @@
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
@@ -58,7 +58,7 @@ class Mailbox {
   // writer to call, or null.
   Writer* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::deque<v1::DownMessage> queue_ ABSL_GUARDED_BY(mu_);
   Writer* writer_ ABSL_GUARDED_BY(mu_) = nullptr;
   Writer* in_flight_on_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -17,7 +17,7 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
 }
 
 JobRegistry::~JobRegistry() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, job] : jobs_) job->Shutdown();
   jobs_.clear();
 }
@@ -31,7 +31,7 @@ absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
     params += n;
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (jobs_.count(spec.job_id()) > 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           "job '", spec.job_id(), "' already exists (DeleteJob it first or pick another id)"));
@@ -46,13 +46,13 @@ absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
     jobs_[spec.job_id()] = nullptr;
   }
   std::shared_ptr<Job> job = Job::Create(spec, ctx_);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   jobs_[spec.job_id()] = std::move(job);
   return spec;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second == nullptr) {
     return absl::NotFoundError(absl::StrCat("no job '", job_id, "' (create it with CreateJob)"));
@@ -63,7 +63,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& job_id
 absl::Status JobRegistry::DeleteJob(const std::string& job_id) {
   std::shared_ptr<Job> job;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end() || it->second == nullptr) {
       return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
@@ -80,7 +80,7 @@ absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_i
   v1::GetStatsResponse resp;
   std::vector<std::shared_ptr<Job>> jobs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!job_id.empty()) {
       auto it = jobs_.find(job_id);
       if (it == jobs_.end() || it->second == nullptr) {

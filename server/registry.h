@@ -13,7 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "server/job.h"
 #include "server/serial_executor.h"
@@ -53,7 +53,7 @@ class JobRegistry {
   ThreadPool pool_;
   SerialExecutor executor_;
   JobContext ctx_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t params_ ABSL_GUARDED_BY(mu_) = 0;
   RejectionCounter rejected_;

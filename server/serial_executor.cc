@@ -9,14 +9,14 @@ SerialExecutor::SerialExecutor() : thread_([this] { Loop(); }) {}
 
 SerialExecutor::~SerialExecutor() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   thread_.join();
 }
 
 void SerialExecutor::Schedule(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
 
@@ -24,12 +24,10 @@ void SerialExecutor::Loop() {
   for (;;) {
     std::function<void()> task;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](SerialExecutor* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return self->stop_ || !self->tasks_.empty();
-          },
-          this));
+      MutexLock lock(&mu_);
+      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return stop_ || !tasks_.empty();
+          });
       if (tasks_.empty()) return;  // stop_ and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace zenflow {
 
@@ -29,7 +29,7 @@ class SerialExecutor {
  private:
   void Loop();
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -238,7 +238,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
       }
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
     }
     StartRead(&up_);
@@ -285,7 +285,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
 
   void RequestFinish(absl::Status s) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
       finish_requested_ = true;
       finish_status_ = std::move(s);
@@ -298,7 +298,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   void MaybeFinish() {
     absl::Status s;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (!finish_requested_ || finish_called_) return;
       finish_called_ = true;
       s = finish_status_;
@@ -313,7 +313,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   std::shared_ptr<Mailbox> mailbox_;
   int32_t rank_ = -1;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
