@@ -11,15 +11,10 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/status_macros.h"
 
 namespace zenflow::testing {
 namespace {
-
-#define ASSERT_OK(expr)                              \
-  do {                                               \
-    const absl::Status zf_s = (expr);                \
-    ASSERT_TRUE(zf_s.ok()) << #expr << ": " << zf_s; \
-  } while (0)
 
 using absl::StatusCode;
 
@@ -296,16 +291,7 @@ TEST_F(BadInputTest, LearningRateMustAgreeAcrossRanks) {
   h->client(0).TakeErrors();
   std::vector<std::vector<std::vector<float>>> grads;
   for (int rank = 0; rank < 2; ++rank) {
-    for (int64_t step = 4; step < 8; ++step) {
-      std::vector<std::vector<float>> g(2);
-      for (int ti = 0; ti < 2; ++ti) {
-        const TensorDef& d = h->options().tensors[ti];
-        g[ti].resize(d.rows * d.cols);
-        for (int64_t r = 0; r < d.rows; ++r)
-          for (int64_t c = 0; c < d.cols; ++c) g[ti][r * d.cols + c] = TestGrad(rank, step, ti, r, c);
-      }
-      grads.push_back(g);
-    }
+    for (int64_t step = 4; step < 8; ++step) grads.push_back(h->FullGrad(rank, step));
   }
   h->ref().Round(grads, 1e-2f, h->remote(), h->remote(), false);
   ASSERT_OK(h->CheckRound(1));

@@ -10,15 +10,10 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/harness.h"
+#include "tests/testing/status_macros.h"
 
 namespace zenflow::testing {
 namespace {
-
-#define ASSERT_OK(expr)                                \
-  do {                                                 \
-    const absl::Status zf_s = (expr);                  \
-    ASSERT_TRUE(zf_s.ok()) << #expr << ": " << zf_s;   \
-  } while (0)
 
 class DaemonE2ETest : public ::testing::Test {
  protected:

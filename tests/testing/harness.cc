@@ -129,6 +129,20 @@ absl::Status Harness::PushStep(int rank, int64_t step) {
   return absl::OkStatus();
 }
 
+std::vector<std::vector<float>> Harness::FullGrad(int rank, int64_t step) const {
+  std::vector<std::vector<float>> g(opts_.tensors.size());
+  for (size_t ti = 0; ti < opts_.tensors.size(); ++ti) {
+    const TensorDef& d = opts_.tensors[ti];
+    g[ti].resize(d.rows * d.cols);
+    for (int64_t r = 0; r < d.rows; ++r) {
+      for (int64_t c = 0; c < d.cols; ++c) {
+        g[ti][r * d.cols + c] = TestGrad(rank, step, static_cast<int>(ti), r, c);
+      }
+    }
+  }
+  return g;
+}
+
 absl::Status Harness::GoodRound(float lr) {
   const int64_t round = next_round_;
   std::vector<std::vector<std::vector<float>>> grads;
@@ -136,17 +150,7 @@ absl::Status Harness::GoodRound(float lr) {
     for (int s = 0; s < opts_.interval; ++s) {
       const int64_t step = round * opts_.interval + s;
       if (pushed_.count({rank, step}) == 0) ZF_RETURN_IF_ERROR(PushStep(rank, step));
-      std::vector<std::vector<float>> g(opts_.tensors.size());
-      for (size_t ti = 0; ti < opts_.tensors.size(); ++ti) {
-        const TensorDef& d = opts_.tensors[ti];
-        g[ti].resize(d.rows * d.cols);
-        for (int64_t r = 0; r < d.rows; ++r) {
-          for (int64_t c = 0; c < d.cols; ++c) {
-            g[ti][r * d.cols + c] = TestGrad(rank, step, static_cast<int>(ti), r, c);
-          }
-        }
-      }
-      grads.push_back(std::move(g));
+      grads.push_back(FullGrad(rank, step));
     }
   }
   for (int rank = 0; rank < opts_.world; ++rank) {

@@ -64,6 +64,8 @@ class Harness {
   absl::Status PushStep(int rank, int64_t step);
   // The daemon skipped a round (non-finite gradients): the reference skips it.
   void SkipRound() { ++next_round_; }
+  // The full row-major gradient of every tensor at (rank, step).
+  std::vector<std::vector<float>> FullGrad(int rank, int64_t step) const;
   // A whole good round: every rank pushes S steps and closes; then every
   // rank's update must match the reference, bit-identical across ranks.
   absl::Status GoodRound(float lr);
