@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -372,6 +373,55 @@ absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_
     ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
   }
   return absl::OkStatus();
+}
+
+absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_t version,
+                                 const int32_t* columns, int64_t ncols, const char* payload,
+                                 int64_t rows, DType dtype) {
+  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
+  const int64_t per =
+      std::max<int64_t>(1, static_cast<int64_t>(options_.max_shard_bytes / col_bytes));
+  for (int64_t i = 0; i < ncols; i += per) {
+    const int64_t n = std::min(per, ncols - i);
+    v1::GradientShard shard;
+    shard.set_step(step);
+    shard.set_tensor(tensor);
+    shard.set_selection_version(version);
+    shard.set_dtype(ToProto(dtype));
+    shard.mutable_columns()->Add(columns + i, columns + i + n);
+    shard.set_payload(payload + i * col_bytes, n * col_bytes);
+    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
+    int64_t step, const std::vector<std::pair<std::string, const std::vector<float>*>>& parts) {
+  v1::AllReduceRequest req;
+  {
+    MutexLock lock(&mu_);
+    req.set_job_id(job_id_);
+    req.set_rank(rank_);
+  }
+  req.set_step(step);
+  for (const auto& [name, values] : parts) {
+    v1::ReducePart* p = req.add_parts();
+    p->set_name(name);
+    p->set_payload(reinterpret_cast<const char*>(values->data()), values->size() * sizeof(float));
+  }
+  v1::AllReduceResponse resp;
+  auto ctx = UnaryContext(options_.selection_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpc(stub_->AllReduce(ctx.get(), req, &resp)));
+  if (resp.parts_size() != static_cast<int>(parts.size())) {
+    return absl::InternalError("all-reduce answer has a different number of parts");
+  }
+  std::vector<std::vector<float>> out(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    out[i].resize(resp.parts(static_cast<int>(i)).payload().size() / sizeof(float));
+    std::memcpy(out[i].data(), resp.parts(static_cast<int>(i)).payload().data(),
+                out[i].size() * sizeof(float));
+  }
+  return out;
 }
 
 absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps) {

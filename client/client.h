@@ -92,6 +92,11 @@ class Client {
   absl::StatusOr<v1::HandOffResponse> HandOff(int64_t version,
                                               const std::vector<v1::ColumnState>& leaving);
 
+  // Mean over ranks of each named fp32 vector (blocks until every rank sent
+  // the same step). `parts` are (name, values) pairs; results in the same order.
+  absl::StatusOr<std::vector<std::vector<float>>> AllReduce(
+      int64_t step, const std::vector<std::pair<std::string, const std::vector<float>*>>& parts);
+
   // ---- Data (after JoinJob or Attach) ----
   // Queues an up message; blocks only while the send window is full. Fails
   // if the stream is broken (see stream_status()).
@@ -100,6 +105,11 @@ class Client {
   // and pushes them as shards of at most max_shard_bytes.
   absl::Status PushColumns(int64_t step, const std::string& tensor, int64_t version,
                            const std::vector<int32_t>& columns, const float* col_major,
+                           int64_t rows, DType dtype);
+  // Pushes already encoded columns (column-major, `dtype`), split into
+  // shards of at most max_shard_bytes.
+  absl::Status PushEncoded(int64_t step, const std::string& tensor, int64_t version,
+                           const int32_t* columns, int64_t ncols, const char* payload,
                            int64_t rows, DType dtype);
   absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
   // Blocks until everything queued was handed to the transport.

@@ -453,6 +453,7 @@ v1::DownMessage Job::AttachedMessage(int32_t rank) {
 
 void Job::Shutdown() {
   std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
+  std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> reduce_waiters;
   {
     MutexLock lock(&mu_);
     deleted_ = true;
@@ -460,10 +461,16 @@ void Job::Shutdown() {
       if (w) waiters.push_back(std::move(w));
     }
     pending_ = PendingSelection();
+    for (auto& [step, pr] : reduces_) {
+      for (auto& w : pr.waiters) {
+        if (w) reduce_waiters.push_back(std::move(w));
+      }
+    }
+    reduces_.clear();
   }
-  for (auto& w : waiters) {
-    w(absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted")));
-  }
+  const absl::Status gone = absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted"));
+  for (auto& w : waiters) w(gone);
+  for (auto& w : reduce_waiters) w(gone);
 }
 
 // ---- Data ------------------------------------------------------------------
@@ -651,6 +658,9 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
   round.last_close = std::chrono::steady_clock::now();
   if (round.closed == world_) {
     rounds_closed_ = close.round() + 1;
+    if (have_full_close_) round.interval_seconds = Seconds(round.last_close - last_full_close_);
+    last_full_close_ = round.last_close;
+    have_full_close_ = true;
     std::shared_ptr<Job> self = shared_from_this();
     const int64_t r = close.round();
     ctx_.executor->Schedule([self, r] { self->RunUpdate(r); });
@@ -844,6 +854,7 @@ void Job::RunUpdate(int64_t round) {
   rd->set_grad_norm(grad_norm);
   rd->set_close_to_done_seconds(Seconds(t1 - rs.last_close));
   rd->set_selection_version(version);
+  rd->set_round_interval_seconds(rs.interval_seconds);
 
   std::vector<std::function<void()>> callbacks;
   {
@@ -1116,6 +1127,84 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
     FillColumnState(tensors_[ti], joining[ti], resp.add_joining());
   }
   return resp;
+}
+
+void Job::AllReduce(const v1::AllReduceRequest& req,
+                    std::function<void(absl::StatusOr<v1::AllReduceResponse>)> done) {
+  std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> waiters;
+  v1::AllReduceResponse result;
+  absl::Status status = [&]() -> absl::Status {
+    MutexLock lock(&mu_);
+    ZF_RETURN_IF_ERROR(CheckLive());
+    ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
+    if (req.step() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("all-reduce step ", req.step(), " is negative"));
+    }
+    for (const v1::ReducePart& p : req.parts()) {
+      if (p.payload().size() % 4 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "all-reduce part '", p.name(), "': ", p.payload().size(), " bytes is not fp32 values"));
+      }
+      size_t bad = 0;
+      if (!AllFinite(DType::kF32, p.payload().data(), p.payload().size() / 4, &bad)) {
+        return absl::InvalidArgumentError(absl::StrCat("all-reduce part '", p.name(),
+                                                       "': non-finite value at ", bad));
+      }
+    }
+    PendingReduce& pr = reduces_[req.step()];
+    if (pr.submitted.empty()) {
+      pr.submitted.assign(world_, false);
+      pr.parts.resize(world_);
+      pr.waiters.resize(world_);
+    }
+    if (pr.submitted[req.rank()]) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", req.rank(),
+                                                   " already sent its all-reduce for step ",
+                                                   req.step()));
+    }
+    // Every rank must send the same parts with the same sizes.
+    for (int r = 0; r < world_; ++r) {
+      if (!pr.submitted[r]) continue;
+      const v1::AllReduceRequest& other = pr.parts[r];
+      bool same = other.parts_size() == req.parts_size();
+      for (int i = 0; same && i < req.parts_size(); ++i) {
+        same = other.parts(i).name() == req.parts(i).name() &&
+               other.parts(i).payload().size() == req.parts(i).payload().size();
+      }
+      if (!same) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "all-reduce for step ", req.step(), ": rank ", req.rank(),
+            "'s parts differ in names or sizes from rank ", r, "'s"));
+      }
+      break;
+    }
+    pr.submitted[req.rank()] = true;
+    pr.parts[req.rank()] = req;
+    pr.waiters[req.rank()] = std::move(done);
+    if (++pr.count < world_) return absl::OkStatus();
+    // Everyone is in: the mean, summed in rank order.
+    const float inv = 1.0f / static_cast<float>(world_);
+    for (int i = 0; i < req.parts_size(); ++i) {
+      const size_t n = req.parts(i).payload().size() / 4;
+      std::vector<float> sum(n, 0.0f);
+      for (int r = 0; r < world_; ++r) {
+        DecodeAdd(DType::kF32, pr.parts[r].parts(i).payload().data(), n, sum.data());
+      }
+      for (float& x : sum) x *= inv;
+      v1::ReducePart* out = result.add_parts();
+      out->set_name(req.parts(i).name());
+      out->set_payload(reinterpret_cast<const char*>(sum.data()), n * 4);
+    }
+    waiters = std::move(pr.waiters);
+    reduces_.erase(req.step());
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    rejected_.Add(status.code());
+    done(status);
+    return;
+  }
+  for (auto& w : waiters) w(result);
 }
 
 absl::StatusOr<v1::ColumnState> Job::ReadColumns(const std::string& tensor,

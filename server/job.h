@@ -104,6 +104,10 @@ class Job : public std::enable_shared_from_this<Job> {
 
   absl::StatusOr<v1::HandOffResponse> HandOff(const v1::HandOffRequest& req);
 
+  // Calls `done` once every rank has sent its parts for the same step.
+  void AllReduce(const v1::AllReduceRequest& req,
+                 std::function<void(absl::StatusOr<v1::AllReduceResponse>)> done);
+
   // The job was deleted: fails waiters and all later calls with NOT_FOUND.
   void Shutdown();
 
@@ -145,6 +149,14 @@ class Job : public std::enable_shared_from_this<Job> {
     float lr = 0.0f;
     bool nonfinite = false;
     std::chrono::steady_clock::time_point last_close;
+    double interval_seconds = 0;  // previous round's last close -> this one's
+  };
+
+  struct PendingReduce {
+    std::vector<bool> submitted;
+    int32_t count = 0;
+    std::vector<v1::AllReduceRequest> parts;  // by rank
+    std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> waiters;
   };
 
   struct PendingSelection {
@@ -198,6 +210,9 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t selection_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t handoff_applied_version_ ABSL_GUARDED_BY(mu_) = 0;
   PendingSelection pending_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
+  bool have_full_close_ ABSL_GUARDED_BY(mu_) = false;
 
   // Statistics.
   int64_t shards_received_ ABSL_GUARDED_BY(mu_) = 0;

@@ -145,6 +145,31 @@ grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* c
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ZenFlowService::AllReduce(grpc::CallbackServerContext* ctx,
+                                                    const v1::AllReduceRequest* req,
+                                                    v1::AllReduceResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr);
+    return reactor;
+  }
+  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
+    Finish(reactor, s, job->get());
+    return reactor;
+  }
+  JobRegistry* registry = registry_;
+  (*job)->AllReduce(*req, [reactor, resp, registry](absl::StatusOr<v1::AllReduceResponse> r) {
+    if (r.ok()) {
+      *resp = *std::move(r);
+    } else {
+      registry->CountRejection(r.status().code());
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
 // ---- UploadParameters ---------------------------------------------------------
 
 namespace {

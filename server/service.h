@@ -50,6 +50,9 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
   grpc::ServerUnaryReactor* HandOff(grpc::CallbackServerContext* ctx,
                                     const v1::HandOffRequest* req,
                                     v1::HandOffResponse* resp) override;
+  grpc::ServerUnaryReactor* AllReduce(grpc::CallbackServerContext* ctx,
+                                      const v1::AllReduceRequest* req,
+                                      v1::AllReduceResponse* resp) override;
   grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>* Stream(
       grpc::CallbackServerContext* ctx) override;
 

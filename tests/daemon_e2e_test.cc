@@ -174,6 +174,47 @@ TEST_F(DaemonE2ETest, DeltasQueuedWhileDetachedArriveAfterReattach) {
   EXPECT_NE(busy.message().find("already has a stream"), std::string::npos) << busy;
 }
 
+TEST_F(DaemonE2ETest, AllReduceReturnsTheSameMeanToEveryRank) {
+  JobOptions o;
+  o.job_id = "allreduce";
+  o.world = 3;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  std::vector<absl::StatusOr<std::vector<std::vector<float>>>> out(3, absl::UnknownError(""));
+  std::vector<std::vector<float>> a(3), b(3);
+  for (int r = 0; r < 3; ++r) {
+    a[r] = {1.0f * r, 0.1f + r, -3.0f};
+    b[r] = {static_cast<float>(r * r)};
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { out[r] = h.client(r).AllReduce(7, {{"a", &a[r]}, {"b", &b[r]}}); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_OK(out[r].status());
+    EXPECT_EQ(*out[r], *out[0]);
+  }
+  const float third = 1.0f / 3.0f;
+  EXPECT_EQ((*out[0])[0], (std::vector<float>{(0.0f + 1.0f + 2.0f) * third,
+                                               (0.1f + 1.1f + 2.1f) * third, (-9.0f) * third}));
+  EXPECT_EQ((*out[0])[1], (std::vector<float>{(0.0f + 1.0f + 4.0f) * third}));
+  // A rank whose parts differ in size is refused; a repeated step too.
+  std::vector<float> shorter = {1.0f};
+  std::thread first([&] { out[0] = h.client(0).AllReduce(8, {{"a", &a[0]}}); });
+  absl::SleepFor(absl::Milliseconds(100));
+  absl::StatusOr<std::vector<std::vector<float>>> bad = h.client(1).AllReduce(8, {{"a", &shorter}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  std::thread second([&] { out[1] = h.client(1).AllReduce(8, {{"a", &a[1]}}); });
+  out[2] = h.client(2).AllReduce(8, {{"a", &a[2]}});
+  first.join();
+  second.join();
+  ASSERT_OK(out[0].status());
+  ASSERT_OK(out[2].status());
+  EXPECT_EQ(*out[0], *out[2]);
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
 TEST_F(DaemonE2ETest, HealthServiceReportsServing) {
   auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
