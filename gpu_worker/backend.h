@@ -1,0 +1,117 @@
+// The worker's device backend: memory and the ZenFlow kernels (DESIGN rules
+// 2-6), with a multithreaded CPU implementation and a CUDA implementation.
+// Every kernel also has a plain single-threaded reference in kernels_ref.h;
+// the parity tests compare each backend against it.
+//
+//   std::unique_ptr<Backend> be = MakeCpuBackend(/*threads=*/2);
+//   ZF_ASSIGN_OR_RETURN(DeviceBuffer g, DeviceBuffer::Make(be.get(), bytes));
+//   ZF_RETURN_IF_ERROR(be->ColumnImportance(g.f32(), rows, cols, Importance::kL1, scores.f32()));
+//
+// Layout: a tensor W is row-major [rows][cols] (rows = out, cols = in); a
+// "column" j is W[:, j]. Packed column data is column-major: rows values of
+// columns[0], then of columns[1], ... All pointers a kernel takes are backend
+// memory (host memory for the CPU backend, device memory for CUDA) unless
+// the name says host_. Kernels are asynchronous on CUDA (one stream per
+// backend); Synchronize() waits. Errors are reported on the call when they
+// can be detected (bad arguments) and at the latest by Synchronize().
+#ifndef ZENFLOW_GPU_WORKER_BACKEND_H_
+#define ZENFLOW_GPU_WORKER_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace zenflow::worker {
+
+enum class Importance { kL1, kL2Squared };
+
+// Encodings of packed columns. kInt8 stores one fp32 scale per column
+// (max |x| / 127, 0 for an all-zero column) and q = round-half-even(x / scale)
+// clamped to [-127, 127].
+enum class PackDType { kF32, kBF16, kF16, kInt8 };
+size_t PackDTypeSize(PackDType d);  // bytes per value: 4, 2, 2, 1
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+};
+
+// Thread-compatible: one thread drives a backend at a time.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu" or "cuda"
+
+  // ---- Memory ----
+  virtual absl::StatusOr<void*> Alloc(size_t bytes) = 0;  // zero-filled
+  virtual void Free(void* p) = 0;
+  // Host memory for staging (pinned on CUDA).
+  virtual absl::StatusOr<void*> AllocHost(size_t bytes) = 0;
+  virtual void FreeHost(void* p) = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- Kernels ----
+  // out[j] = sum_i |g[i][j]| (kL1) or sum_i g[i][j]^2 (kL2Squared), j < cols.
+  virtual absl::Status ColumnImportance(const float* grad, int64_t rows, int64_t cols,
+                                        Importance kind, float* out) = 0;
+
+  // The k columns with the largest scores, ties to the lower index, written
+  // to out[0..k) in ascending index order. Exact. k in [0, cols].
+  virtual absl::Status TopK(const float* scores, int64_t cols, int64_t k, int32_t* out) = 0;
+
+  // Gathers columns (ascending or not; indices in [0, cols)) of a row-major
+  // W[rows][cols] into dst, column-major, encoded as `dtype`. For kInt8,
+  // scales[i] receives column i's scale (scales may be null otherwise).
+  virtual absl::Status PackColumns(const float* w, int64_t rows, int64_t cols,
+                                   const int32_t* columns, int64_t ncols, PackDType dtype,
+                                   void* dst, float* scales) = 0;
+
+  // The inverse: for each i, W[:, columns[i]] = decode(src column i), or
+  // += when `add` (arithmetic deltas). src is column-major as PackColumns
+  // writes it; scales as above for kInt8.
+  virtual absl::Status ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                                    int64_t ncols, PackDType dtype, const void* src,
+                                    const float* scales, bool add) = 0;
+
+  // AdamW on selected columns of a row-major parameter W[rows][cols]:
+  // grad, m and v are compact column-major [ncols][rows] fp32 (m, v held for
+  // the selected columns only); steps[i] is column i's update count
+  // including this update (>= 1). Per element, with g = grad * grad_scale:
+  //   m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p = p*(1 - lr*wd);
+  //   p = p - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps),
+  // bc1 = 1-b1^t, bc2 = 1-b2^t, and lr/bc1, sqrt(bc2), 1-lr*wd computed in
+  // double then rounded to float (the same formula as the daemon's AdamW).
+  virtual absl::Status SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w,
+                                      int64_t rows, int64_t cols, const int32_t* columns,
+                                      int64_t ncols, const int64_t* steps, const float* grad,
+                                      float* m, float* v) = 0;
+
+  // sum x[i]^2 over n values, accumulated in double; the result lands in
+  // *host_out after Synchronize() (CPU: immediately).
+  virtual absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) = 0;
+};
+
+// threads >= 1 participants (the caller included).
+std::unique_ptr<Backend> MakeCpuBackend(int threads);
+
+// UNAVAILABLE when the build has no CUDA or the machine has no device.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device = 0);
+
+// True when this binary was built with nvcc (whether or not a device exists).
+bool CudaCompiled();
+// Number of CUDA devices visible (0 without CUDA or without a device).
+int CudaDeviceCount();
+
+}  // namespace zenflow::worker
+
+#endif  // ZENFLOW_GPU_WORKER_BACKEND_H_

@@ -1,0 +1,800 @@
+// The CPU Backend: host memory and multithreaded ZenFlow kernels.
+//
+// The column kernels (PackColumns, ApplyColumns, SelectiveAdamW) touch
+// strided columns of a row-major tensor and contiguous column-major packed
+// data. They work in tiles of a few columns by a block of rows: the strided
+// side is gathered (or scattered) row by row through a small transposition
+// buffer that stays in L1, and the contiguous side is encoded / decoded with
+// the vectorized codec (common/codec.h) or updated with the SIMD AdamW
+// kernel (server/adamw.h).
+//
+// PackColumns to bf16 / f16 / f32 has an AVX-512 fast path (the worker's hot
+// gather): per block of 128 rows, the source span of a run of columns is
+// staged row by row into an L2-resident buffer with plain sequential copies,
+// then 16 columns x 32 rows at a time are compacted (one permute per row),
+// converted, transposed in registers as 32-bit row pairs and written with
+// full-cache-line (non-temporal when aligned) stores. Columns whose 16-wide
+// group spans 32 or more source columns, rows left over after the 32-row
+// steps, int8, and CPUs without AVX-512 take the portable path: tiles
+// gathered through a small transposition buffer and encoded with the
+// vectorized codec (common/codec.h). Both paths produce identical bytes (the
+// codec's round-to-nearest-even rules; bf16 denormals, which the hardware
+// bf16 instruction would flush, are rounded in integer arithmetic).
+//
+// Determinism: ColumnImportance and SquaredNorm partition their sums by fixed
+// block sizes (backend_common.h), never by thread, so results are identical
+// for every thread count; everything else is element-wise and exact.
+
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
+// _mm512_undefined_*() helpers (GCC bug 105593); silence it for the header.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/status_macros.h"
+#include "common/thread_pool.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/kernels/backend_common.h"
+#include "server/adamw.h"
+
+namespace zenflow::worker {
+namespace {
+
+using internal::kImportanceRowBlock;
+using internal::kNormChunk;
+
+// Allocations of at least kHugeAlign bytes are 2 MiB aligned and advised for
+// transparent huge pages: the column kernels stride through rows, and huge
+// pages keep that walk from thrashing the TLB.
+constexpr size_t kAlign = 64;
+constexpr size_t kHugeAlign = size_t{2} << 20;
+
+// Copies larger than this are split over the thread pool.
+constexpr size_t kParallelCopyBytes = size_t{4} << 20;
+
+// Portable tile of the Pack/Apply kernels: kTileCols columns by kTileRows
+// rows. The transposition buffer (4 KiB) lives in L1; kTileRows values of a
+// packed bf16 column are 128 bytes.
+constexpr int64_t kTileRows = 64;
+constexpr int64_t kTileCols = 16;
+
+// SelectiveAdamW tiles are taller so that each AdamWUpdate call (which
+// recomputes its bias corrections) covers many elements.
+constexpr int64_t kAdamTileRows = 512;
+constexpr int64_t kAdamTileCols = 16;
+
+// ColumnImportance column chunk: one fp32 partial row of this many columns
+// (8 KiB) stays in L1 while the block's rows stream past.
+constexpr int64_t kImportanceColChunk = 2048;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+DType CodecDType(PackDType d) {
+  switch (d) {
+    case PackDType::kBF16:
+      return DType::kBF16;
+    case PackDType::kF16:
+      return DType::kF16;
+    default:
+      return DType::kF32;
+  }
+}
+
+absl::StatusOr<void*> AllocZeroed(size_t bytes) {
+  const size_t align = bytes >= kHugeAlign ? kHugeAlign : kAlign;
+  const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
+  void* p = std::aligned_alloc(align, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CPU backend: allocation of ", bytes, " bytes failed (out of host memory?)"));
+  }
+#ifdef MADV_HUGEPAGE
+  if (align == kHugeAlign) madvise(p, rounded, MADV_HUGEPAGE);  // Advisory only.
+#endif
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+// Importance accumulation: acc[j] += |g[j]| or g[j]*g[j], no FMA (the CUDA
+// backend does the same fp32 operations, so both agree bit for bit).
+void AccumulateL1(const float* __restrict g, float* __restrict acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) acc[j] += std::fabs(g[j]);
+}
+
+void AccumulateL2(const float* __restrict g, float* __restrict acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float sq = g[j] * g[j];
+    acc[j] += sq;
+  }
+}
+
+// sum of (double)x^2 over n values with 8 interleaved accumulators, combined
+// in a fixed tree: deterministic for a given n.
+double ChunkSquaredNorm(const float* x, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) {
+      const double d = static_cast<double>(x[i + k]);
+      acc[k] += d * d;
+    }
+  }
+  for (int k = 0; i < n; ++i, ++k) {
+    const double d = static_cast<double>(x[i]);
+    acc[k] += d * d;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Gathers a tile: buf[c * stride + r] = w[(r0 + r) * cols + idx[c]] for
+// c < cn, r < rn.
+inline void GatherTile(const float* w, int64_t cols, const int64_t* idx, int64_t cn, int64_t r0,
+                       int64_t rn, float* buf, int64_t stride) {
+  for (int64_t r = 0; r < rn; ++r) {
+    const float* row = w + (r0 + r) * cols;
+    for (int64_t c = 0; c < cn; ++c) buf[c * stride + r] = row[idx[c]];
+  }
+}
+
+// The inverse: w[(r0 + r) * cols + idx[c]] (+)= buf[c * stride + r].
+inline void ScatterTile(float* w, int64_t cols, const int64_t* idx, int64_t cn, int64_t r0,
+                        int64_t rn, const float* buf, int64_t stride, bool add) {
+  for (int64_t r = 0; r < rn; ++r) {
+    float* row = w + (r0 + r) * cols;
+    if (add) {
+      for (int64_t c = 0; c < cn; ++c) row[idx[c]] += buf[c * stride + r];
+    } else {
+      for (int64_t c = 0; c < cn; ++c) row[idx[c]] = buf[c * stride + r];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// PackColumns: portable path.
+// ---------------------------------------------------------------------------
+
+// Packs columns[0..count) (count <= kTileCols) for rows [r_begin, r_end)
+// into dst_group, the packed data of the first of those columns.
+void PackGroupPortable(DType codec, size_t esize, const float* w, int64_t cols,
+                       const int32_t* columns, int64_t count, int64_t r_begin, int64_t r_end,
+                       char* dst_group, int64_t rows) {
+  alignas(64) float buf[kTileCols * kTileRows];
+  int64_t idx[kTileCols];
+  for (int64_t c = 0; c < count; ++c) idx[c] = columns[c];
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kTileRows) {
+    const int64_t rn = std::min(kTileRows, r_end - r0);
+    GatherTile(w, cols, idx, count, r0, rn, buf, kTileRows);
+    for (int64_t c = 0; c < count; ++c) {
+      Encode(codec, buf + c * kTileRows, static_cast<size_t>(rn),
+             dst_group + static_cast<size_t>(c * rows + r0) * esize);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// PackColumns: AVX-512 path.
+// ---------------------------------------------------------------------------
+
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the
+// inlined intrinsics as uninitialized (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define ZF_TARGET_PACK __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c")))
+#define ZF_TARGET_PACK_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c,avx512bf16")))
+#define ZF_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// Rows per block (a thread's unit of work; each packed column receives
+// kPackRows values per block, whole cache lines) and rows per register step.
+constexpr int64_t kPackRows = 128;
+constexpr int64_t kPackStep = 32;
+// Source columns staged per chunk; the staging row stride leaves room for a
+// 32-float load at any offset below kStageSpan and is an odd number of cache
+// lines, so the 32 rows of a step do not compete for the same L1 sets.
+constexpr int64_t kStageSpan = 256;
+constexpr int64_t kStageStride = kStageSpan + 48;
+static_assert(kStageStride >= kStageSpan + 32, "a 32-float load must fit in a staged row");
+static_assert((kStageStride * sizeof(float) / 64) % 2 == 1,
+              "an odd number of cache lines per staged row spreads rows over all L1 sets");
+
+// kTileCols (16) consecutive packed columns.
+struct PackGroup {
+  int32_t min_col = 0;          // Smallest source column of the group.
+  int32_t count = 0;            // Columns in the group (16 except maybe the last).
+  bool window = false;          // All source columns lie in [min_col, min_col + 32).
+  int32_t rel[kTileCols] = {};  // Source column - min_col; 0 for unused lanes.
+};
+
+// A run of window groups whose source columns all lie in
+// [base, base + kStageSpan), or one non-window group.
+struct PackChunk {
+  int64_t first_group = 0;
+  int64_t end_group = 0;
+  int32_t base = 0;   // First staged source column.
+  int32_t width = 0;  // Staged source columns.
+  bool window = false;
+};
+
+struct PackPlan {
+  std::vector<PackGroup> groups;
+  std::vector<PackChunk> chunks;
+};
+
+PackPlan MakePackPlan(const int32_t* columns, int64_t ncols, int64_t cols) {
+  PackPlan plan;
+  const int64_t n = CeilDiv(ncols, kTileCols);
+  plan.groups.resize(static_cast<size_t>(n));
+  for (int64_t g = 0; g < n; ++g) {
+    PackGroup& grp = plan.groups[static_cast<size_t>(g)];
+    const int32_t* c = columns + g * kTileCols;
+    grp.count = static_cast<int32_t>(std::min(kTileCols, ncols - g * kTileCols));
+    int32_t lo = c[0];
+    int32_t hi = c[0];
+    for (int32_t k = 1; k < grp.count; ++k) {
+      lo = std::min(lo, c[k]);
+      hi = std::max(hi, c[k]);
+    }
+    grp.min_col = lo;
+    grp.window = hi - lo < 32;
+    for (int32_t k = 0; k < grp.count; ++k) grp.rel[k] = c[k] - lo;
+    PackChunk* last = plan.chunks.empty() ? nullptr : &plan.chunks.back();
+    const int32_t end_col = static_cast<int32_t>(std::min<int64_t>(cols, int64_t{hi} + 1));
+    if (grp.window && last != nullptr && last->window && lo >= last->base &&
+        hi < last->base + kStageSpan) {
+      last->end_group = g + 1;
+      last->width = std::max(last->width, end_col - last->base);
+    } else {
+      PackChunk chunk;
+      chunk.first_group = g;
+      chunk.end_group = g + 1;
+      chunk.base = lo;
+      chunk.width = end_col - lo;
+      chunk.window = grp.window;
+      plan.chunks.push_back(chunk);
+    }
+  }
+  return plan;
+}
+
+bool CpuHasAvx512Pack() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+bool CpuHasAvx512Bf16() {
+  static const bool ok = CpuHasAvx512Pack() && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+// In-register transpose of a 16x16 matrix of 32-bit lanes: r[i] lane j
+// becomes r[j] lane i.
+ZF_TARGET_PACK ZF_ALWAYS_INLINE void Transpose16x16(__m512 r[16]) {
+  __m512 a[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m512 b[16];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a0 = _mm512_castps_pd(a[4 * i]);
+    const __m512d a1 = _mm512_castps_pd(a[4 * i + 1]);
+    const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]);
+    const __m512d a3 = _mm512_castps_pd(a[4 * i + 3]);
+    b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // b[4i + k], 128-bit lane L, holds column 4L + k of rows 4i..4i+3.
+  for (int k = 0; k < 4; ++k) {
+    const __m512 c0 = _mm512_shuffle_f32x4(b[k], b[4 + k], 0x88);
+    const __m512 c1 = _mm512_shuffle_f32x4(b[k], b[4 + k], 0xDD);
+    const __m512 d0 = _mm512_shuffle_f32x4(b[8 + k], b[12 + k], 0x88);
+    const __m512 d1 = _mm512_shuffle_f32x4(b[8 + k], b[12 + k], 0xDD);
+    r[k] = _mm512_shuffle_f32x4(c0, d0, 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(c0, d0, 0xDD);
+    r[4 + k] = _mm512_shuffle_f32x4(c1, d1, 0x88);
+    r[12 + k] = _mm512_shuffle_f32x4(c1, d1, 0xDD);
+  }
+}
+
+// fp32 -> bf16 in integer arithmetic, the codec's rule (round to nearest
+// even; NaN kept quiet with its top payload bits).
+ZF_TARGET_PACK ZF_ALWAYS_INLINE __m256i Bf16Round(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i hi = _mm512_srli_epi32(x, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x40)));
+}
+
+// Lanes 2j and 2j+1 of the result are lane j of the low and the high 256-bit
+// half of the input: two rows of 16 values become 16 (row a, row b) pairs.
+ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512i InterleaveHalves16(__m512i ab) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, ab);
+}
+
+// Loads the 16 selected values of one staged row: lane k = row[rel[k]].
+ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512 LoadSelected(const float* row, __m512i rel) {
+  return _mm512_permutex2var_ps(_mm512_loadu_ps(row), rel, _mm512_loadu_ps(row + 16));
+}
+
+ZF_TARGET_PACK ZF_ALWAYS_INLINE void StoreLine(void* p, __m512i v, bool nt) {
+  if (nt) {
+    _mm512_stream_si512(static_cast<__m512i*>(p), v);
+  } else {
+    _mm512_storeu_si512(p, v);
+  }
+}
+
+// 16-bit encodings, 32 rows: rows 2i and 2i+1 are encoded into one register
+// as 16 (row 2i, row 2i+1) pairs of every column; a 32-bit transpose then
+// leaves column c's 32 consecutive values in register c. The bf16 and f16
+// versions differ only in the encoding (and in the CPU features they need).
+ZF_TARGET_PACK_BF16 void PackStepBf16(const float* stage, const int32_t* rel, int32_t count,
+                                      uint16_t* out, int64_t rows, bool nt) {
+  const __m512i relv = _mm512_loadu_si512(rel);
+  __m512 x[16];
+  for (int i = 0; i < 16; ++i) {
+    const __m512 a = LoadSelected(stage + (2 * i) * kStageStride, relv);
+    const __m512 b = LoadSelected(stage + (2 * i + 1) * kStageStride, relv);
+    __m512i ab;
+    // The bf16 instruction flushes denormal inputs; such row pairs take the
+    // integer rounding instead.
+    if (__builtin_expect((_mm512_fpclass_ps_mask(a, 0x20) | _mm512_fpclass_ps_mask(b, 0x20)) != 0,
+                         0)) {
+      ab = _mm512_inserti64x4(_mm512_castsi256_si512(Bf16Round(a)), Bf16Round(b), 1);
+    } else {
+      ab = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // Low half a, high half b.
+    }
+    x[i] = _mm512_castsi512_ps(InterleaveHalves16(ab));
+  }
+  Transpose16x16(x);
+  for (int32_t c = 0; c < count; ++c) StoreLine(out + c * rows, _mm512_castps_si512(x[c]), nt);
+}
+
+ZF_TARGET_PACK void PackStepF16(const float* stage, const int32_t* rel, int32_t count,
+                                uint16_t* out, int64_t rows, bool nt) {
+  const __m512i relv = _mm512_loadu_si512(rel);
+  __m512 x[16];
+  for (int i = 0; i < 16; ++i) {
+    const __m512 a = LoadSelected(stage + (2 * i) * kStageStride, relv);
+    const __m512 b = LoadSelected(stage + (2 * i + 1) * kStageStride, relv);
+    const __m512i ab =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT)),
+                           _mm512_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT), 1);
+    x[i] = _mm512_castsi512_ps(InterleaveHalves16(ab));
+  }
+  Transpose16x16(x);
+  for (int32_t c = 0; c < count; ++c) StoreLine(out + c * rows, _mm512_castps_si512(x[c]), nt);
+}
+
+// fp32, 32 rows as two 16x16 transposes.
+ZF_TARGET_PACK void PackStepF32(const float* stage, const int32_t* rel, int32_t count, float* out,
+                                int64_t rows, bool nt) {
+  const __m512i relv = _mm512_loadu_si512(rel);
+  for (int half = 0; half < 2; ++half) {
+    __m512 x[16];
+    for (int i = 0; i < 16; ++i) x[i] = LoadSelected(stage + (16 * half + i) * kStageStride, relv);
+    Transpose16x16(x);
+    for (int32_t c = 0; c < count; ++c) {
+      StoreLine(out + c * rows + 16 * half, _mm512_castps_si512(x[c]), nt);
+    }
+  }
+}
+
+// Copies n <= kStageSpan floats of a row into the staging buffer.
+ZF_TARGET_PACK void StageRow(const float* src, int64_t n, float* dst) {
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) _mm512_storeu_ps(dst + k, _mm512_loadu_ps(src + k));
+  if (k < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - k)) - 1u);
+    _mm512_mask_storeu_ps(dst + k, tail, _mm512_maskz_loadu_ps(tail, src + k));
+  }
+}
+
+// Packs the window groups of `plan` for rows [r0, r0 + rn), rn a multiple of
+// kPackStep and at most kPackRows. stage holds kPackRows * kStageStride
+// floats.
+void PackBlockAvx512(PackDType dtype, const float* w, int64_t cols, const PackPlan& plan,
+                     int64_t r0, int64_t rn, char* dst, int64_t rows, bool nt, float* stage) {
+  const size_t esize = PackDTypeSize(dtype);
+  for (const PackChunk& chunk : plan.chunks) {
+    if (!chunk.window) continue;
+    for (int64_t r = 0; r < rn; ++r) {
+      StageRow(w + (r0 + r) * cols + chunk.base, chunk.width, stage + r * kStageStride);
+    }
+    for (int64_t g = chunk.first_group; g < chunk.end_group; ++g) {
+      const PackGroup& grp = plan.groups[static_cast<size_t>(g)];
+      const float* src = stage + (grp.min_col - chunk.base);
+      for (int64_t m = 0; m < rn; m += kPackStep) {
+        char* out = dst + static_cast<size_t>(g * kTileCols * rows + r0 + m) * esize;
+        const float* s = src + m * kStageStride;
+        switch (dtype) {
+          case PackDType::kBF16:
+            PackStepBf16(s, grp.rel, grp.count, reinterpret_cast<uint16_t*>(out), rows, nt);
+            break;
+          case PackDType::kF16:
+            PackStepF16(s, grp.rel, grp.count, reinterpret_cast<uint16_t*>(out), rows, nt);
+            break;
+          default:
+            PackStepF32(s, grp.rel, grp.count, reinterpret_cast<float*>(out), rows, nt);
+            break;
+        }
+      }
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// Thread-compatible (see Backend); the pool's workers are internal.
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(int threads, bool simd)
+      : pool_(std::max(1, threads)),
+        simd_(simd),
+        adam_simd_(simd ? BestSimdLevel() : SimdLevel::kScalar) {}
+
+  std::string name() const override { return "cpu"; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override { return AllocZeroed(bytes); }
+  void Free(void* p) override { std::free(p); }
+  absl::StatusOr<void*> AllocHost(size_t bytes) override { return AllocZeroed(bytes); }
+  void FreeHost(void* p) override { std::free(p); }
+
+  absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
+    return Copy("CopyToDevice", dst, host_src, bytes);
+  }
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    return Copy("CopyToHost", host_dst, src, bytes);
+  }
+  absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override {
+    return Copy("CopyDeviceToDevice", dst, src, bytes);
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status ColumnImportance(const float* grad, int64_t rows, int64_t cols, Importance kind,
+                                float* out) override;
+  absl::Status TopK(const float* scores, int64_t cols, int64_t k, int32_t* out) override;
+  absl::Status PackColumns(const float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                           int64_t ncols, PackDType dtype, void* dst, float* scales) override;
+  absl::Status ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                            int64_t ncols, PackDType dtype, const void* src, const float* scales,
+                            bool add) override;
+  absl::Status SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w, int64_t rows,
+                              int64_t cols, const int32_t* columns, int64_t ncols,
+                              const int64_t* steps, const float* grad, float* m, float* v) override;
+  absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
+
+ private:
+  absl::Status Copy(const char* op, void* dst, const void* src, size_t bytes);
+
+  ThreadPool pool_;
+  const bool simd_;            // Use this file's AVX-512 kernels when the CPU has them.
+  const SimdLevel adam_simd_;  // AdamWUpdate level.
+  std::vector<float> importance_partials_;  // [row blocks][cols] scratch.
+  std::vector<uint64_t> topk_keys_;         // TopK scratch.
+};
+
+absl::Status CpuBackend::Copy(const char* op, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": null ", dst == nullptr ? "destination" : "source", " for ", bytes, " bytes"));
+  }
+  if (bytes < kParallelCopyBytes) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  constexpr size_t kGrain = size_t{1} << 20;
+  const size_t pieces = (bytes + kGrain - 1) / kGrain;
+  pool_.ParallelFor(pieces, 1, [&](size_t b, size_t e) {
+    const size_t begin = b * kGrain;
+    const size_t end = std::min(bytes, e * kGrain);
+    std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
+                end - begin);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ColumnImportance(const float* grad, int64_t rows, int64_t cols,
+                                          Importance kind, float* out) {
+  ZF_RETURN_IF_ERROR(internal::CheckImportanceArgs(grad, rows, cols, kind, out));
+  if (cols == 0) return absl::OkStatus();
+  if (rows == 0) {
+    std::fill(out, out + cols, 0.0f);
+    return absl::OkStatus();
+  }
+  const int64_t blocks = CeilDiv(rows, kImportanceRowBlock);
+  const int64_t chunks = CeilDiv(cols, kImportanceColChunk);
+  float* partials = out;
+  if (blocks > 1) {
+    importance_partials_.resize(static_cast<size_t>(blocks * cols));
+    partials = importance_partials_.data();
+  }
+  // Phase 1: partials[b][j] = sum over block b's rows, in row order.
+  pool_.ParallelFor(static_cast<size_t>(blocks * chunks), 1, [&](size_t tb, size_t te) {
+    for (size_t t = tb; t < te; ++t) {
+      const int64_t b = static_cast<int64_t>(t) / chunks;
+      const int64_t j0 = (static_cast<int64_t>(t) % chunks) * kImportanceColChunk;
+      const int64_t jn = std::min(kImportanceColChunk, cols - j0);
+      float* acc = partials + b * cols + j0;
+      std::fill(acc, acc + jn, 0.0f);
+      const int64_t r_end = std::min(rows, (b + 1) * kImportanceRowBlock);
+      for (int64_t r = b * kImportanceRowBlock; r < r_end; ++r) {
+        const float* g = grad + r * cols + j0;
+        if (kind == Importance::kL1) {
+          AccumulateL1(g, acc, jn);
+        } else {
+          AccumulateL2(g, acc, jn);
+        }
+      }
+    }
+  });
+  if (blocks == 1) return absl::OkStatus();
+  // Phase 2: out[j] = ((p0 + p1) + p2) + ... in block order.
+  pool_.ParallelFor(static_cast<size_t>(chunks), 1, [&](size_t cb, size_t ce) {
+    const int64_t j0 = static_cast<int64_t>(cb) * kImportanceColChunk;
+    const int64_t j1 = std::min(cols, static_cast<int64_t>(ce) * kImportanceColChunk);
+    std::copy(partials + j0, partials + j1, out + j0);
+    for (int64_t b = 1; b < blocks; ++b) {
+      const float* p = partials + b * cols;
+      for (int64_t j = j0; j < j1; ++j) out[j] += p[j];
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::TopK(const float* scores, int64_t cols, int64_t k, int32_t* out) {
+  ZF_RETURN_IF_ERROR(internal::CheckTopKArgs(scores, cols, k, out));
+  if (k == 0) return absl::OkStatus();
+  if (k == cols) {
+    for (int64_t i = 0; i < cols; ++i) out[i] = static_cast<int32_t>(i);
+    return absl::OkStatus();
+  }
+  topk_keys_.resize(static_cast<size_t>(cols));
+  uint64_t* keys = topk_keys_.data();
+  pool_.ParallelFor(static_cast<size_t>(cols), 4096, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, scores + i, sizeof(bits));
+      keys[i] = internal::TopKKey(bits, static_cast<uint32_t>(i));
+    }
+  });
+  // Keys are unique, so the k largest are exactly the answer.
+  std::nth_element(keys, keys + (k - 1), keys + cols, std::greater<uint64_t>());
+  for (int64_t i = 0; i < k; ++i) out[i] = static_cast<int32_t>(internal::TopKKeyIndex(keys[i]));
+  std::sort(out, out + k);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PackColumns(const float* w, int64_t rows, int64_t cols,
+                                     const int32_t* columns, int64_t ncols, PackDType dtype,
+                                     void* dst, float* scales) {
+  ZF_RETURN_IF_ERROR(
+      internal::CheckColumnsArgs("PackColumns", w, rows, cols, columns, ncols, dtype, dst, scales));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("PackColumns", columns, ncols, cols,
+                                                  /*distinct=*/false));
+  if (ncols == 0) return absl::OkStatus();
+  const int64_t tiles = CeilDiv(ncols, kTileCols);
+
+  if (dtype == PackDType::kInt8) {
+    // Each column needs its max before any value is quantized: split by
+    // columns, two passes per column tile.
+    int8_t* out = static_cast<int8_t*>(dst);
+    pool_.ParallelFor(static_cast<size_t>(tiles), 1, [&](size_t tb, size_t te) {
+      alignas(64) float buf[kTileCols * kTileRows];
+      int64_t idx[kTileCols];
+      float scale[kTileCols];
+      for (int64_t t = static_cast<int64_t>(tb); t < static_cast<int64_t>(te); ++t) {
+        const int64_t c0 = t * kTileCols;
+        const int64_t cn = std::min(kTileCols, ncols - c0);
+        for (int64_t c = 0; c < cn; ++c) {
+          idx[c] = columns[c0 + c];
+          scale[c] = 0.0f;
+        }
+        for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+          const int64_t rn = std::min(kTileRows, rows - r0);
+          GatherTile(w, cols, idx, cn, r0, rn, buf, kTileRows);
+          for (int64_t c = 0; c < cn; ++c) {
+            float mx = scale[c];
+            for (int64_t r = 0; r < rn; ++r) mx = internal::MaxAbsStep(mx, buf[c * kTileRows + r]);
+            scale[c] = mx;
+          }
+        }
+        for (int64_t c = 0; c < cn; ++c) {
+          scale[c] = internal::Int8Scale(scale[c]);
+          scales[c0 + c] = scale[c];
+        }
+        for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+          const int64_t rn = std::min(kTileRows, rows - r0);
+          GatherTile(w, cols, idx, cn, r0, rn, buf, kTileRows);
+          for (int64_t c = 0; c < cn; ++c) {
+            int8_t* q = out + (c0 + c) * rows + r0;
+            for (int64_t r = 0; r < rn; ++r) {
+              q[r] = internal::QuantizeInt8(buf[c * kTileRows + r], scale[c]);
+            }
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  // f32 / bf16 / f16: split by blocks of kPackRows rows; each thread sweeps
+  // all columns of its rows.
+  const DType codec = CodecDType(dtype);
+  const size_t esize = PackDTypeSize(dtype);
+  char* out = static_cast<char*>(dst);
+  const bool fast =
+      simd_ && CpuHasAvx512Pack() && (dtype != PackDType::kBF16 || CpuHasAvx512Bf16());
+  // Full-line stores are aligned when every packed column starts on a line.
+  const bool nt =
+      reinterpret_cast<uintptr_t>(dst) % 64 == 0 && (static_cast<size_t>(rows) * esize) % 64 == 0;
+  PackPlan plan;
+  if (fast) plan = MakePackPlan(columns, ncols, cols);
+  const int64_t row_blocks = CeilDiv(rows, kPackRows);
+  pool_.ParallelFor(static_cast<size_t>(row_blocks), 1, [&](size_t bb, size_t be) {
+    static thread_local std::vector<float> stage;
+    if (fast) stage.resize(static_cast<size_t>(kPackRows * kStageStride));
+    for (int64_t b = static_cast<int64_t>(bb); b < static_cast<int64_t>(be); ++b) {
+      const int64_t r0 = b * kPackRows;
+      const int64_t rn = std::min(kPackRows, rows - r0);
+      const int64_t fast_rows = fast ? rn / kPackStep * kPackStep : 0;
+      if (fast_rows > 0) {
+        PackBlockAvx512(dtype, w, cols, plan, r0, fast_rows, out, rows, nt, stage.data());
+      }
+      for (int64_t t = 0; t < tiles; ++t) {
+        const bool done = fast && plan.groups[static_cast<size_t>(t)].window;
+        const int64_t c0 = t * kTileCols;
+        PackGroupPortable(codec, esize, w, cols, columns + c0, std::min(kTileCols, ncols - c0),
+                          done ? r0 + fast_rows : r0, r0 + rn,
+                          out + static_cast<size_t>(c0 * rows) * esize, rows);
+      }
+    }
+    if (fast) _mm_sfence();  // Order the non-temporal stores before returning.
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                                      int64_t ncols, PackDType dtype, const void* src,
+                                      const float* scales, bool add) {
+  ZF_RETURN_IF_ERROR(internal::CheckColumnsArgs("ApplyColumns", w, rows, cols, columns, ncols,
+                                                dtype, src, scales));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("ApplyColumns", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const int64_t tiles = CeilDiv(ncols, kTileCols);
+  const DType codec = CodecDType(dtype);
+  const size_t esize = PackDTypeSize(dtype);
+  const char* in = static_cast<const char*>(src);
+  const int64_t row_blocks = CeilDiv(rows, kTileRows);
+  // Split by row blocks: threads write disjoint rows of W.
+  pool_.ParallelFor(static_cast<size_t>(row_blocks), 1, [&](size_t bb, size_t be) {
+    alignas(64) float buf[kTileCols * kTileRows];
+    int64_t idx[kTileCols];
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t c0 = t * kTileCols;
+      const int64_t cn = std::min(kTileCols, ncols - c0);
+      for (int64_t c = 0; c < cn; ++c) idx[c] = columns[c0 + c];
+      for (int64_t b = static_cast<int64_t>(bb); b < static_cast<int64_t>(be); ++b) {
+        const int64_t r0 = b * kTileRows;
+        const int64_t rn = std::min(kTileRows, rows - r0);
+        for (int64_t c = 0; c < cn; ++c) {
+          const size_t off = static_cast<size_t>((c0 + c) * rows + r0);
+          float* col = buf + c * kTileRows;
+          if (dtype == PackDType::kInt8) {
+            const int8_t* q = reinterpret_cast<const int8_t*>(in) + off;
+            const float scale = scales[c0 + c];
+            for (int64_t r = 0; r < rn; ++r) col[r] = internal::DequantizeInt8(q[r], scale);
+          } else {
+            Decode(codec, in + off * esize, static_cast<size_t>(rn), col);
+          }
+        }
+        ScatterTile(w, cols, idx, cn, r0, rn, buf, kTileRows, add);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w,
+                                        int64_t rows, int64_t cols, const int32_t* columns,
+                                        int64_t ncols, const int64_t* steps, const float* grad,
+                                        float* m, float* v) {
+  ZF_RETURN_IF_ERROR(
+      internal::CheckAdamWArgs(h, grad_scale, w, rows, cols, columns, ncols, steps, grad, m, v));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("SelectiveAdamW", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  ZF_RETURN_IF_ERROR(internal::CheckSteps(steps, ncols));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const AdamWHyper hyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+  const int64_t tiles = CeilDiv(ncols, kAdamTileCols);
+  pool_.ParallelFor(static_cast<size_t>(tiles), 1, [&](size_t tb, size_t te) {
+    std::vector<float> buf(static_cast<size_t>(kAdamTileCols * kAdamTileRows));
+    int64_t idx[kAdamTileCols];
+    for (int64_t t = static_cast<int64_t>(tb); t < static_cast<int64_t>(te); ++t) {
+      const int64_t c0 = t * kAdamTileCols;
+      const int64_t cn = std::min(kAdamTileCols, ncols - c0);
+      for (int64_t c = 0; c < cn; ++c) idx[c] = columns[c0 + c];
+      for (int64_t r0 = 0; r0 < rows; r0 += kAdamTileRows) {
+        const int64_t rn = std::min(kAdamTileRows, rows - r0);
+        GatherTile(w, cols, idx, cn, r0, rn, buf.data(), kAdamTileRows);
+        for (int64_t c = 0; c < cn; ++c) {
+          const size_t off = static_cast<size_t>((c0 + c) * rows + r0);
+          AdamWUpdate(adam_simd_, hyper, steps[c0 + c], grad_scale, grad + off,
+                      buf.data() + c * kAdamTileRows, m + off, v + off, static_cast<size_t>(rn));
+        }
+        ScatterTile(w, cols, idx, cn, r0, rn, buf.data(), kAdamTileRows, /*add=*/false);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SquaredNorm(const float* x, int64_t n, double* host_out) {
+  ZF_RETURN_IF_ERROR(internal::CheckSquaredNormArgs(x, n, host_out));
+  const int64_t chunks = CeilDiv(n, kNormChunk);
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  pool_.ParallelFor(static_cast<size_t>(chunks), 1, [&](size_t cb, size_t ce) {
+    for (size_t c = cb; c < ce; ++c) {
+      const int64_t begin = static_cast<int64_t>(c) * kNormChunk;
+      partial[c] = ChunkSquaredNorm(x + begin, std::min(kNormChunk, n - begin));
+    }
+  });
+  double sum = 0.0;
+  for (double p : partial) sum += p;
+  *host_out = sum;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(int threads) {
+  return std::make_unique<CpuBackend>(threads, /*simd=*/true);
+}
+
+namespace internal {
+
+std::unique_ptr<Backend> MakeCpuBackendForTest(int threads, bool simd) {
+  return std::make_unique<CpuBackend>(threads, simd);
+}
+
+}  // namespace internal
+
+}  // namespace zenflow::worker

@@ -1,0 +1,1001 @@
+// The CUDA Backend: device memory, one stream per backend, and a kernel for
+// each ZenFlow operation (see backend.h). Compiled by nvcc (sm_90 + PTX) when
+// the toolkit is present; cuda_stub.cc stands in otherwise.
+//
+// Everything is enqueued on the backend's stream and returns without waiting;
+// Synchronize() waits and reports asynchronous failures: CUDA errors and the
+// argument errors only the kernels can see (column indices out of range or
+// repeated, step counts < 1), which the kernels record in a device flag word.
+//
+// Numerics match the CPU backend bit for bit where the math allows: the
+// bf16 / fp16 encodings reimplement the codec's round-to-nearest-even bit
+// arithmetic, int8 uses the shared quantizer, ColumnImportance uses the same
+// fixed row blocks and fp32 summation order, and the file is compiled with
+// -fmad=false so no multiply-add is contracted behind the formulas' backs.
+// TopK is an exact radix select on 64-bit (score, index) keys followed by an
+// order-preserving compaction (no CUB: everything here is self-contained).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/kernels/backend_common.h"
+
+namespace zenflow::worker {
+namespace {
+
+using internal::kImportanceRowBlock;
+
+// ---------------------------------------------------------------------------
+// Errors.
+// ---------------------------------------------------------------------------
+
+absl::Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string msg = absl::StrCat("CUDA backend: ", what, " failed: ", cudaGetErrorName(err),
+                                       " (", cudaGetErrorString(err), ")");
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+// Checks the launch that was just made (bad configuration, sticky errors).
+absl::Status CheckLaunch(const char* kernel) {
+  return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel).c_str());
+}
+
+// Bits of the device error word.
+enum ErrorBit : unsigned int {
+  kErrPackIndex = 1u << 0,
+  kErrApplyIndex = 1u << 1,
+  kErrApplyDuplicate = 1u << 2,
+  kErrAdamIndex = 1u << 3,
+  kErrAdamDuplicate = 1u << 4,
+  kErrAdamStep = 1u << 5,
+};
+
+std::string DescribeErrors(unsigned int bits) {
+  std::string out;
+  auto add = [&](unsigned int bit, const char* text) {
+    if (bits & bit) absl::StrAppend(&out, out.empty() ? "" : "; ", text);
+  };
+  add(kErrPackIndex, "PackColumns: a column index was outside [0, cols)");
+  add(kErrApplyIndex, "ApplyColumns: a column index was outside [0, cols)");
+  add(kErrApplyDuplicate, "ApplyColumns: a column index appeared more than once");
+  add(kErrAdamIndex, "SelectiveAdamW: a column index was outside [0, cols)");
+  add(kErrAdamDuplicate, "SelectiveAdamW: a column index appeared more than once");
+  add(kErrAdamStep, "SelectiveAdamW: a step count was < 1 (steps include this update)");
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Device encodings: the codec's scalar rules (common/codec.cc), bit for bit.
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint16_t DevFloatToBf16(float value) {
+  const uint32_t x = __float_as_uint(value);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float DevBf16ToFloat(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+__device__ __forceinline__ uint16_t DevFloatToF16(float value) {
+  const uint32_t x = __float_as_uint(value);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);
+  if (a >= 0x38800000u) {
+    const uint32_t r = a - 0x38000000u;
+    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
+  }
+  if (a <= 0x33000000u) return static_cast<uint16_t>(sign);
+  const uint32_t e = a >> 23;
+  const uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
+  const uint32_t shift = 126u - e;
+  uint32_t r = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (r & 1u))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+__device__ __forceinline__ float DevF16ToFloat(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exp = (bits >> 10) & 0x1Fu;
+  const uint32_t mant = bits & 0x3FFu;
+  if (exp == 0x1F) {
+    if (mant == 0) return __uint_as_float(sign | 0x7F800000u);
+    return __uint_as_float(sign | 0x7F800000u | 0x400000u | (mant << 13));
+  }
+  if (exp == 0) {
+    if (mant == 0) return __uint_as_float(sign);
+    const uint32_t k = 31u - static_cast<uint32_t>(__clz(mant));
+    return __uint_as_float(sign | ((k + 103u) << 23) | ((mant << (23u - k)) & 0x7FFFFFu));
+  }
+  return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+template <PackDType kDType>
+__device__ __forceinline__ void DevStore(void* dst, int64_t i, float x, float scale) {
+  if constexpr (kDType == PackDType::kF32) {
+    static_cast<float*>(dst)[i] = x;
+  } else if constexpr (kDType == PackDType::kBF16) {
+    static_cast<uint16_t*>(dst)[i] = DevFloatToBf16(x);
+  } else if constexpr (kDType == PackDType::kF16) {
+    static_cast<uint16_t*>(dst)[i] = DevFloatToF16(x);
+  } else {
+    static_cast<int8_t*>(dst)[i] = internal::QuantizeInt8(x, scale);
+  }
+}
+
+template <PackDType kDType>
+__device__ __forceinline__ float DevLoad(const void* src, int64_t i, float scale) {
+  if constexpr (kDType == PackDType::kF32) {
+    return static_cast<const float*>(src)[i];
+  } else if constexpr (kDType == PackDType::kBF16) {
+    return DevBf16ToFloat(static_cast<const uint16_t*>(src)[i]);
+  } else if constexpr (kDType == PackDType::kF16) {
+    return DevF16ToFloat(static_cast<const uint16_t*>(src)[i]);
+  } else {
+    return __fmul_rn(static_cast<float>(static_cast<const int8_t*>(src)[i]), scale);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+// ---------------------------------------------------------------------------
+
+constexpr int kThreads = 256;
+// Column kernels work on kTile x kTile tiles with kTile x kTileY threads.
+constexpr int kTile = 32;
+constexpr int kTileY = 8;
+constexpr int kMaxGridY = 65535;
+
+int GridFor(int64_t n, int64_t per_block, int64_t cap) {
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(cap, (n + per_block - 1) / per_block)));
+}
+
+// Phase 1 of ColumnImportance: block b's sum of column j over rows
+// [b * kImportanceRowBlock, ...) in row order, fp32.
+template <Importance kKind>
+__global__ void ImportancePartialKernel(const float* __restrict__ grad, int64_t rows, int64_t cols,
+                                        int64_t blocks, float* __restrict__ partials) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  for (int64_t b = blockIdx.y; b < blocks; b += gridDim.y) {
+    const int64_t r_end = min(rows, (b + 1) * kImportanceRowBlock);
+    float acc = 0.0f;
+    for (int64_t r = b * kImportanceRowBlock; r < r_end; ++r) {
+      const float g = grad[r * cols + j];
+      acc = __fadd_rn(acc, kKind == Importance::kL1 ? fabsf(g) : __fmul_rn(g, g));
+    }
+    partials[b * cols + j] = acc;
+  }
+}
+
+// Phase 2: out[j] = ((p0 + p1) + p2) + ... in block order.
+__global__ void ImportanceReduceKernel(const float* __restrict__ partials, int64_t cols,
+                                       int64_t blocks, float* __restrict__ out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float acc = partials[j];
+  for (int64_t b = 1; b < blocks; ++b) acc = __fadd_rn(acc, partials[b * cols + j]);
+  out[j] = acc;
+}
+
+__global__ void FillZeroKernel(float* out, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = 0.0f;
+  }
+}
+
+// ---- TopK ----
+
+struct SelectState {
+  unsigned long long prefix;     // High digits of the threshold key found so far.
+  unsigned long long remaining;  // Rank of the threshold among keys matching prefix.
+  unsigned long long hist[256];
+};
+
+__global__ void TopKKeysKernel(const float* __restrict__ scores, int64_t n,
+                               unsigned long long* __restrict__ keys) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    keys[i] = internal::TopKKey(__float_as_uint(scores[i]), static_cast<uint32_t>(i));
+  }
+}
+
+__global__ void SelectInitKernel(SelectState* state, int64_t k) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) state->hist[i] = 0;
+  if (threadIdx.x == 0) {
+    state->prefix = 0;
+    state->remaining = static_cast<unsigned long long>(k);
+  }
+}
+
+// Histogram of digit (key >> shift) & 255 over keys whose digits above
+// `shift` equal the prefix found so far.
+__global__ void SelectHistogramKernel(const unsigned long long* __restrict__ keys, int64_t n,
+                                      SelectState* state, int shift) {
+  __shared__ unsigned int hist[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+  __syncthreads();
+  const unsigned long long high_mask = shift >= 56 ? 0ull : (~0ull << (shift + 8));
+  const unsigned long long prefix = state->prefix & high_mask;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const unsigned long long key = keys[i];
+    if ((key & high_mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    if (hist[i] != 0) atomicAdd(&state->hist[i], static_cast<unsigned long long>(hist[i]));
+  }
+}
+
+// Picks the digit holding the remaining-th largest key, then clears the
+// histogram for the next pass. One thread.
+__global__ void SelectDigitKernel(SelectState* state, int shift) {
+  unsigned long long remaining = state->remaining;
+  int digit = 0;
+  for (int d = 255; d >= 0; --d) {
+    const unsigned long long c = state->hist[d];
+    if (remaining <= c) {
+      digit = d;
+      break;
+    }
+    remaining -= c;
+  }
+  state->prefix |= static_cast<unsigned long long>(digit) << shift;
+  state->remaining = remaining;
+  for (int d = 0; d < 256; ++d) state->hist[d] = 0;
+}
+
+// Compaction of the keys >= threshold, in index order. Each block owns
+// kCompactTile consecutive keys.
+constexpr int kCompactItems = 8;
+constexpr int64_t kCompactTile = int64_t{kThreads} * kCompactItems;
+
+__global__ void CompactCountKernel(const unsigned long long* __restrict__ keys, int64_t n,
+                                   const SelectState* state,
+                                   unsigned long long* __restrict__ block_counts) {
+  const unsigned long long threshold = state->prefix;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kCompactTile;
+  int count = 0;
+  for (int s = 0; s < kCompactItems; ++s) {
+    const int64_t i = base + s * kThreads + threadIdx.x;
+    if (i < n && keys[i] >= threshold) ++count;
+  }
+  __shared__ int total;
+  if (threadIdx.x == 0) total = 0;
+  __syncthreads();
+  if (count != 0) atomicAdd(&total, count);
+  __syncthreads();
+  if (threadIdx.x == 0) block_counts[blockIdx.x] = static_cast<unsigned long long>(total);
+}
+
+// In-place exclusive scan of n counts with one block (a running carry over
+// chunks of blockDim.x).
+__global__ void ExclusiveScanKernel(unsigned long long* counts, int64_t n) {
+  __shared__ unsigned long long buf[1024];
+  __shared__ unsigned long long carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t base = 0; base < n; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const unsigned long long v = i < n ? counts[i] : 0ull;
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int off = 1; off < blockDim.x; off <<= 1) {  // Hillis-Steele.
+      const unsigned long long add = threadIdx.x >= off ? buf[threadIdx.x - off] : 0ull;
+      __syncthreads();
+      buf[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (i < n) counts[i] = carry + buf[threadIdx.x] - v;
+    __syncthreads();
+    if (threadIdx.x == blockDim.x - 1) carry += buf[threadIdx.x];
+    __syncthreads();
+  }
+}
+
+__global__ void CompactScatterKernel(const unsigned long long* __restrict__ keys, int64_t n,
+                                     const SelectState* state,
+                                     const unsigned long long* __restrict__ block_offsets,
+                                     int32_t* __restrict__ out) {
+  const unsigned long long threshold = state->prefix;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kCompactTile;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  __shared__ int warp_counts[kThreads / 32];
+  unsigned long long offset = block_offsets[blockIdx.x];
+  for (int s = 0; s < kCompactItems; ++s) {
+    const int64_t i = base + s * kThreads + threadIdx.x;
+    const bool take = i < n && keys[i] >= threshold;
+    const unsigned int ballot = __ballot_sync(0xFFFFFFFFu, take);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0;
+    int total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if (w < warp) before += warp_counts[w];
+      total += warp_counts[w];
+    }
+    if (take) {
+      const int rank = before + __popc(ballot & ((1u << lane) - 1u));
+      out[offset + rank] = static_cast<int32_t>(i);
+    }
+    offset += total;
+    __syncthreads();  // warp_counts is rewritten next round.
+  }
+}
+
+// ---- Column kernels (32 x 32 tiles through shared memory) ----
+
+// Column c of a tile is read from W (row-major) along threadIdx.x and written
+// to packed data (column-major) along threadIdx.x, so both sides coalesce.
+template <PackDType kDType>
+__global__ void PackKernel(const float* __restrict__ w, int64_t rows, int64_t cols,
+                           const int32_t* __restrict__ columns, int64_t ncols,
+                           void* __restrict__ dst, const float* __restrict__ scales,
+                           unsigned int* errors) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t my_c = c0 + threadIdx.x;
+  int64_t src_col = -1;
+  if (my_c < ncols) {
+    const int32_t col = columns[my_c];
+    if (col >= 0 && col < cols) {
+      src_col = col;
+    } else if (threadIdx.y == 0 && blockIdx.y == 0) {
+      atomicOr(errors, kErrPackIndex);
+    }
+  }
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    for (int r = threadIdx.y; r < kTile; r += kTileY) {
+      const int64_t row = r0 + r;
+      tile[r][threadIdx.x] = (row < rows && src_col >= 0) ? w[row * cols + src_col] : 0.0f;
+    }
+    __syncthreads();
+    const int64_t row = r0 + threadIdx.x;
+    for (int c = threadIdx.y; c < kTile; c += kTileY) {
+      const int64_t cc = c0 + c;
+      if (row < rows && cc < ncols) {
+        const float scale = kDType == PackDType::kInt8 ? scales[cc] : 0.0f;
+        DevStore<kDType>(dst, cc * rows + row, tile[threadIdx.x][c], scale);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// int8 scales: max |x| of each selected column (NaNs ignored), 32 columns
+// per block, rows split over threadIdx.y.
+__global__ void Int8ScaleKernel(const float* __restrict__ w, int64_t rows, int64_t cols,
+                                const int32_t* __restrict__ columns, int64_t ncols,
+                                float* __restrict__ scales) {
+  __shared__ float part[kTileY][kTile];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  float mx = 0.0f;
+  if (c < ncols) {
+    const int32_t col = columns[c];
+    if (col >= 0 && col < cols) {  // Bad indices are reported by PackKernel.
+      for (int64_t r = threadIdx.y; r < rows; r += kTileY) {
+        mx = internal::MaxAbsStep(mx, w[r * cols + col]);
+      }
+    }
+  }
+  part[threadIdx.y][threadIdx.x] = mx;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < ncols) {
+    for (int y = 1; y < kTileY; ++y) mx = internal::MaxAbsStep(mx, part[y][threadIdx.x]);
+    scales[c] = internal::Int8Scale(mx);
+  }
+}
+
+template <PackDType kDType>
+__global__ void ApplyKernel(float* __restrict__ w, int64_t rows, int64_t cols,
+                            const int32_t* __restrict__ columns, int64_t ncols,
+                            const void* __restrict__ src, const float* __restrict__ scales,
+                            bool add) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t my_c = c0 + threadIdx.x;
+  int64_t dst_col = -1;
+  if (my_c < ncols) {
+    const int32_t col = columns[my_c];
+    if (col >= 0 && col < cols) dst_col = col;  // Bad indices: see ColumnCheckKernel.
+  }
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    const int64_t row = r0 + threadIdx.x;
+    for (int c = threadIdx.y; c < kTile; c += kTileY) {
+      const int64_t cc = c0 + c;
+      if (row < rows && cc < ncols) {
+        const float scale = kDType == PackDType::kInt8 ? scales[cc] : 0.0f;
+        tile[threadIdx.x][c] = DevLoad<kDType>(src, cc * rows + row, scale);
+      }
+    }
+    __syncthreads();
+    if (dst_col >= 0) {
+      for (int r = threadIdx.y; r < kTile; r += kTileY) {
+        const int64_t rr = r0 + r;
+        if (rr < rows) {
+          float* p = w + rr * cols + dst_col;
+          *p = add ? __fadd_rn(*p, tile[r][threadIdx.x]) : tile[r][threadIdx.x];
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Range and uniqueness check of the column indices of a writing kernel.
+__global__ void ColumnCheckKernel(const int32_t* __restrict__ columns, int64_t ncols, int64_t cols,
+                                  unsigned int* __restrict__ seen, unsigned int* errors,
+                                  unsigned int range_bit, unsigned int duplicate_bit) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < ncols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t col = columns[i];
+    if (col < 0 || col >= cols) {
+      atomicOr(errors, range_bit);
+      continue;
+    }
+    const unsigned int bit = 1u << (col & 31);
+    if (atomicOr(&seen[col >> 5], bit) & bit) atomicOr(errors, duplicate_bit);
+  }
+}
+
+struct AdamConsts {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, decay, eps, grad_scale;
+  double beta1_d, beta2_d, lr_d;
+};
+
+// AdamW on a 32 x 32 tile: p is gathered from W through shared memory so
+// both W (along columns) and grad/m/v (along rows) are read coalesced.
+__global__ void AdamWKernel(AdamConsts k, float* __restrict__ w, int64_t rows, int64_t cols,
+                            const int32_t* __restrict__ columns, int64_t ncols,
+                            const int64_t* __restrict__ steps, const float* __restrict__ grad,
+                            float* __restrict__ m, float* __restrict__ v, unsigned int* errors) {
+  __shared__ float tile[kTile][kTile + 1];
+  __shared__ float step_size[kTile];
+  __shared__ float bc2_sqrt[kTile];
+  __shared__ bool valid[kTile];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t my_c = c0 + threadIdx.x;
+  int64_t col = -1;
+  if (my_c < ncols) {
+    const int32_t cidx = columns[my_c];
+    if (cidx >= 0 && cidx < cols) col = cidx;  // Bad indices: see ColumnCheckKernel.
+  }
+  if (threadIdx.y == 0) {
+    bool ok = false;
+    if (my_c < ncols) {
+      const int64_t t = steps[my_c];
+      if (t < 1) {
+        if (blockIdx.y == 0) atomicOr(errors, kErrAdamStep);
+      } else {
+        const double td = static_cast<double>(t);
+        const double bc1 = 1.0 - pow(k.beta1_d, td);
+        const double bc2 = 1.0 - pow(k.beta2_d, td);
+        step_size[threadIdx.x] = static_cast<float>(k.lr_d / bc1);
+        bc2_sqrt[threadIdx.x] = static_cast<float>(sqrt(bc2));
+        ok = col >= 0;
+      }
+    }
+    valid[threadIdx.x] = ok;
+  }
+  __syncthreads();
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    if (col >= 0) {
+      for (int r = threadIdx.y; r < kTile; r += kTileY) {
+        const int64_t rr = r0 + r;
+        if (rr < rows) tile[r][threadIdx.x] = w[rr * cols + col];
+      }
+    }
+    __syncthreads();
+    const int64_t row = r0 + threadIdx.x;
+    for (int c = threadIdx.y; c < kTile; c += kTileY) {
+      if (row < rows && valid[c]) {
+        const int64_t i = (c0 + c) * rows + row;
+        // The reference formula, in its order (no contraction: -fmad=false).
+        const float g = grad[i] * k.grad_scale;
+        const float mi = k.beta1 * m[i] + k.one_minus_beta1 * g;
+        const float vi = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
+        float p = tile[threadIdx.x][c] * k.decay;
+        p = p - step_size[c] * mi / (sqrtf(vi) / bc2_sqrt[c] + k.eps);
+        m[i] = mi;
+        v[i] = vi;
+        tile[threadIdx.x][c] = p;
+      }
+    }
+    __syncthreads();
+    if (col >= 0 && valid[threadIdx.x]) {
+      for (int r = threadIdx.y; r < kTile; r += kTileY) {
+        const int64_t rr = r0 + r;
+        if (rr < rows) w[rr * cols + col] = tile[r][threadIdx.x];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ---- SquaredNorm: fixed grid (a function of n only), fixed trees. ----
+
+constexpr int kNormMaxBlocks = 1024;
+
+__device__ __forceinline__ double BlockSum(double x, double* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__global__ void NormPartialKernel(const float* __restrict__ x, int64_t n,
+                                  double* __restrict__ partials) {
+  __shared__ double shared[kThreads];
+  double acc = 0.0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double d = static_cast<double>(x[i]);
+    acc += d * d;
+  }
+  const double total = BlockSum(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void NormFinalKernel(const double* __restrict__ partials, int count,
+                                double* __restrict__ out) {
+  __shared__ double shared[kNormMaxBlocks];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  const double total = BlockSum(acc, shared);
+  if (threadIdx.x == 0) *out = total;
+}
+
+// ---------------------------------------------------------------------------
+// The backend.
+// ---------------------------------------------------------------------------
+
+int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// Thread-compatible (see Backend). Owns its stream, a grow-only device
+// scratch buffer, a device error word and pinned staging for the host-side
+// results (SquaredNorm, the error word).
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  ~CudaBackend() override;
+
+  absl::Status Init();
+
+  std::string name() const override { return "cuda"; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override;
+  void Free(void* p) override;
+  absl::StatusOr<void*> AllocHost(size_t bytes) override;
+  void FreeHost(void* p) override;
+  absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
+    return Copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "CopyToDevice");
+  }
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    return Copy(host_dst, src, bytes, cudaMemcpyDeviceToHost, "CopyToHost");
+  }
+  absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override {
+    return Copy(dst, src, bytes, cudaMemcpyDeviceToDevice, "CopyDeviceToDevice");
+  }
+  absl::Status Synchronize() override;
+
+  absl::Status ColumnImportance(const float* grad, int64_t rows, int64_t cols, Importance kind,
+                                float* out) override;
+  absl::Status TopK(const float* scores, int64_t cols, int64_t k, int32_t* out) override;
+  absl::Status PackColumns(const float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                           int64_t ncols, PackDType dtype, void* dst, float* scales) override;
+  absl::Status ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                            int64_t ncols, PackDType dtype, const void* src, const float* scales,
+                            bool add) override;
+  absl::Status SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w, int64_t rows,
+                              int64_t cols, const int32_t* columns, int64_t ncols,
+                              const int64_t* steps, const float* grad, float* m, float* v) override;
+  absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
+
+ private:
+  // Makes device_ current on the calling thread.
+  absl::Status Activate() { return CudaStatus(cudaSetDevice(device_), "cudaSetDevice"); }
+  absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* op);
+  // Device scratch of at least `bytes` (contents undefined), valid until the
+  // next call; only work on stream_ may use it.
+  absl::StatusOr<char*> Scratch(size_t bytes);
+  // Clears and checks `columns` of a writing kernel.
+  absl::Status LaunchColumnCheck(const int32_t* columns, int64_t ncols, int64_t cols,
+                                 unsigned int range_bit, unsigned int duplicate_bit);
+
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+  char* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  unsigned int* errors_ = nullptr;       // Device error word.
+  unsigned int* host_errors_ = nullptr;  // Pinned copy, read at Synchronize().
+  // SquaredNorm results: pinned slots and where they go at Synchronize().
+  static constexpr int kNormSlots = 256;
+  double* norm_slots_ = nullptr;
+  std::vector<double*> pending_norms_;
+};
+
+CudaBackend::~CudaBackend() {
+  if (Activate().ok()) {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    cudaFree(scratch_);
+    cudaFree(errors_);
+    cudaFreeHost(host_errors_);
+    cudaFreeHost(norm_slots_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+}
+
+absl::Status CudaBackend::Init() {
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                "cudaStreamCreateWithFlags"));
+  ZF_RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&errors_, sizeof(unsigned int)), "cudaMalloc (error word)"));
+  ZF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(errors_, 0, sizeof(unsigned int), stream_),
+                                "cudaMemsetAsync (error word)"));
+  ZF_RETURN_IF_ERROR(
+      CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&host_errors_), sizeof(unsigned int)),
+                 "cudaMallocHost (error word)"));
+  ZF_RETURN_IF_ERROR(CudaStatus(
+      cudaMallocHost(reinterpret_cast<void**>(&norm_slots_), kNormSlots * sizeof(double)),
+      "cudaMallocHost (norm slots)"));
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::StatusOr<void*> CudaBackend::Alloc(size_t bytes) {
+  ZF_RETURN_IF_ERROR(Activate());
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // Allocation failures are not sticky.
+    return CudaStatus(err, absl::StrCat("cudaMalloc of ", bytes, " bytes").c_str());
+  }
+  const absl::Status s = CudaStatus(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+  if (!s.ok()) {
+    cudaFree(p);
+    return s;
+  }
+  return p;
+}
+
+void CudaBackend::Free(void* p) {
+  if (p == nullptr || !Activate().ok()) return;
+  cudaFree(p);  // Waits for work that may still use p.
+}
+
+absl::StatusOr<void*> CudaBackend::AllocHost(size_t bytes) {
+  ZF_RETURN_IF_ERROR(Activate());
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CudaStatus(err, absl::StrCat("cudaMallocHost of ", bytes, " bytes").c_str());
+  }
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+void CudaBackend::FreeHost(void* p) {
+  if (p == nullptr || !Activate().ok()) return;
+  cudaFreeHost(p);
+}
+
+absl::Status CudaBackend::Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                               const char* op) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": null ", dst == nullptr ? "destination" : "source", " for ", bytes, " bytes"));
+  }
+  ZF_RETURN_IF_ERROR(Activate());
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, stream_), op);
+}
+
+absl::Status CudaBackend::Synchronize() {
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(host_errors_, errors_, sizeof(unsigned int), cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync (error word)"));
+  ZF_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  for (size_t i = 0; i < pending_norms_.size(); ++i) *pending_norms_[i] = norm_slots_[i];
+  pending_norms_.clear();
+  const unsigned int bits = *host_errors_;
+  if (bits != 0) {
+    *host_errors_ = 0;
+    ZF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(errors_, 0, sizeof(unsigned int), stream_),
+                                  "cudaMemsetAsync (error word)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        DescribeErrors(bits), " (detected on the device; the affected elements were skipped)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> CudaBackend::Scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  // Work already queued may still read the old buffer.
+  ZF_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  cudaFree(scratch_);
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  const size_t want = std::max<size_t>(bytes, size_t{1} << 20);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, want);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CudaStatus(err, absl::StrCat("cudaMalloc of ", want, " bytes of scratch").c_str());
+  }
+  scratch_ = static_cast<char*>(p);
+  scratch_bytes_ = want;
+  return scratch_;
+}
+
+absl::Status CudaBackend::LaunchColumnCheck(const int32_t* columns, int64_t ncols, int64_t cols,
+                                            unsigned int range_bit, unsigned int duplicate_bit) {
+  const size_t words = static_cast<size_t>((cols + 31) / 32);
+  ZF_ASSIGN_OR_RETURN(char* scratch, Scratch(words * sizeof(unsigned int)));
+  unsigned int* seen = reinterpret_cast<unsigned int*>(scratch);
+  ZF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(seen, 0, words * sizeof(unsigned int), stream_),
+                                "cudaMemsetAsync (column bitmap)"));
+  ColumnCheckKernel<<<GridFor(ncols, kThreads, 4096), kThreads, 0, stream_>>>(
+      columns, ncols, cols, seen, errors_, range_bit, duplicate_bit);
+  return CheckLaunch("ColumnCheckKernel");
+}
+
+absl::Status CudaBackend::ColumnImportance(const float* grad, int64_t rows, int64_t cols,
+                                           Importance kind, float* out) {
+  ZF_RETURN_IF_ERROR(internal::CheckImportanceArgs(grad, rows, cols, kind, out));
+  if (cols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  const int col_blocks = GridFor(cols, kThreads, int64_t{1} << 30);
+  if (rows == 0) {
+    FillZeroKernel<<<GridFor(cols, kThreads, 4096), kThreads, 0, stream_>>>(out, cols);
+    return CheckLaunch("FillZeroKernel");
+  }
+  const int64_t blocks = (rows + kImportanceRowBlock - 1) / kImportanceRowBlock;
+  float* partials = out;
+  if (blocks > 1) {
+    ZF_ASSIGN_OR_RETURN(char* scratch, Scratch(static_cast<size_t>(blocks * cols) * sizeof(float)));
+    partials = reinterpret_cast<float*>(scratch);
+  }
+  const dim3 grid(col_blocks, static_cast<unsigned int>(std::min<int64_t>(blocks, kMaxGridY)));
+  if (kind == Importance::kL1) {
+    ImportancePartialKernel<Importance::kL1>
+        <<<grid, kThreads, 0, stream_>>>(grad, rows, cols, blocks, partials);
+  } else {
+    ImportancePartialKernel<Importance::kL2Squared>
+        <<<grid, kThreads, 0, stream_>>>(grad, rows, cols, blocks, partials);
+  }
+  ZF_RETURN_IF_ERROR(CheckLaunch("ImportancePartialKernel"));
+  if (blocks == 1) return absl::OkStatus();
+  ImportanceReduceKernel<<<col_blocks, kThreads, 0, stream_>>>(partials, cols, blocks, out);
+  return CheckLaunch("ImportanceReduceKernel");
+}
+
+absl::Status CudaBackend::TopK(const float* scores, int64_t cols, int64_t k, int32_t* out) {
+  ZF_RETURN_IF_ERROR(internal::CheckTopKArgs(scores, cols, k, out));
+  if (k == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  const int64_t tiles = (cols + kCompactTile - 1) / kCompactTile;
+  const int64_t keys_bytes = AlignUp(cols * 8, 256);
+  const int64_t state_bytes = AlignUp(sizeof(SelectState), 256);
+  ZF_ASSIGN_OR_RETURN(char* scratch,
+                      Scratch(static_cast<size_t>(keys_bytes + state_bytes + tiles * 8)));
+  auto* keys = reinterpret_cast<unsigned long long*>(scratch);
+  auto* state = reinterpret_cast<SelectState*>(scratch + keys_bytes);
+  auto* block_counts = reinterpret_cast<unsigned long long*>(scratch + keys_bytes + state_bytes);
+  const int grid = GridFor(cols, kThreads, 4096);
+
+  TopKKeysKernel<<<grid, kThreads, 0, stream_>>>(scores, cols, keys);
+  ZF_RETURN_IF_ERROR(CheckLaunch("TopKKeysKernel"));
+  SelectInitKernel<<<1, kThreads, 0, stream_>>>(state, k);
+  ZF_RETURN_IF_ERROR(CheckLaunch("SelectInitKernel"));
+  // Radix select, 8 bits per pass from the top: afterwards state->prefix is
+  // the k-th largest key (keys are distinct), the threshold.
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    SelectHistogramKernel<<<grid, kThreads, 0, stream_>>>(keys, cols, state, shift);
+    ZF_RETURN_IF_ERROR(CheckLaunch("SelectHistogramKernel"));
+    SelectDigitKernel<<<1, 1, 0, stream_>>>(state, shift);
+    ZF_RETURN_IF_ERROR(CheckLaunch("SelectDigitKernel"));
+  }
+  // Exactly k keys are >= the threshold; write their indices in order.
+  CompactCountKernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream_>>>(keys, cols, state,
+                                                                                 block_counts);
+  ZF_RETURN_IF_ERROR(CheckLaunch("CompactCountKernel"));
+  ExclusiveScanKernel<<<1, 1024, 0, stream_>>>(block_counts, tiles);
+  ZF_RETURN_IF_ERROR(CheckLaunch("ExclusiveScanKernel"));
+  CompactScatterKernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream_>>>(
+      keys, cols, state, block_counts, out);
+  return CheckLaunch("CompactScatterKernel");
+}
+
+absl::Status CudaBackend::PackColumns(const float* w, int64_t rows, int64_t cols,
+                                      const int32_t* columns, int64_t ncols, PackDType dtype,
+                                      void* dst, float* scales) {
+  ZF_RETURN_IF_ERROR(
+      internal::CheckColumnsArgs("PackColumns", w, rows, cols, columns, ncols, dtype, dst, scales));
+  if (ncols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  const unsigned int col_tiles = static_cast<unsigned int>((ncols + kTile - 1) / kTile);
+  if (dtype == PackDType::kInt8) {
+    Int8ScaleKernel<<<col_tiles, dim3(kTile, kTileY), 0, stream_>>>(w, rows, cols, columns, ncols,
+                                                                    scales);
+    ZF_RETURN_IF_ERROR(CheckLaunch("Int8ScaleKernel"));
+  }
+  const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
+  const dim3 grid(col_tiles, static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
+  const dim3 block(kTile, kTileY);
+  switch (dtype) {
+    case PackDType::kF32:
+      PackKernel<PackDType::kF32>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+      break;
+    case PackDType::kBF16:
+      PackKernel<PackDType::kBF16>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+      break;
+    case PackDType::kF16:
+      PackKernel<PackDType::kF16>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+      break;
+    case PackDType::kInt8:
+      PackKernel<PackDType::kInt8>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+      break;
+  }
+  return CheckLaunch("PackKernel");
+}
+
+absl::Status CudaBackend::ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
+                                       int64_t ncols, PackDType dtype, const void* src,
+                                       const float* scales, bool add) {
+  ZF_RETURN_IF_ERROR(internal::CheckColumnsArgs("ApplyColumns", w, rows, cols, columns, ncols,
+                                                dtype, src, scales));
+  if (ncols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(LaunchColumnCheck(columns, ncols, cols, kErrApplyIndex, kErrApplyDuplicate));
+  if (rows == 0) return absl::OkStatus();
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const dim3 grid(static_cast<unsigned int>((ncols + kTile - 1) / kTile),
+                  static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
+  const dim3 block(kTile, kTileY);
+  switch (dtype) {
+    case PackDType::kF32:
+      ApplyKernel<PackDType::kF32>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+      break;
+    case PackDType::kBF16:
+      ApplyKernel<PackDType::kBF16>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+      break;
+    case PackDType::kF16:
+      ApplyKernel<PackDType::kF16>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+      break;
+    case PackDType::kInt8:
+      ApplyKernel<PackDType::kInt8>
+          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+      break;
+  }
+  return CheckLaunch("ApplyKernel");
+}
+
+absl::Status CudaBackend::SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w,
+                                         int64_t rows, int64_t cols, const int32_t* columns,
+                                         int64_t ncols, const int64_t* steps, const float* grad,
+                                         float* m, float* v) {
+  ZF_RETURN_IF_ERROR(
+      internal::CheckAdamWArgs(h, grad_scale, w, rows, cols, columns, ncols, steps, grad, m, v));
+  if (ncols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(LaunchColumnCheck(columns, ncols, cols, kErrAdamIndex, kErrAdamDuplicate));
+  AdamConsts k;
+  k.beta1 = h.beta1;
+  k.one_minus_beta1 = 1.0f - h.beta1;
+  k.beta2 = h.beta2;
+  k.one_minus_beta2 = 1.0f - h.beta2;
+  k.decay =
+      static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+  k.eps = h.eps;
+  k.grad_scale = grad_scale;
+  k.beta1_d = h.beta1;
+  k.beta2_d = h.beta2;
+  k.lr_d = h.lr;
+  const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
+  const dim3 grid(static_cast<unsigned int>((ncols + kTile - 1) / kTile),
+                  static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
+  AdamWKernel<<<grid, dim3(kTile, kTileY), 0, stream_>>>(k, w, rows, cols, columns, ncols, steps,
+                                                         grad, m, v, errors_);
+  return CheckLaunch("AdamWKernel");
+}
+
+absl::Status CudaBackend::SquaredNorm(const float* x, int64_t n, double* host_out) {
+  ZF_RETURN_IF_ERROR(internal::CheckSquaredNormArgs(x, n, host_out));
+  if (n == 0) {
+    *host_out = 0.0;
+    return absl::OkStatus();
+  }
+  ZF_RETURN_IF_ERROR(Activate());
+  if (pending_norms_.size() == static_cast<size_t>(kNormSlots)) {
+    ZF_RETURN_IF_ERROR(Synchronize());  // Deliver the queued results first.
+  }
+  const int blocks = GridFor(n, int64_t{kThreads} * 8, kNormMaxBlocks);
+  ZF_ASSIGN_OR_RETURN(char* scratch, Scratch((blocks + 1) * sizeof(double)));
+  double* partials = reinterpret_cast<double*>(scratch);
+  double* result = partials + blocks;
+  NormPartialKernel<<<blocks, kThreads, 0, stream_>>>(x, n, partials);
+  ZF_RETURN_IF_ERROR(CheckLaunch("NormPartialKernel"));
+  NormFinalKernel<<<1, kNormMaxBlocks, 0, stream_>>>(partials, blocks, result);
+  ZF_RETURN_IF_ERROR(CheckLaunch("NormFinalKernel"));
+  double* slot = norm_slots_ + pending_norms_.size();
+  ZF_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(slot, result, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync (SquaredNorm result)"));
+  pending_norms_.push_back(host_out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device is visible (cudaGetDeviceCount: ",
+                     err == cudaSuccess ? "0 devices" : cudaGetErrorString(err),
+                     "); check the driver and CUDA_VISIBLE_DEVICES, or use the CPU backend"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
+  }
+  auto backend = std::make_unique<CudaBackend>(device);
+  ZF_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+bool CudaCompiled() { return true; }
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+}  // namespace zenflow::worker

@@ -1,0 +1,553 @@
+// The worker side of ZenFlow; see zenflow_optimizer.h.
+#include "gpu_worker/zenflow_optimizer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/selection.h"
+#include "common/status_macros.h"
+
+namespace zenflow {
+namespace {
+
+using worker::Backend;
+using worker::PackDType;
+
+constexpr size_t kStageBytes = 4 << 20;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> Difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  std::vector<int32_t> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+}  // namespace
+
+struct ZenFlowOptimizer::Tensor {
+  std::string name;
+  int64_t rows = 0, cols = 0;
+  bool always_important = false;
+  float* param = nullptr;
+  float* grad = nullptr;
+  std::vector<int32_t> important, remote;  // ascending
+  std::vector<int64_t> steps;              // per important column
+  std::vector<float> host_m, host_v;       // mirrors of m, v (only at reselection)
+  worker::DeviceBuffer d_important, d_remote, d_steps, m, v, gbuf, scores;
+};
+
+absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& want, int32_t rank,
+                                            worker::Backend* backend,
+                                            const std::vector<ParamSpec>& params) {
+  if (rank == 0) {
+    absl::StatusOr<v1::JobSpec> created = client->CreateJob(want);
+    if (!created.ok() && created.status().code() != absl::StatusCode::kAlreadyExists) {
+      return created.status();
+    }
+    std::vector<std::vector<float>> host(params.size());
+    std::vector<Client::TensorValues> values;
+    for (size_t i = 0; i < params.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : params[i].shape) n *= d;
+      host[i].resize(n);
+      ZF_RETURN_IF_ERROR(backend->CopyToHost(host[i].data(), params[i].param, n * sizeof(float)));
+    }
+    ZF_RETURN_IF_ERROR(backend->Synchronize());
+    for (size_t i = 0; i < params.size(); ++i) {
+      values.push_back({params[i].name, params[i].shape, host[i].data()});
+    }
+    absl::Status up = client->UploadParameters(want.job_id(), values).status();
+    if (!up.ok() && up.code() != absl::StatusCode::kAlreadyExists) return up;
+  } else {
+    // Wait until rank 0 created the job and uploaded the parameters.
+    absl::Duration backoff = absl::Milliseconds(10);
+    const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    for (;;) {
+      absl::StatusOr<v1::GetJobResponse> job = client->GetJob(want.job_id());
+      if (job.ok() && job->parameters_uploaded()) break;
+      if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("job '", want.job_id(), "' was not created and uploaded by rank 0 in 5 minutes"));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    }
+  }
+  ZF_ASSIGN_OR_RETURN(v1::JoinJobResponse joined, client->JoinJob(want.job_id(), rank));
+  return joined.spec();
+}
+
+ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::JobSpec& spec,
+                                   int32_t rank)
+    : backend_(backend),
+      client_(client),
+      spec_(spec),
+      rank_(rank),
+      interval_(std::max(1, spec.zenflow().update_interval())),
+      zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD) {}
+
+ZenFlowOptimizer::~ZenFlowOptimizer() {
+  for (int i = 0; i < 2; ++i) {
+    if (stage_dev_[i] != nullptr && stage_dev_[i] != stage_host_[i]) backend_->Free(stage_dev_[i]);
+    if (stage_host_[i] != nullptr) {
+      if (backend_->name() == "cpu") {
+        backend_->Free(stage_host_[i]);
+      } else {
+        backend_->FreeHost(stage_host_[i]);
+      }
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ZenFlowOptimizer>> ZenFlowOptimizer::Create(
+    Backend* backend, Client* client, const v1::JobSpec& spec, int32_t rank,
+    std::vector<ParamSpec> params) {
+  if (backend == nullptr || client == nullptr) {
+    return absl::InvalidArgumentError("ZenFlowOptimizer needs a backend and a client");
+  }
+  if (rank < 0 || rank >= spec.world_size()) {
+    return absl::OutOfRangeError(absl::StrCat("rank ", rank, " out of range [0, ",
+                                              spec.world_size(), ") of job '", spec.job_id(), "'"));
+  }
+  std::unique_ptr<ZenFlowOptimizer> opt(new ZenFlowOptimizer(backend, client, spec, rank));
+  ZF_RETURN_IF_ERROR(opt->Init(std::move(params)));
+  return opt;
+}
+
+absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
+  switch (spec_.wire_dtype()) {
+    case v1::DTYPE_FP32:
+      wire_ = DType::kF32;
+      pack_wire_ = PackDType::kF32;
+      break;
+    case v1::DTYPE_FP16:
+      wire_ = DType::kF16;
+      pack_wire_ = PackDType::kF16;
+      break;
+    default:
+      wire_ = DType::kBF16;
+      pack_wire_ = PackDType::kBF16;
+  }
+  if (static_cast<int>(params.size()) != spec_.tensors_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the model has ", params.size(),
+                                                   " tensors but job '", spec_.job_id(), "' has ",
+                                                   spec_.tensors_size()));
+  }
+  const float k = spec_.zenflow().topk_ratio();
+  for (int i = 0; i < spec_.tensors_size(); ++i) {
+    const v1::TensorSpec& ts = spec_.tensors(i);
+    const ParamSpec* p = nullptr;
+    for (const ParamSpec& x : params) {
+      if (x.name == ts.name()) p = &x;
+    }
+    if (p == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job tensor '", ts.name(), "' is not among the model's parameters"));
+    }
+    bool same = static_cast<int>(p->shape.size()) == ts.shape_size();
+    for (int d = 0; same && d < ts.shape_size(); ++d) same = p->shape[d] == ts.shape(d);
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", ts.name(), "': the model's shape [", absl::StrJoin(p->shape, ", "),
+          "] disagrees with the job's [", absl::StrJoin(ts.shape(), ", "), "]"));
+    }
+    if (p->param == nullptr || p->grad == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", ts.name(), "': parameter and gradient buffers are required"));
+    }
+    if (ts.dtype() != v1::DTYPE_FP32) {
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor '", ts.name(), "': the worker engine keeps fp32 parameters; bf16/fp16 "
+          "parameters with an fp32 master are not implemented yet"));
+    }
+    auto t = std::make_unique<Tensor>();
+    t->name = ts.name();
+    t->rows = ts.shape_size() == 2 ? ts.shape(0) : 1;
+    t->cols = ts.shape_size() == 2 ? ts.shape(1) : ts.shape(0);
+    t->always_important = !zero_offload_ && (ts.shape_size() == 1 || ts.local());
+    t->param = p->param;
+    t->grad = p->grad;
+    const int64_t cap = zero_offload_ ? 0 : t->always_important ? t->cols : TopKCount(k, t->cols);
+    const size_t capn = static_cast<size_t>(std::max<int64_t>(cap, 1) * t->rows);
+    ZF_RETURN_IF_ERROR(t->d_important.Reserve(backend_, std::max<int64_t>(cap, 1) * 4));
+    ZF_RETURN_IF_ERROR(t->d_remote.Reserve(backend_, t->cols * 4));
+    ZF_RETURN_IF_ERROR(t->d_steps.Reserve(backend_, std::max<int64_t>(cap, 1) * 8));
+    ZF_RETURN_IF_ERROR(t->m.Reserve(backend_, capn * 4));
+    ZF_RETURN_IF_ERROR(t->v.Reserve(backend_, capn * 4));
+    ZF_RETURN_IF_ERROR(t->gbuf.Reserve(backend_, capn * 4));
+    ZF_RETURN_IF_ERROR(t->scores.Reserve(backend_, t->cols * 4));
+    ZF_RETURN_IF_ERROR(SetImportant(*t, {}));  // version 0: every column remote
+    tensors_.push_back(std::move(t));
+  }
+  stage_bytes_ = kStageBytes;
+  for (const auto& t : tensors_) {
+    stage_bytes_ = std::max<size_t>(stage_bytes_, t->rows * 4);  // at least one column
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (backend_->name() == "cpu") {
+      ZF_ASSIGN_OR_RETURN(stage_host_[i], backend_->Alloc(stage_bytes_));
+      stage_dev_[i] = stage_host_[i];  // host memory already: pack in place
+    } else {
+      ZF_ASSIGN_OR_RETURN(stage_dev_[i], backend_->Alloc(stage_bytes_));
+      ZF_ASSIGN_OR_RETURN(stage_host_[i], backend_->AllocHost(stage_bytes_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::SetImportant(Tensor& t, std::vector<int32_t> cols) {
+  t.important = std::move(cols);
+  t.remote.clear();
+  size_t k = 0;
+  for (int32_t c = 0; c < t.cols; ++c) {
+    if (k < t.important.size() && t.important[k] == c) {
+      ++k;
+    } else {
+      t.remote.push_back(c);
+    }
+  }
+  if (!t.important.empty()) {
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.d_important.p(), t.important.data(),
+                                              t.important.size() * 4));
+  }
+  if (!t.remote.empty()) {
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.d_remote.p(), t.remote.data(), t.remote.size() * 4));
+  }
+  return backend_->Synchronize();
+}
+
+bool ZenFlowOptimizer::IsSelectionStep(int64_t step) const {
+  if (zero_offload_) return false;
+  const int64_t warm_end = static_cast<int64_t>(spec_.zenflow().full_warmup_rounds()) * interval_;
+  const int64_t r = std::max(1, spec_.zenflow().select_interval());
+  return step == warm_end || (step > warm_end && step % r == 0);
+}
+
+int32_t ZenFlowOptimizer::apply_delay(int64_t round) const {
+  for (const auto& [r, d] : delays_) {
+    if (r == round) return d;
+  }
+  return -1;
+}
+
+int32_t ZenFlowOptimizer::DecideDelay(int64_t round) {
+  int32_t d = 1;
+  const v1::ApplyDelay& ad = spec_.zenflow().apply_delay();
+  if (zero_offload_ || ad.kind_case() == v1::ApplyDelay::kSync) {
+    d = 0;
+  } else if (ad.kind_case() == v1::ApplyDelay::kSteps) {
+    d = ad.steps();
+  } else if (ad.kind_case() == v1::ApplyDelay::kOverlapStep) {
+    d = static_cast<int32_t>(interval_);
+  } else {
+    // Adaptive, from round-1's RoundDone, which every rank has applied by
+    // the time this is asked (d <= S): the same answer on every rank.
+    if (last_done_round_ == round - 1 && last_round_interval_ > 0) {
+      const double step_seconds = last_round_interval_ / static_cast<double>(interval_);
+      d = static_cast<int32_t>(std::ceil(1.2 * last_close_to_done_ / step_seconds));
+      d = std::max<int32_t>(1, std::min<int32_t>(d, static_cast<int32_t>(interval_)));
+    }
+  }
+  delays_.push_back({round, d});
+  if (delays_.size() > 64) delays_.erase(delays_.begin());
+  return d;
+}
+
+absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
+  if (step != next_step_) {
+    return step < next_step_
+               ? absl::FailedPreconditionError(absl::StrCat("step ", step,
+                                                            " was already run; the next step is ",
+                                                            next_step_))
+               : absl::OutOfRangeError(absl::StrCat("step ", step, " skips ahead; the next step is ",
+                                                    next_step_));
+  }
+  if (!(lr >= 0 && std::isfinite(lr))) {
+    return absl::InvalidArgumentError(absl::StrCat("lr ", lr, " must be finite and >= 0"));
+  }
+  const double t0 = Now();
+  const ClientStats before = client_->stats();
+  last_ = StepStats();
+  last_.step = step;
+  if (IsSelectionStep(step)) {
+    ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/true));  // rule 8: drain first
+    ZF_RETURN_IF_ERROR(Reselect(step));
+    last_.reselected = true;
+    ++totals_.reselections;
+  }
+  ZF_RETURN_IF_ERROR(UpdateImportant(step, lr));
+  ZF_RETURN_IF_ERROR(PushRemote(step));
+  const int64_t round = step / interval_;
+  if (step % interval_ == interval_ - 1) {
+    ZF_RETURN_IF_ERROR(client_->CloseRound(round, lr));
+    pending_.push_back({round, step, -1});
+  }
+  next_step_ = step + 1;
+  last_lr_ = lr;
+  ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/false));
+  const ClientStats after = client_->stats();
+  last_.send_blocked_seconds = after.send_blocked_seconds - before.send_blocked_seconds;
+  last_.bytes_sent = after.bytes_sent - before.bytes_sent;
+  last_.bytes_received = after.bytes_received - before.bytes_received;
+  last_.step_seconds = Now() - t0;
+  totals_.steps += 1;
+  totals_.stall_seconds += last_.stall_seconds;
+  totals_.send_blocked_seconds += last_.send_blocked_seconds;
+  totals_.step_seconds += last_.step_seconds;
+  totals_.bytes_sent += last_.bytes_sent;
+  totals_.bytes_received += last_.bytes_received;
+  totals_.rounds_applied += last_.rounds_applied;
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::Finish() {
+  if (next_step_ % interval_ != 0) {
+    // A partial last round: close it with the steps it has.
+    const int64_t round = next_step_ / interval_;
+    ZF_RETURN_IF_ERROR(client_->CloseRound(round, last_lr_,
+                                           static_cast<int32_t>(next_step_ % interval_)));
+    pending_.push_back({round, next_step_ - 1, 0});
+  }
+  return ApplyDue(next_step_ - 1, /*drain=*/true);
+}
+
+absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
+  std::vector<Tensor*> active;
+  for (auto& t : tensors_) {
+    if (!t->important.empty()) active.push_back(t.get());
+  }
+  if (active.empty()) return absl::OkStatus();
+  for (Tensor* t : active) {
+    ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_important.i32(),
+                                             static_cast<int64_t>(t->important.size()),
+                                             PackDType::kF32, t->gbuf.p(), nullptr));
+  }
+  if (spec_.world_size() > 1) {
+    // Important gradients are reduced across ranks first (rule 4).
+    std::vector<std::vector<float>> host(active.size());
+    for (size_t i = 0; i < active.size(); ++i) {
+      host[i].resize(active[i]->important.size() * active[i]->rows);
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(host[i].data(), active[i]->gbuf.p(), host[i].size() * 4));
+    }
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    std::vector<std::pair<std::string, const std::vector<float>*>> parts;
+    for (size_t i = 0; i < active.size(); ++i) parts.push_back({active[i]->name, &host[i]});
+    ZF_ASSIGN_OR_RETURN(std::vector<std::vector<float>> mean, client_->AllReduce(step, parts));
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (mean[i].size() != host[i].size()) return absl::InternalError("all-reduce size mismatch");
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(active[i]->gbuf.p(), mean[i].data(), mean[i].size() * 4));
+    }
+  }
+  const v1::AdamWConfig& a = spec_.adamw();
+  const worker::AdamWParams h{lr, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
+  for (Tensor* t : active) {
+    for (int64_t& s : t->steps) s += 1;
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t->d_steps.p(), t->steps.data(), t->steps.size() * 8));
+    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param, t->rows, t->cols,
+                                                t->d_important.i32(),
+                                                static_cast<int64_t>(t->important.size()),
+                                                t->d_steps.i64(), t->gbuf.f32(), t->m.f32(), t->v.f32()));
+  }
+  return backend_->Synchronize();
+}
+
+absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
+  const size_t esize = worker::PackDTypeSize(pack_wire_);
+  struct Chunk {
+    Tensor* t;
+    int64_t first, n;
+    int buf;
+  };
+  std::optional<Chunk> ready;  // packed and copied, waiting to be pushed
+  int buf = 0;
+  auto push = [&](const Chunk& c) -> absl::Status {
+    return client_->PushEncoded(step, c.t->name, version_, c.t->remote.data() + c.first, c.n,
+                                static_cast<const char*>(stage_host_[c.buf]), c.t->rows, wire_);
+  };
+  for (auto& tp : tensors_) {
+    Tensor* t = tp.get();
+    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(stage_bytes_ / (t->rows * esize)));
+    for (int64_t first = 0; first < static_cast<int64_t>(t->remote.size()); first += per) {
+      const int64_t n = std::min<int64_t>(per, static_cast<int64_t>(t->remote.size()) - first);
+      // Pack chunk i into one buffer while chunk i-1 (the other buffer) is
+      // handed to the client: packing never waits for sending.
+      ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_remote.i32() + first,
+                                               n, pack_wire_, stage_dev_[buf], nullptr));
+      if (stage_dev_[buf] != stage_host_[buf]) {
+        ZF_RETURN_IF_ERROR(backend_->CopyToHost(stage_host_[buf], stage_dev_[buf], n * t->rows * esize));
+      }
+      if (ready) ZF_RETURN_IF_ERROR(push(*ready));
+      ZF_RETURN_IF_ERROR(backend_->Synchronize());
+      ready = Chunk{t, first, n, buf};
+      buf ^= 1;
+    }
+  }
+  if (ready) ZF_RETURN_IF_ERROR(push(*ready));
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::ApplyDue(int64_t step, bool drain) {
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    if (p.delay < 0) p.delay = DecideDelay(p.round);
+    if (!drain && step < p.close_step + p.delay) break;
+    ZF_RETURN_IF_ERROR(ApplyRound(p, step));
+    pending_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
+  const double t0 = Now();
+  ZF_ASSIGN_OR_RETURN(RoundUpdate u, client_->WaitRound(p.round, absl::Minutes(10)));
+  last_.stall_seconds += Now() - t0;
+  for (const v1::ParameterDelta& d : u.deltas) {
+    Tensor* t = nullptr;
+    for (auto& x : tensors_) {
+      if (x->name == d.tensor()) t = x.get();
+    }
+    if (t == nullptr) return absl::InternalError(absl::StrCat("delta for unknown tensor '", d.tensor(), "'"));
+    const int64_t n = d.columns_size();
+    if (d.dtype() != v1::DTYPE_FP32 ||
+        static_cast<int64_t>(d.payload().size()) != n * t->rows * 4) {
+      return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' is not ", n,
+                                              " fp32 columns"));
+    }
+    ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
+    ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, d.payload().size()));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), d.columns().data(), n * 4));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_vals_.p(), d.payload().data(), d.payload().size()));
+    ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t->param, t->rows, t->cols, scratch_cols_.i32(), n,
+                                              PackDType::kF32, scratch_vals_.p(), nullptr,
+                                              d.kind() == v1::DELTA_ARITHMETIC));
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+  }
+  last_close_to_done_ = u.done.close_to_done_seconds();
+  last_round_interval_ = u.done.round_interval_seconds();
+  last_done_round_ = p.round;
+  last_.rounds_applied += 1;
+  last_.max_staleness_steps = std::max(last_.max_staleness_steps, step - p.close_step);
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
+  std::vector<v1::TensorImportance> imp;
+  const worker::Importance kind = spec_.zenflow().importance() == v1::IMPORTANCE_L2_SQUARED
+                                      ? worker::Importance::kL2Squared
+                                      : worker::Importance::kL1;
+  for (auto& t : tensors_) {
+    if (t->always_important) continue;
+    ZF_RETURN_IF_ERROR(backend_->ColumnImportance(t->grad, t->rows, t->cols, kind, t->scores.f32()));
+    v1::TensorImportance ti;
+    ti.set_tensor(t->name);
+    ti.mutable_scores()->Resize(static_cast<int>(t->cols), 0.0f);
+    ZF_RETURN_IF_ERROR(backend_->CopyToHost(ti.mutable_scores()->mutable_data(), t->scores.p(), t->cols * 4));
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    imp.push_back(std::move(ti));
+  }
+  ZF_ASSIGN_OR_RETURN(v1::Selection sel, client_->SubmitImportance(step, imp));
+  std::vector<std::vector<int32_t>> chosen(tensors_.size());
+  for (const v1::ColumnSet& cs : sel.important()) {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i]->name == cs.tensor()) chosen[i].assign(cs.columns().begin(), cs.columns().end());
+    }
+  }
+  // Leaving columns: exact values, m, v and counts go to the daemon.
+  std::vector<v1::ColumnState> leaving;
+  std::vector<std::vector<int32_t>> leave_cols(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    Tensor& t = *tensors_[i];
+    leave_cols[i] = Difference(t.important, chosen[i]);
+    const size_t nimp = t.important.size();
+    t.host_m.resize(nimp * t.rows);
+    t.host_v.resize(nimp * t.rows);
+    if (nimp > 0) {
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(t.host_m.data(), t.m.p(), nimp * t.rows * 4));
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(t.host_v.data(), t.v.p(), nimp * t.rows * 4));
+    }
+    if (leave_cols[i].empty()) continue;
+    const int64_t n = static_cast<int64_t>(leave_cols[i].size());
+    ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
+    ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), leave_cols[i].data(), n * 4));
+    ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param, t.rows, t.cols, scratch_cols_.i32(), n,
+                                             PackDType::kF32, scratch_vals_.p(), nullptr));
+    v1::ColumnState cs;
+    cs.set_tensor(t.name);
+    cs.mutable_values()->Resize(static_cast<int>(n * t.rows), 0.0f);
+    ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), n * t.rows * 4));
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    for (int32_t c : leave_cols[i]) {
+      const size_t k = std::lower_bound(t.important.begin(), t.important.end(), c) - t.important.begin();
+      cs.add_columns(c);
+      cs.mutable_m()->Add(t.host_m.begin() + k * t.rows, t.host_m.begin() + (k + 1) * t.rows);
+      cs.mutable_v()->Add(t.host_v.begin() + k * t.rows, t.host_v.begin() + (k + 1) * t.rows);
+      cs.add_update_counts(t.steps[k]);
+    }
+    leaving.push_back(std::move(cs));
+  }
+  ZF_RETURN_IF_ERROR(backend_->Synchronize());
+  ZF_ASSIGN_OR_RETURN(v1::HandOffResponse handoff, client_->HandOff(sel.version(), leaving));
+  // New compact state: kept columns keep theirs, joining ones get the daemon's.
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    Tensor& t = *tensors_[i];
+    const v1::ColumnState* join = nullptr;
+    for (const v1::ColumnState& cs : handoff.joining()) {
+      if (cs.tensor() == t.name) join = &cs;
+    }
+    const std::vector<int32_t>& now = chosen[i];
+    std::vector<float> m(now.size() * t.rows), v(now.size() * t.rows);
+    std::vector<int64_t> steps(now.size());
+    for (size_t j = 0; j < now.size(); ++j) {
+      const int32_t c = now[j];
+      auto it = std::lower_bound(t.important.begin(), t.important.end(), c);
+      if (it != t.important.end() && *it == c) {
+        const size_t k = it - t.important.begin();
+        std::copy_n(t.host_m.begin() + k * t.rows, t.rows, m.begin() + j * t.rows);
+        std::copy_n(t.host_v.begin() + k * t.rows, t.rows, v.begin() + j * t.rows);
+        steps[j] = t.steps[k];
+        continue;
+      }
+      if (join == nullptr) return absl::InternalError(absl::StrCat("no joining state for '", t.name, "'"));
+      int idx = -1;
+      for (int q = 0; q < join->columns_size(); ++q) {
+        if (join->columns(q) == c) idx = q;
+      }
+      if (idx < 0) return absl::InternalError(absl::StrCat("no joining state for column ", c));
+      std::copy_n(join->m().begin() + idx * t.rows, t.rows, m.begin() + j * t.rows);
+      std::copy_n(join->v().begin() + idx * t.rows, t.rows, v.begin() + j * t.rows);
+      steps[j] = join->update_counts(idx);
+    }
+    if (join != nullptr && join->columns_size() > 0) {
+      const int64_t n = join->columns_size();
+      ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
+      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), join->columns().data(), n * 4));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_vals_.p(), join->values().data(), n * t.rows * 4));
+      ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t.param, t.rows, t.cols, scratch_cols_.i32(), n,
+                                                PackDType::kF32, scratch_vals_.p(), nullptr, false));
+      ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    }
+    if (!now.empty()) {
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.m.p(), m.data(), m.size() * 4));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.v.p(), v.data(), v.size() * 4));
+    }
+    t.steps = std::move(steps);
+    ZF_RETURN_IF_ERROR(SetImportant(t, now));
+  }
+  version_ = sel.version();
+  return absl::OkStatus();
+}
+
+}  // namespace zenflow

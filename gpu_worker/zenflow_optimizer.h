@@ -1,0 +1,144 @@
+// The worker side of ZenFlow (DESIGN rules 1-9): given the model's parameter
+// and gradient buffers on a Backend, it updates the important columns in
+// place every step, streams the others' gradients to zenflowd through the
+// client library, applies the returned columns after the apply delay, and
+// reselects the important columns with an exact state hand-off.
+//
+//   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(&client, want, rank, backend, params));
+//   ZF_ASSIGN_OR_RETURN(auto opt, ZenFlowOptimizer::Create(backend, &client, spec, rank, params));
+//   for (int64_t t = 0; t < steps; ++t) { Backward(); ZF_RETURN_IF_ERROR(opt->Step(t, lr)); }
+//   ZF_RETURN_IF_ERROR(opt->Finish());
+#ifndef ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
+#define ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/device_buffer.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+// One fp32 tensor of the model, in backend memory. Not owned.
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // [n] or [rows, cols]
+  float* param = nullptr;      // row-major
+  float* grad = nullptr;       // row-major, written by backward before Step()
+  bool local = false;          // always updated on the worker
+};
+
+// What one Step() did and waited for.
+struct StepStats {
+  int64_t step = -1;
+  double stall_seconds = 0;         // blocked waiting for deltas (the stall)
+  double send_blocked_seconds = 0;  // blocked on the client's send window
+  double step_seconds = 0;          // wall time inside Step()
+  int64_t bytes_sent = 0;           // data stream, up
+  int64_t bytes_received = 0;       // data stream, down
+  int64_t rounds_applied = 0;
+  int64_t max_staleness_steps = 0;  // step - close step of an applied round
+  bool reselected = false;
+};
+
+struct OptimizerTotals {
+  int64_t steps = 0;
+  double stall_seconds = 0;
+  double send_blocked_seconds = 0;
+  double step_seconds = 0;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t rounds_applied = 0;
+  int64_t reselections = 0;
+};
+
+// Creates the job (rank 0, with the initial parameter values read from the
+// backend) or waits for it to exist and be uploaded (other ranks), joins as
+// `rank` and returns the job's normalized spec. `want` names the tensors and
+// settings; its tensors must match `params`.
+absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& want, int32_t rank,
+                                            worker::Backend* backend,
+                                            const std::vector<ParamSpec>& params);
+
+// Thread-compatible: one training thread calls it.
+class ZenFlowOptimizer {
+ public:
+  // `client` is attached to the job as `rank`; `spec` is the job's spec as
+  // JoinJob returned it. Fails with INVALID_ARGUMENT / OUT_OF_RANGE when the
+  // parameters or the rank disagree with the job.
+  static absl::StatusOr<std::unique_ptr<ZenFlowOptimizer>> Create(
+      worker::Backend* backend, Client* client, const v1::JobSpec& spec, int32_t rank,
+      std::vector<ParamSpec> params);
+  ~ZenFlowOptimizer();
+  ZenFlowOptimizer(const ZenFlowOptimizer&) = delete;
+  ZenFlowOptimizer& operator=(const ZenFlowOptimizer&) = delete;
+
+  // Runs the optimizer for step `step` (0, 1, 2, ... in order) with the
+  // gradients now in the ParamSpec grad buffers and learning rate `lr`.
+  absl::Status Step(int64_t step, float lr);
+  // Waits for and applies every update still in flight.
+  absl::Status Finish();
+
+  const StepStats& last_step() const { return last_; }
+  const OptimizerTotals& totals() const { return totals_; }
+  int64_t selection_version() const { return version_; }
+  // The apply delay chosen for `round` (-1 if not decided yet).
+  int32_t apply_delay(int64_t round) const;
+
+ private:
+  struct Tensor;
+  struct Pending {
+    int64_t round;
+    int64_t close_step;
+    int32_t delay = -1;  // decided lazily (adaptive)
+  };
+
+  ZenFlowOptimizer(worker::Backend* backend, Client* client, const v1::JobSpec& spec,
+                   int32_t rank);
+  absl::Status Init(std::vector<ParamSpec> params);
+  bool IsSelectionStep(int64_t step) const;
+  absl::Status Reselect(int64_t step);
+  absl::Status UpdateImportant(int64_t step, float lr);
+  absl::Status PushRemote(int64_t step);
+  absl::Status ApplyRound(const Pending& p, int64_t step);
+  absl::Status ApplyDue(int64_t step, bool drain);
+  int32_t DecideDelay(int64_t round);
+  absl::Status SetImportant(Tensor& t, std::vector<int32_t> cols);
+
+  worker::Backend* const backend_;
+  Client* const client_;
+  const v1::JobSpec spec_;
+  const int32_t rank_;
+  const int64_t interval_;  // S
+  const bool zero_offload_;
+  DType wire_ = DType::kBF16;
+  worker::PackDType pack_wire_ = worker::PackDType::kBF16;
+  std::vector<std::unique_ptr<Tensor>> tensors_;
+  int64_t next_step_ = 0;
+  int64_t version_ = 0;
+  std::deque<Pending> pending_;
+  // RoundDone of the last applied round: close-to-done and round interval.
+  double last_close_to_done_ = -1;
+  double last_round_interval_ = 0;
+  int64_t last_done_round_ = -1;
+  std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent
+  // Staging for packed shards: two device buffers and two host buffers.
+  void* stage_dev_[2] = {nullptr, nullptr};
+  void* stage_host_[2] = {nullptr, nullptr};
+  size_t stage_bytes_ = 0;
+  worker::DeviceBuffer scratch_cols_, scratch_vals_;
+  float last_lr_ = 0;
+  StepStats last_;
+  OptimizerTotals totals_;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_

@@ -1,0 +1,41 @@
+// Test support: runs one rank of a small deterministic training job through
+// the real worker engine (CPU backend) against a real zenflowd, and the same
+// job through the independent simulator.
+#ifndef ZENFLOW_TESTS_TESTING_ENGINE_DRIVER_H_
+#define ZENFLOW_TESTS_TESTING_ENGINE_DRIVER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/testing/zenflow_sim.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow::testing {
+
+struct EngineJob {
+  std::string target;
+  std::string job_id = "engine";
+  SimConfig cfg;
+  int64_t steps = 16;
+  bool adaptive = false;  // overrides cfg.delay with adaptive
+};
+
+// The model: tensors with fixed targets; initial values.
+std::vector<SimTensor> EngineModel();
+// Deterministic gradient of every tensor at (rank, step) for parameters w.
+std::vector<std::vector<float>> EngineGrad(const std::vector<std::vector<float>>& w, int rank,
+                                           int64_t step, int select_interval);
+float EngineLr(int64_t step);
+v1::JobSpec EngineSpec(const EngineJob& job);
+
+// Runs rank `rank` to the end; returns its final parameters per tensor.
+absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank);
+// Runs every rank, each in its own thread with its own connection.
+absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(const EngineJob& job);
+// The simulator's final parameters for the same job.
+std::vector<std::vector<float>> RunSim(const EngineJob& job);
+
+}  // namespace zenflow::testing
+
+#endif  // ZENFLOW_TESTS_TESTING_ENGINE_DRIVER_H_

@@ -1,0 +1,226 @@
+// Test support: an independent simulation of DESIGN rules 1-9 in plain loops
+// (worker and daemon together, every rank), to compare the real worker
+// engine + daemon against. Shares no code with gpu_worker/ or server/.
+//
+//   ZenFlowSim sim(cfg, tensors);
+//   for (t...) sim.Step(t, lr, grads_per_rank);   // grads from sim.params()
+#ifndef ZENFLOW_TESTS_TESTING_ZENFLOW_SIM_H_
+#define ZENFLOW_TESTS_TESTING_ZENFLOW_SIM_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tests/testing/reference.h"
+
+namespace zenflow::testing {
+
+struct SimConfig {
+  int world = 1;
+  int S = 4;              // update_interval
+  int R = 8;              // select_interval
+  int warmup_rounds = 0;  // W0
+  int delay = 1;          // apply delay d (0 = sync)
+  float k = 0.25f;
+  bool zero_offload = false;
+  bool bf16_wire = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+};
+
+struct SimTensor {
+  std::string name;
+  int64_t rows = 1, cols = 1;
+  bool one_d = false;
+  std::vector<float> w;  // row-major, initial values
+};
+
+class ZenFlowSim {
+ public:
+  ZenFlowSim(SimConfig cfg, std::vector<SimTensor> tensors) : cfg_(cfg), t_(std::move(tensors)) {
+    for (SimTensor& t : t_) {
+      const size_t n = t.rows * t.cols;
+      State s;
+      s.master = t.w;
+      s.mw.assign(n, 0);
+      s.vw.assign(n, 0);
+      s.md.assign(n, 0);
+      s.vd.assign(n, 0);
+      s.cw.assign(t.cols, 0);
+      s.cd.assign(t.cols, 0);
+      s.acc.assign(n, 0);
+      s.important.assign(t.cols, false);
+      st_.push_back(s);
+    }
+  }
+
+  const std::vector<float>& params(size_t ti) const { return t_[ti].w; }
+  int reselections() const { return reselections_; }
+  std::vector<int32_t> important(size_t ti) const {
+    std::vector<int32_t> out;
+    for (int64_t c = 0; c < t_[ti].cols; ++c) {
+      if (st_[ti].important[c]) out.push_back(static_cast<int32_t>(c));
+    }
+    return out;
+  }
+
+  // grads[rank][tensor]: row-major gradients of step t on every rank.
+  void Step(int64_t t, float lr, const std::vector<std::vector<std::vector<float>>>& grads) {
+    const int S = cfg_.zero_offload ? 1 : cfg_.S;
+    const int d = cfg_.zero_offload ? 0 : cfg_.delay;
+    const int64_t warm_end = static_cast<int64_t>(cfg_.warmup_rounds) * S;
+    const bool select = !cfg_.zero_offload && (t == warm_end || (t > warm_end && t % cfg_.R == 0));
+    if (select) {
+      // Drain, then choose from this step's gradient, summed over ranks.
+      while (!pending_.empty()) ApplyFront();
+      Reselect(grads);
+    }
+    const float inv_world = 1.0f / static_cast<float>(cfg_.world);
+    for (size_t ti = 0; ti < t_.size(); ++ti) {
+      SimTensor& x = t_[ti];
+      State& s = st_[ti];
+      for (int64_t c = 0; c < x.cols; ++c) {
+        if (s.important[c]) {
+          s.cw[c] += 1;
+          for (int64_t r = 0; r < x.rows; ++r) {
+            const size_t i = r * x.cols + c;
+            float g = 0;
+            for (int k = 0; k < cfg_.world; ++k) g += grads[k][ti][i];
+            g *= inv_world;
+            Adam(&x.w[i], &s.mw[i], &s.vw[i], g, lr, s.cw[c]);
+          }
+        } else {
+          for (int64_t r = 0; r < x.rows; ++r) {
+            const size_t i = r * x.cols + c;
+            for (int k = 0; k < cfg_.world; ++k) {
+              const float g = grads[k][ti][i];
+              s.acc[i] += cfg_.bf16_wire ? RoundToBf16(g) : g;
+            }
+          }
+        }
+      }
+    }
+    if (t % S == S - 1) {
+      // Round close: daemon AdamW on the mean of the remote columns.
+      Pending p;
+      p.due = t + d;
+      const float scale = static_cast<float>(1.0 / (static_cast<double>(cfg_.world) * S));
+      for (size_t ti = 0; ti < t_.size(); ++ti) {
+        SimTensor& x = t_[ti];
+        State& s = st_[ti];
+        std::vector<std::pair<int32_t, std::vector<float>>> cols;
+        for (int64_t c = 0; c < x.cols; ++c) {
+          if (s.important[c]) continue;
+          s.cd[c] += 1;
+          std::vector<float> col(x.rows);
+          for (int64_t r = 0; r < x.rows; ++r) {
+            const size_t i = r * x.cols + c;
+            Adam(&s.master[i], &s.md[i], &s.vd[i], s.acc[i] * scale, lr, s.cd[c]);
+            s.acc[i] = 0;
+            col[r] = s.master[i];
+          }
+          cols.push_back({static_cast<int32_t>(c), std::move(col)});
+        }
+        p.cols.push_back(std::move(cols));
+      }
+      pending_.push_back(std::move(p));
+    }
+    while (!pending_.empty() && pending_.front().due <= t) ApplyFront();
+  }
+
+  void Finish() {
+    while (!pending_.empty()) ApplyFront();
+  }
+
+ private:
+  struct State {
+    std::vector<float> master, mw, vw, md, vd, acc;
+    std::vector<int64_t> cw, cd;
+    std::vector<bool> important;
+  };
+  struct Pending {
+    int64_t due;
+    std::vector<std::vector<std::pair<int32_t, std::vector<float>>>> cols;  // per tensor
+  };
+
+  void Adam(float* p, float* m, float* v, float g, float lr, int64_t step) const {
+    const double bc1 = 1.0 - std::pow(static_cast<double>(cfg_.beta1), static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(cfg_.beta2), static_cast<double>(step));
+    const float step_size = static_cast<float>(lr / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * cfg_.wd);
+    *m = cfg_.beta1 * *m + (1.0f - cfg_.beta1) * g;
+    *v = cfg_.beta2 * *v + (1.0f - cfg_.beta2) * g * g;
+    *p = *p * decay;
+    *p = *p - step_size * *m / (std::sqrt(*v) / bc2_sqrt + cfg_.eps);
+  }
+
+  void ApplyFront() {
+    Pending& p = pending_.front();
+    for (size_t ti = 0; ti < t_.size(); ++ti) {
+      for (auto& [c, col] : p.cols[ti]) {
+        for (int64_t r = 0; r < t_[ti].rows; ++r) t_[ti].w[r * t_[ti].cols + c] = col[r];
+      }
+    }
+    pending_.erase(pending_.begin());
+  }
+
+  void Reselect(const std::vector<std::vector<std::vector<float>>>& grads) {
+    ++reselections_;
+    for (size_t ti = 0; ti < t_.size(); ++ti) {
+      SimTensor& x = t_[ti];
+      State& s = st_[ti];
+      std::vector<bool> now(x.cols, false);
+      if (x.one_d) {
+        now.assign(x.cols, true);
+      } else {
+        std::vector<float> score(x.cols, 0.0f);
+        for (int k = 0; k < cfg_.world; ++k) {
+          for (int64_t c = 0; c < x.cols; ++c) {
+            float sk = 0;
+            for (int64_t r = 0; r < x.rows; ++r) sk += std::fabs(grads[k][ti][r * x.cols + c]);
+            score[c] += sk;
+          }
+        }
+        std::vector<int32_t> idx(x.cols);
+        std::iota(idx.begin(), idx.end(), 0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return score[a] > score[b]; });
+        const int64_t n = static_cast<int64_t>(std::ceil(static_cast<double>(cfg_.k) * x.cols - 1e-6));
+        for (int64_t i = 0; i < n; ++i) now[idx[i]] = true;
+      }
+      for (int64_t c = 0; c < x.cols; ++c) {
+        if (s.important[c] && !now[c]) {  // leaving: worker state to the daemon
+          for (int64_t r = 0; r < x.rows; ++r) {
+            const size_t i = r * x.cols + c;
+            s.master[i] = x.w[i];
+            s.md[i] = s.mw[i];
+            s.vd[i] = s.vw[i];
+          }
+          s.cd[c] = s.cw[c];
+        } else if (!s.important[c] && now[c]) {  // joining: daemon state to the worker
+          for (int64_t r = 0; r < x.rows; ++r) {
+            const size_t i = r * x.cols + c;
+            x.w[i] = s.master[i];
+            s.mw[i] = s.md[i];
+            s.vw[i] = s.vd[i];
+          }
+          s.cw[c] = s.cd[c];
+        }
+      }
+      s.important = now;
+    }
+  }
+
+  SimConfig cfg_;
+  std::vector<SimTensor> t_;
+  std::vector<State> st_;
+  std::vector<Pending> pending_;
+  int reselections_ = 0;
+};
+
+}  // namespace zenflow::testing
+
+#endif  // ZENFLOW_TESTS_TESTING_ZENFLOW_SIM_H_
