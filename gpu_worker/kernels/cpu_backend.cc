@@ -9,11 +9,12 @@
 // kernel (server/adamw.h).
 //
 // PackColumns to bf16 / f16 / f32 has an AVX-512 fast path (the worker's hot
-// gather): per block of 128 rows, the source span of a run of columns is
-// staged row by row into an L2-resident buffer with plain sequential copies,
-// then 16 columns x 32 rows at a time are compacted (one permute per row),
-// converted, transposed in registers as 32-bit row pairs and written with
-// full-cache-line (non-temporal when aligned) stores. Columns whose 16-wide
+// gather): 16 columns x 32 rows at a time are loaded straight from W,
+// compacted (one permute per row), converted, transposed in registers as
+// 32-bit row pairs and written with full-cache-line (non-temporal when
+// aligned) stores. Each thread walks its rows strip by strip (4 KiB of each
+// row), 32 rows and 256 source columns (a chunk) at a time, prefetching the
+// next chunk while it packs one. Columns whose 16-wide
 // group spans 32 or more source columns, rows left over after the 32-row
 // steps, int8, and CPUs without AVX-512 take the portable path: tiles
 // gathered through a small transposition buffer and encoded with the
@@ -208,18 +209,18 @@ void PackGroupPortable(DType codec, size_t esize, const float* w, int64_t cols,
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c,avx512bf16")))
 #define ZF_ALWAYS_INLINE inline __attribute__((always_inline))
 
-// Rows per block (a thread's unit of work; each packed column receives
+// Rows per block (the unit the threads split; each packed column receives
 // kPackRows values per block, whole cache lines) and rows per register step.
-constexpr int64_t kPackRows = 128;
+constexpr int64_t kPackRows = 32;
 constexpr int64_t kPackStep = 32;
-// Source columns staged per chunk; the staging row stride leaves room for a
-// 32-float load at any offset below kStageSpan and is an odd number of cache
-// lines, so the 32 rows of a step do not compete for the same L1 sets.
+static_assert(kPackRows % kPackStep == 0, "a block is whole register steps");
+// Source columns per chunk: the unit of software prefetch (the next chunk's
+// kPackRows rows, about 32 KiB, are fetched into L1 while one is packed).
 constexpr int64_t kStageSpan = 256;
-constexpr int64_t kStageStride = kStageSpan + 48;
-static_assert(kStageStride >= kStageSpan + 32, "a 32-float load must fit in a staged row");
-static_assert((kStageStride * sizeof(float) / 64) % 2 == 1,
-              "an odd number of cache lines per staged row spreads rows over all L1 sets");
+// Chunks per strip: a thread packs a strip (4 KiB, one page, of each source
+// row) for all of its row blocks before moving to the next, so the source
+// pages and packed columns in use fit the TLB and rows are read in long runs.
+constexpr int64_t kStripChunks = 4;
 
 // kTileCols (16) consecutive packed columns.
 struct PackGroup {
@@ -234,8 +235,8 @@ struct PackGroup {
 struct PackChunk {
   int64_t first_group = 0;
   int64_t end_group = 0;
-  int32_t base = 0;   // First staged source column.
-  int32_t width = 0;  // Staged source columns.
+  int32_t base = 0;   // First source column read.
+  int32_t width = 0;  // Source columns read.
   bool window = false;
 };
 
@@ -345,9 +346,13 @@ ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512i InterleaveHalves16(__m512i ab) {
   return _mm512_permutexvar_epi16(order, ab);
 }
 
-// Loads the 16 selected values of one staged row: lane k = row[rel[k]].
-ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512 LoadSelected(const float* row, __m512i rel) {
-  return _mm512_permutex2var_ps(_mm512_loadu_ps(row), rel, _mm512_loadu_ps(row + 16));
+// Loads the 16 selected values of one source row: lane k = row[rel[k]].
+// Lanes outside [0, lo) / [16, 16 + hi) of the 32-float window (past the end
+// of the row) are not read; they are never selected.
+ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512 LoadSelected(const float* row, __m512i rel, __mmask16 lo,
+                                                    __mmask16 hi) {
+  return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo, row), rel,
+                                _mm512_maskz_loadu_ps(hi, row + 16));
 }
 
 ZF_TARGET_PACK ZF_ALWAYS_INLINE void StoreLine(void* p, __m512i v, bool nt) {
@@ -358,17 +363,26 @@ ZF_TARGET_PACK ZF_ALWAYS_INLINE void StoreLine(void* p, __m512i v, bool nt) {
   }
 }
 
+// The source of one step: 32 rows, `stride` floats apart, starting at the
+// group's smallest column, and the load masks of its 32-float window.
+struct StepSource {
+  const float* p;
+  int64_t stride;
+  __mmask16 lo;
+  __mmask16 hi;
+};
+
 // 16-bit encodings, 32 rows: rows 2i and 2i+1 are encoded into one register
 // as 16 (row 2i, row 2i+1) pairs of every column; a 32-bit transpose then
 // leaves column c's 32 consecutive values in register c. The bf16 and f16
 // versions differ only in the encoding (and in the CPU features they need).
-ZF_TARGET_PACK_BF16 void PackStepBf16(const float* stage, const int32_t* rel, int32_t count,
+ZF_TARGET_PACK_BF16 void PackStepBf16(StepSource s, const int32_t* rel, int32_t count,
                                       uint16_t* out, int64_t rows, bool nt) {
   const __m512i relv = _mm512_loadu_si512(rel);
   __m512 x[16];
   for (int i = 0; i < 16; ++i) {
-    const __m512 a = LoadSelected(stage + (2 * i) * kStageStride, relv);
-    const __m512 b = LoadSelected(stage + (2 * i + 1) * kStageStride, relv);
+    const __m512 a = LoadSelected(s.p + (2 * i) * s.stride, relv, s.lo, s.hi);
+    const __m512 b = LoadSelected(s.p + (2 * i + 1) * s.stride, relv, s.lo, s.hi);
     __m512i ab;
     // The bf16 instruction flushes denormal inputs; such row pairs take the
     // integer rounding instead.
@@ -384,13 +398,13 @@ ZF_TARGET_PACK_BF16 void PackStepBf16(const float* stage, const int32_t* rel, in
   for (int32_t c = 0; c < count; ++c) StoreLine(out + c * rows, _mm512_castps_si512(x[c]), nt);
 }
 
-ZF_TARGET_PACK void PackStepF16(const float* stage, const int32_t* rel, int32_t count,
-                                uint16_t* out, int64_t rows, bool nt) {
+ZF_TARGET_PACK void PackStepF16(StepSource s, const int32_t* rel, int32_t count, uint16_t* out,
+                                int64_t rows, bool nt) {
   const __m512i relv = _mm512_loadu_si512(rel);
   __m512 x[16];
   for (int i = 0; i < 16; ++i) {
-    const __m512 a = LoadSelected(stage + (2 * i) * kStageStride, relv);
-    const __m512 b = LoadSelected(stage + (2 * i + 1) * kStageStride, relv);
+    const __m512 a = LoadSelected(s.p + (2 * i) * s.stride, relv, s.lo, s.hi);
+    const __m512 b = LoadSelected(s.p + (2 * i + 1) * s.stride, relv, s.lo, s.hi);
     const __m512i ab =
         _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT)),
                            _mm512_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT), 1);
@@ -401,12 +415,14 @@ ZF_TARGET_PACK void PackStepF16(const float* stage, const int32_t* rel, int32_t 
 }
 
 // fp32, 32 rows as two 16x16 transposes.
-ZF_TARGET_PACK void PackStepF32(const float* stage, const int32_t* rel, int32_t count, float* out,
+ZF_TARGET_PACK void PackStepF32(StepSource s, const int32_t* rel, int32_t count, float* out,
                                 int64_t rows, bool nt) {
   const __m512i relv = _mm512_loadu_si512(rel);
   for (int half = 0; half < 2; ++half) {
     __m512 x[16];
-    for (int i = 0; i < 16; ++i) x[i] = LoadSelected(stage + (16 * half + i) * kStageStride, relv);
+    for (int i = 0; i < 16; ++i) {
+      x[i] = LoadSelected(s.p + (16 * half + i) * s.stride, relv, s.lo, s.hi);
+    }
     Transpose16x16(x);
     for (int32_t c = 0; c < count; ++c) {
       StoreLine(out + c * rows + 16 * half, _mm512_castps_si512(x[c]), nt);
@@ -414,44 +430,72 @@ ZF_TARGET_PACK void PackStepF32(const float* stage, const int32_t* rel, int32_t 
   }
 }
 
-// Copies n <= kStageSpan floats of a row into the staging buffer.
-ZF_TARGET_PACK void StageRow(const float* src, int64_t n, float* dst) {
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16) _mm512_storeu_ps(dst + k, _mm512_loadu_ps(src + k));
-  if (k < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - k)) - 1u);
-    _mm512_mask_storeu_ps(dst + k, tail, _mm512_maskz_loadu_ps(tail, src + k));
+// Software prefetch of a rows x [c0, c1) region of W, row by row, a few
+// cache lines per call: spread over the steps of one chunk, it brings the
+// next chunk's source into the cache while this one is packed.
+class RegionPrefetcher {
+ public:
+  RegionPrefetcher() = default;
+  RegionPrefetcher(const float* w, int64_t cols, int64_t r0, int64_t rn, int64_t c0, int64_t c1) {
+    if (rn <= 0 || c1 <= c0) return;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(w + r0 * cols + c0) & ~uintptr_t{63};
+    const uintptr_t last = reinterpret_cast<uintptr_t>(w + r0 * cols + c1 - 1) & ~uintptr_t{63};
+    base_ = reinterpret_cast<const char*>(first);
+    row_bytes_ = cols * static_cast<int64_t>(sizeof(float));
+    lines_ = static_cast<int64_t>((last - first) / 64) + 1;
+    rows_ = rn;
   }
-}
-
-// Packs the window groups of `plan` for rows [r0, r0 + rn), rn a multiple of
-// kPackStep and at most kPackRows. stage holds kPackRows * kStageStride
-// floats.
-void PackBlockAvx512(PackDType dtype, const float* w, int64_t cols, const PackPlan& plan,
-                     int64_t r0, int64_t rn, char* dst, int64_t rows, bool nt, float* stage) {
-  const size_t esize = PackDTypeSize(dtype);
-  for (const PackChunk& chunk : plan.chunks) {
-    if (!chunk.window) continue;
-    for (int64_t r = 0; r < rn; ++r) {
-      StageRow(w + (r0 + r) * cols + chunk.base, chunk.width, stage + r * kStageStride);
+  int64_t total() const { return rows_ * lines_; }
+  void Issue(int64_t n) {
+    for (; n > 0 && row_ < rows_; --n) {
+      _mm_prefetch(base_ + row_ * row_bytes_ + line_ * 64, _MM_HINT_T0);
+      if (++line_ == lines_) {
+        line_ = 0;
+        ++row_;
+      }
     }
-    for (int64_t g = chunk.first_group; g < chunk.end_group; ++g) {
-      const PackGroup& grp = plan.groups[static_cast<size_t>(g)];
-      const float* src = stage + (grp.min_col - chunk.base);
-      for (int64_t m = 0; m < rn; m += kPackStep) {
-        char* out = dst + static_cast<size_t>(g * kTileCols * rows + r0 + m) * esize;
-        const float* s = src + m * kStageStride;
-        switch (dtype) {
-          case PackDType::kBF16:
-            PackStepBf16(s, grp.rel, grp.count, reinterpret_cast<uint16_t*>(out), rows, nt);
-            break;
-          case PackDType::kF16:
-            PackStepF16(s, grp.rel, grp.count, reinterpret_cast<uint16_t*>(out), rows, nt);
-            break;
-          default:
-            PackStepF32(s, grp.rel, grp.count, reinterpret_cast<float*>(out), rows, nt);
-            break;
-        }
+  }
+
+ private:
+  const char* base_ = nullptr;
+  int64_t row_bytes_ = 0;
+  int64_t lines_ = 0;
+  int64_t rows_ = 0;
+  int64_t row_ = 0;
+  int64_t line_ = 0;
+};
+
+// Packs the groups of one window chunk for rows [r0, r0 + rn), rn a
+// multiple of kPackStep, reading W directly, and issues the prefetches of
+// `pf` spread over its steps.
+void PackChunkAvx512(PackDType dtype, const float* w, int64_t cols, const PackPlan& plan,
+                     const PackChunk& chunk, int64_t r0, int64_t rn, RegionPrefetcher pf,
+                     char* dst, int64_t rows, bool nt) {
+  const size_t esize = PackDTypeSize(dtype);
+  const int64_t steps = (chunk.end_group - chunk.first_group) * (rn / kPackStep);
+  const int64_t quota = steps > 0 ? CeilDiv(pf.total(), steps) : 0;
+  for (int64_t g = chunk.first_group; g < chunk.end_group; ++g) {
+    const PackGroup& grp = plan.groups[static_cast<size_t>(g)];
+    const int64_t avail = std::min<int64_t>(32, cols - grp.min_col);
+    const __mmask16 lo =
+        avail >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << avail) - 1u);
+    const __mmask16 hi = avail >= 32   ? __mmask16{0xFFFF}
+                         : avail <= 16 ? __mmask16{0}
+                                       : static_cast<__mmask16>((1u << (avail - 16)) - 1u);
+    for (int64_t m = 0; m < rn; m += kPackStep) {
+      pf.Issue(quota);
+      char* out = dst + static_cast<size_t>(g * kTileCols * rows + r0 + m) * esize;
+      const StepSource s{w + (r0 + m) * cols + grp.min_col, cols, lo, hi};
+      switch (dtype) {
+        case PackDType::kBF16:
+          PackStepBf16(s, grp.rel, grp.count, reinterpret_cast<uint16_t*>(out), rows, nt);
+          break;
+        case PackDType::kF16:
+          PackStepF16(s, grp.rel, grp.count, reinterpret_cast<uint16_t*>(out), rows, nt);
+          break;
+        default:
+          PackStepF32(s, grp.rel, grp.count, reinterpret_cast<float*>(out), rows, nt);
+          break;
       }
     }
   }
@@ -668,16 +712,45 @@ absl::Status CpuBackend::PackColumns(const float* w, int64_t rows, int64_t cols,
   PackPlan plan;
   if (fast) plan = MakePackPlan(columns, ncols, cols);
   const int64_t row_blocks = CeilDiv(rows, kPackRows);
+  // Window chunks, in column order, cut into strips of kStripChunks.
+  std::vector<size_t> wchunks;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (plan.chunks[i].window) wchunks.push_back(i);
+  }
+  const size_t strip = static_cast<size_t>(kStripChunks);
   pool_.ParallelFor(static_cast<size_t>(row_blocks), 1, [&](size_t bb, size_t be) {
-    static thread_local std::vector<float> stage;
-    if (fast) stage.resize(static_cast<size_t>(kPackRows * kStageStride));
+    if (fast && !wchunks.empty()) {
+      // (block, chunk) pairs in processing order: strip by strip, and
+      // within a strip block by block, so the source pages and packed
+      // columns in use stay few.
+      struct Item {
+        int64_t r0, rn;
+        const PackChunk* chunk;
+      };
+      std::vector<Item> items;
+      for (size_t s0 = 0; s0 < wchunks.size(); s0 += strip) {
+        const size_t s1 = std::min(wchunks.size(), s0 + strip);
+        for (int64_t b = static_cast<int64_t>(bb); b < static_cast<int64_t>(be); ++b) {
+          const int64_t r0 = b * kPackRows;
+          const int64_t rn = std::min(kPackRows, rows - r0) / kPackStep * kPackStep;
+          if (rn == 0) continue;
+          for (size_t k = s0; k < s1; ++k) items.push_back({r0, rn, &plan.chunks[wchunks[k]]});
+        }
+      }
+      for (size_t i = 0; i < items.size(); ++i) {
+        RegionPrefetcher pf;
+        if (i + 1 < items.size()) {
+          const Item& n = items[i + 1];
+          pf = RegionPrefetcher(w, cols, n.r0, n.rn, n.chunk->base, n.chunk->base + n.chunk->width);
+        }
+        PackChunkAvx512(dtype, w, cols, plan, *items[i].chunk, items[i].r0, items[i].rn, pf, out,
+                        rows, nt);
+      }
+    }
     for (int64_t b = static_cast<int64_t>(bb); b < static_cast<int64_t>(be); ++b) {
       const int64_t r0 = b * kPackRows;
       const int64_t rn = std::min(kPackRows, rows - r0);
       const int64_t fast_rows = fast ? rn / kPackStep * kPackStep : 0;
-      if (fast_rows > 0) {
-        PackBlockAvx512(dtype, w, cols, plan, r0, fast_rows, out, rows, nt, stage.data());
-      }
       for (int64_t t = 0; t < tiles; ++t) {
         const bool done = fast && plan.groups[static_cast<size_t>(t)].window;
         const int64_t c0 = t * kTileCols;
