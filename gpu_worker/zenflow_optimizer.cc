@@ -277,7 +277,9 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
     return absl::InvalidArgumentError(absl::StrCat("lr ", lr, " must be finite and >= 0"));
   }
   const double t0 = Now();
-  const ClientStats before = client_->stats();
+  // Bytes and send waits count from the end of the previous step: deltas
+  // arrive while the model runs forward and backward too.
+  const ClientStats before = have_snapshot_ ? snapshot_ : client_->stats();
   last_ = StepStats();
   last_.step = step;
   if (IsSelectionStep(step)) {
@@ -297,6 +299,8 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   last_lr_ = lr;
   ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/false));
   const ClientStats after = client_->stats();
+  snapshot_ = after;
+  have_snapshot_ = true;
   last_.send_blocked_seconds = after.send_blocked_seconds - before.send_blocked_seconds;
   last_.bytes_sent = after.bytes_sent - before.bytes_sent;
   last_.bytes_received = after.bytes_received - before.bytes_received;

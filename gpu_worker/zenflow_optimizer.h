@@ -41,8 +41,8 @@ struct StepStats {
   double stall_seconds = 0;         // blocked waiting for deltas (the stall)
   double send_blocked_seconds = 0;  // blocked on the client's send window
   double step_seconds = 0;          // wall time inside Step()
-  int64_t bytes_sent = 0;           // data stream, up
-  int64_t bytes_received = 0;       // data stream, down
+  int64_t bytes_sent = 0;           // data stream, up (since the previous step)
+  int64_t bytes_received = 0;       // data stream, down (since the previous step)
   int64_t rounds_applied = 0;
   int64_t max_staleness_steps = 0;  // step - close step of an applied round
   bool reselected = false;
@@ -135,6 +135,8 @@ class ZenFlowOptimizer {
   size_t stage_bytes_ = 0;
   worker::DeviceBuffer scratch_cols_, scratch_vals_;
   float last_lr_ = 0;
+  ClientStats snapshot_;  // client stats at the end of the last step
+  bool have_snapshot_ = false;
   StepStats last_;
   OptimizerTotals totals_;
 };

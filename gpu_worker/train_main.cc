@@ -1,0 +1,314 @@
+// zf_train: one rank of a byte-level transformer fine-tuning run, with the
+// optimizer in one of three modes:
+//   local         plain AdamW in this process (the accuracy baseline);
+//   zero_offload  every column's AdamW on zenflowd, every step, blocking;
+//   zenflow       important columns here, the rest on zenflowd (DESIGN 1-9).
+// Prints a progress line (loss, step time, stall %, wire bytes) and writes a
+// per-step log (CSV, or JSON lines when --log ends in .jsonl). The last line
+// on stdout is a machine-readable summary: "ZF_SUMMARY {...}".
+//
+//   zf_train --mode=zenflow --target=127.0.0.1:50051 --rank=0 --world=2 --steps=200
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "common/status_macros.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/model/text_data.h"
+#include "gpu_worker/model/transformer.h"
+#include "gpu_worker/zenflow_optimizer.h"
+
+ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address (not used by local)");
+ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
+ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
+ABSL_FLAG(int, world, 1, "data-parallel ranks");
+ABSL_FLAG(std::string, data, "", "training text (default: a text every Debian system carries)");
+ABSL_FLAG(int, layers, 2, "transformer blocks");
+ABSL_FLAG(int, width, 64, "model width");
+ABSL_FLAG(int, heads, 4, "attention heads");
+ABSL_FLAG(int, context, 64, "sequence length");
+ABSL_FLAG(int, batch, 8, "sequences per step per rank");
+ABSL_FLAG(int, steps, 200, "optimizer steps");
+ABSL_FLAG(double, lr, 3e-3, "learning rate (constant)");
+ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
+ABSL_FLAG(double, topk, 0.1, "zenflow: fraction of columns updated on the worker");
+ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
+ABSL_FLAG(int, select_interval, 0, "zenflow: select_interval R (0 = 25*S)");
+ABSL_FLAG(int, warmup_rounds, 0, "zenflow: full warm-up rounds");
+ABSL_FLAG(std::string, delay, "adaptive", "zenflow: apply delay: sync, 1..S, or adaptive");
+ABSL_FLAG(std::string, wire, "bf16", "gradient wire dtype: fp32, bf16 or fp16");
+ABSL_FLAG(int, emulate_device_ms, 0,
+          "adds this much emulated device time per step (sleep), to study stalls on a CPU machine");
+ABSL_FLAG(std::string, log, "", "per-step log file (.csv, or .jsonl for JSON lines)");
+ABSL_FLAG(std::string, init, "", "start from these parameters (a file written by --save)");
+ABSL_FLAG(std::string, save, "", "write the final parameters here");
+ABSL_FLAG(uint64_t, seed, 1, "data sampling and initialization seed");
+ABSL_FLAG(int, eval_batches, 8, "validation batches at the end");
+ABSL_FLAG(int, threads, 2, "CPU threads for the model and the optimizer");
+ABSL_FLAG(bool, progress, true, "print a progress line");
+
+namespace zenflow {
+namespace {
+
+using model::DefaultTextPath;
+using model::LoadParams;
+using model::ModelConfig;
+using model::SaveParams;
+using model::TensorInfo;
+using model::TextData;
+using model::Transformer;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+absl::Status Run() {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "local" && mode != "zero_offload" && mode != "zenflow") {
+    return absl::InvalidArgumentError("--mode must be local, zero_offload or zenflow");
+  }
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int world = absl::GetFlag(FLAGS_world);
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank ", rank, " must be in [0, --world ", world, ")"));
+  }
+  if (mode == "local" && world != 1) {
+    return absl::InvalidArgumentError("--mode=local runs one rank (--world=1)");
+  }
+  std::string data_path = absl::GetFlag(FLAGS_data);
+  if (data_path.empty()) data_path = DefaultTextPath();
+  ZF_ASSIGN_OR_RETURN(TextData data, TextData::FromFile(data_path));
+
+  ModelConfig cfg;
+  cfg.layers = absl::GetFlag(FLAGS_layers);
+  cfg.width = absl::GetFlag(FLAGS_width);
+  cfg.heads = absl::GetFlag(FLAGS_heads);
+  cfg.context = absl::GetFlag(FLAGS_context);
+  cfg.seed = absl::GetFlag(FLAGS_seed);
+  std::vector<float> params;
+  if (!absl::GetFlag(FLAGS_init).empty()) {
+    ModelConfig loaded;
+    ZF_ASSIGN_OR_RETURN(params, LoadParams(absl::GetFlag(FLAGS_init), &loaded));
+    if (loaded.layers != cfg.layers || loaded.width != cfg.width || loaded.heads != cfg.heads ||
+        loaded.context != cfg.context || loaded.vocab != cfg.vocab || loaded.mlp_mult != cfg.mlp_mult) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--init ", absl::GetFlag(FLAGS_init), " holds a model of layers=", loaded.layers,
+          " width=", loaded.width, " heads=", loaded.heads, " context=", loaded.context,
+          "; the flags ask for layers=", cfg.layers, " width=", cfg.width, " heads=", cfg.heads,
+          " context=", cfg.context));
+    }
+    cfg = loaded;
+  }
+  const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
+  ZF_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::Create(cfg, threads));
+  if (params.empty()) {
+    params.assign(model->num_params(), 0.0f);
+    model->InitParams(params.data());
+  }
+  if (params.size() != model->num_params()) {
+    return absl::InvalidArgumentError("--init has the wrong number of parameters");
+  }
+  std::vector<float> grads(model->num_params(), 0.0f);
+  std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(threads);
+
+  std::vector<ParamSpec> specs;
+  for (const TensorInfo& t : model->tensors()) {
+    ParamSpec ps;
+    ps.name = t.name;
+    ps.shape = t.shape;
+    ps.param = params.data() + t.offset;
+    ps.grad = grads.data() + t.offset;
+    specs.push_back(ps);
+  }
+
+  const float lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  const int emulate_ms = absl::GetFlag(FLAGS_emulate_device_ms);
+  std::unique_ptr<Client> client;
+  std::unique_ptr<ZenFlowOptimizer> opt;
+  // Local AdamW state, compact per tensor (all columns).
+  std::vector<std::vector<float>> lm, lv, lg;
+  std::vector<std::vector<int32_t>> all_cols;
+  if (mode == "local") {
+    for (const ParamSpec& p : specs) {
+      const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1;
+      const int64_t cols = p.shape.back();
+      lm.emplace_back(rows * cols, 0.0f);
+      lv.emplace_back(rows * cols, 0.0f);
+      lg.emplace_back(rows * cols, 0.0f);
+      std::vector<int32_t> c(cols);
+      for (int64_t j = 0; j < cols; ++j) c[j] = static_cast<int32_t>(j);
+      all_cols.push_back(std::move(c));
+    }
+  } else {
+    ClientOptions co;
+    co.target = absl::GetFlag(FLAGS_target);
+    ZF_ASSIGN_OR_RETURN(client, Client::Connect(co));
+    v1::JobSpec want;
+    want.set_job_id(absl::GetFlag(FLAGS_job));
+    for (const ParamSpec& p : specs) {
+      v1::TensorSpec* t = want.add_tensors();
+      t->set_name(p.name);
+      t->mutable_shape()->Add(p.shape.begin(), p.shape.end());
+    }
+    want.set_world_size(world);
+    want.set_mode(mode == "zero_offload" ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
+    const std::string wire = absl::GetFlag(FLAGS_wire);
+    if (wire != "fp32" && wire != "bf16" && wire != "fp16") {
+      return absl::InvalidArgumentError("--wire must be fp32, bf16 or fp16");
+    }
+    want.set_wire_dtype(wire == "fp32" ? v1::DTYPE_FP32 : wire == "fp16" ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
+    want.mutable_adamw()->set_lr(lr);
+    want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
+    v1::ZenFlowConfig* z = want.mutable_zenflow();
+    z->set_topk_ratio(static_cast<float>(absl::GetFlag(FLAGS_topk)));
+    z->set_update_interval(absl::GetFlag(FLAGS_interval));
+    if (absl::GetFlag(FLAGS_select_interval) > 0) z->set_select_interval(absl::GetFlag(FLAGS_select_interval));
+    z->set_full_warmup_rounds(absl::GetFlag(FLAGS_warmup_rounds));
+    const std::string delay = absl::GetFlag(FLAGS_delay);
+    int d = 0;
+    if (delay == "sync") {
+      z->mutable_apply_delay()->set_sync(true);
+    } else if (delay == "adaptive") {
+      z->mutable_apply_delay()->set_adaptive(true);
+    } else if (absl::SimpleAtoi(delay, &d)) {
+      z->mutable_apply_delay()->set_steps(d);
+    } else {
+      return absl::InvalidArgumentError("--delay must be sync, adaptive or a number of steps");
+    }
+    ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, rank, backend.get(), specs));
+    ZF_ASSIGN_OR_RETURN(opt, ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs));
+  }
+
+  std::FILE* log = nullptr;
+  const std::string log_path = absl::GetFlag(FLAGS_log);
+  const bool jsonl = absl::EndsWith(log_path, ".jsonl");
+  if (!log_path.empty()) {
+    log = std::fopen(log_path.c_str(), "w");
+    if (log == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot write --log ", log_path));
+    if (!jsonl) std::fprintf(log, "step,loss,step_ms,stall_ms,send_blocked_ms,bytes_up,bytes_down,emulated_device_ms\n");
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  std::fprintf(stderr, "zf_train: mode=%s rank=%d/%d model=%d layers x %d wide (%zu params), data=%s%s\n",
+               mode.c_str(), rank, world, cfg.layers, cfg.width, model->num_params(),
+               data_path.c_str(),
+               emulate_ms > 0 ? absl::StrFormat(", EMULATED device time %d ms/step", emulate_ms).c_str() : "");
+
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const int seq = cfg.context;
+  const uint64_t seed = absl::GetFlag(FLAGS_seed) * 1000003ull + static_cast<uint64_t>(rank);
+  std::vector<uint8_t> tokens;
+  double sum_step = 0, sum_stall = 0, last_loss_avg = 0;
+  int64_t sum_up = 0, sum_down = 0;
+  for (int t = 0; t < steps; ++t) {
+    const double t0 = Now();
+    data.SampleBatch(false, batch, seq, static_cast<uint64_t>(t), seed, &tokens);
+    ZF_ASSIGN_OR_RETURN(float loss, model->Forward(params.data(), tokens.data(), batch, seq));
+    ZF_RETURN_IF_ERROR(model->Backward(params.data(), grads.data()));
+    if (emulate_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(emulate_ms));
+    StepStats st;
+    if (opt != nullptr) {
+      ZF_RETURN_IF_ERROR(opt->Step(t, lr));
+      st = opt->last_step();
+    } else {
+      worker::AdamWParams h;
+      h.lr = lr;
+      h.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const int64_t rows = specs[i].shape.size() == 2 ? specs[i].shape[0] : 1;
+        const int64_t cols = specs[i].shape.back();
+        std::vector<int64_t> counts(cols, t + 1);
+        ZF_RETURN_IF_ERROR(backend->PackColumns(specs[i].grad, rows, cols, all_cols[i].data(), cols,
+                                                worker::PackDType::kF32, lg[i].data(), nullptr));
+        ZF_RETURN_IF_ERROR(backend->SelectiveAdamW(h, 1.0f, specs[i].param, rows, cols,
+                                                   all_cols[i].data(), cols, counts.data(),
+                                                   lg[i].data(), lm[i].data(), lv[i].data()));
+      }
+    }
+    const double step_s = Now() - t0;
+    sum_step += step_s;
+    sum_stall += st.stall_seconds;
+    sum_up += st.bytes_sent;
+    sum_down += st.bytes_received;
+    last_loss_avg = t == 0 ? loss : 0.9 * last_loss_avg + 0.1 * loss;
+    if (log != nullptr) {
+      if (jsonl) {
+        std::fprintf(log,
+                     "{\"step\":%d,\"loss\":%.6f,\"step_ms\":%.3f,\"stall_ms\":%.3f,\"send_blocked_ms\":%.3f,"
+                     "\"bytes_up\":%lld,\"bytes_down\":%lld,\"emulated_device_ms\":%d}\n",
+                     t, loss, step_s * 1e3, st.stall_seconds * 1e3, st.send_blocked_seconds * 1e3,
+                     static_cast<long long>(st.bytes_sent), static_cast<long long>(st.bytes_received),
+                     emulate_ms);
+      } else {
+        std::fprintf(log, "%d,%.6f,%.3f,%.3f,%.3f,%lld,%lld,%d\n", t, loss, step_s * 1e3,
+                     st.stall_seconds * 1e3, st.send_blocked_seconds * 1e3,
+                     static_cast<long long>(st.bytes_sent), static_cast<long long>(st.bytes_received),
+                     emulate_ms);
+      }
+    }
+    if (absl::GetFlag(FLAGS_progress) && (tty || (t + 1) % 20 == 0 || t + 1 == steps)) {
+      const int width = 30;
+      const int filled = static_cast<int>(static_cast<double>(t + 1) / steps * width);
+      std::fprintf(stderr, "%s[%s%s] %d/%d loss %.4f  step %.1f ms  stall %.1f%%  wire %.1f KiB/step%s%s",
+                   tty ? "\r" : "", std::string(filled, '#').c_str(),
+                   std::string(width - filled, '.').c_str(), t + 1, steps, last_loss_avg,
+                   sum_step / (t + 1) * 1e3, sum_step > 0 ? 100.0 * sum_stall / sum_step : 0.0,
+                   static_cast<double>(sum_up + sum_down) / (t + 1) / 1024.0,
+                   emulate_ms > 0 ? " (emulated device)" : "", tty ? "" : "\n");
+    }
+  }
+  if (tty && absl::GetFlag(FLAGS_progress)) std::fprintf(stderr, "\n");
+  if (opt != nullptr) ZF_RETURN_IF_ERROR(opt->Finish());
+  if (log != nullptr) std::fclose(log);
+
+  // Validation loss on fixed batches (the same on every rank).
+  double val = 0;
+  const int eval = std::max(1, absl::GetFlag(FLAGS_eval_batches));
+  for (int i = 0; i < eval; ++i) {
+    data.SampleBatch(true, batch, seq, static_cast<uint64_t>(i), absl::GetFlag(FLAGS_seed), &tokens);
+    ZF_ASSIGN_OR_RETURN(float loss, model->Forward(params.data(), tokens.data(), batch, seq));
+    val += loss;
+  }
+  val /= eval;
+  if (!absl::GetFlag(FLAGS_save).empty()) {
+    ZF_RETURN_IF_ERROR(SaveParams(absl::GetFlag(FLAGS_save), cfg, params.data(), params.size()));
+  }
+  std::printf(
+      "ZF_SUMMARY {\"mode\":\"%s\",\"rank\":%d,\"world\":%d,\"steps\":%d,\"params\":%zu,"
+      "\"train_loss_ema\":%.6f,\"val_loss\":%.6f,\"mean_step_ms\":%.3f,\"stall_ms_per_step\":%.3f,"
+      "\"wire_bytes_per_step\":%.1f,\"emulated_device_ms\":%d}\n",
+      mode.c_str(), rank, world, steps, model->num_params(), last_loss_avg, val,
+      sum_step / std::max(1, steps) * 1e3, sum_stall / std::max(1, steps) * 1e3,
+      static_cast<double>(sum_up + sum_down) / std::max(1, steps), emulate_ms);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace zenflow
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One rank of a ZenFlow fine-tuning run (see --mode).");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = zenflow::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "zf_train: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
