@@ -1,0 +1,372 @@
+// stall_bench: how much of the CPU optimizer's time the GPU would wait for,
+// zero_offload against zenflow, through the real worker engine
+// (ZenFlowOptimizer on the CPU backend) and a real zenflowd.
+//
+// Device time is EMULATED: every step sleeps --device_ms to stand for the
+// forward and backward pass on a GPU, leaving the CPU free for the daemon as
+// it would be beside a real GPU. Gradients are SYNTHETIC: one fixed random
+// buffer per tensor, generated once before the first mode and reused as the
+// gradient of every step (per-step scalar 1), so producing them costs no CPU
+// during the measured steps. The model is --params parameters split over
+// --tensors 2-D tensors [4096, params/4096/tensors] plus one 1-D tensor of
+// 4096 values.
+//
+// The modes run one after another in this process, against the same daemon,
+// each as its own job (deleted afterwards): zero_offload (every column on the
+// daemon, S = 1, sync) and zenflow (k = --topk, S = --interval, adaptive
+// apply delay), both with a bf16 gradient wire. Per mode: mean step time
+// (emulated device time + Step()), stall per step (time Step() blocked
+// waiting for deltas) and wire bytes per step (data stream up + down, as the
+// engine counts them between steps). The first round (S steps) of each mode
+// is warm-up and is left out of the averages. Finish() (the drain of the
+// last rounds) is reported separately, not in the step mean.
+//
+//   stall_bench --target=127.0.0.1:50051 [--device_ms=60] [--params=104857600]
+//               [--steps=24] [--out=bench-results/stall.json]
+// tools/bench_stall.sh builds it, starts zenflowd and runs it.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "common/status_macros.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/device_buffer.h"
+#include "gpu_worker/zenflow_optimizer.h"
+
+ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
+ABSL_FLAG(int, device_ms, 60, "emulated device (forward + backward) time per step, ms");
+ABSL_FLAG(int64_t, params, 104857600, "parameters in the 2-D tensors (plus a 4096-value 1-D tensor)");
+ABSL_FLAG(int, tensors, 4, "2-D tensors the parameters are split over");
+ABSL_FLAG(int, steps, 24, "zenflow steps");
+ABSL_FLAG(int, zero_offload_steps, -1, "zero_offload steps (-1: the same as --steps)");
+ABSL_FLAG(double, topk, 0.1, "zenflow: k, fraction of columns updated on the worker");
+ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
+ABSL_FLAG(int, threads, 1, "worker CPU backend threads (the daemon keeps the other cores)");
+ABSL_FLAG(double, lr, 1e-3, "learning rate (constant)");
+ABSL_FLAG(std::string, job_prefix, "stall-bench", "job ids are <prefix>-<mode>-<pid>");
+ABSL_FLAG(std::string, out, "bench-results/stall.json", "JSON result file");
+
+namespace zenflow {
+namespace {
+
+constexpr int64_t kRows = 4096;
+constexpr int64_t kVector = 4096;  // the 1-D tensor
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t NextRandom(uint64_t* s) {  // splitmix64
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-1, 1).
+float Uniform(uint64_t* s) {
+  return static_cast<float>(static_cast<double>(NextRandom(s) >> 40) * (1.0 / (1ull << 23)) - 1.0);
+}
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t n = 0;
+  worker::DeviceBuffer param, grad;
+};
+
+// Fills backend memory in chunks through a small host buffer. Gradients get
+// a per-column scale (so the column importance is spread out, as in a real
+// model); parameters are small uniform values.
+absl::Status Fill(worker::Backend* be, Tensor& t, bool grad, uint64_t seed) {
+  const int64_t cols = t.shape.back();
+  std::vector<float> colscale(cols, 1.0f);
+  uint64_t s = seed;
+  if (grad) {
+    for (int64_t c = 0; c < cols; ++c) colscale[c] = 1e-3f * std::exp(2.0f * Uniform(&s));
+  }
+  const int64_t chunk = int64_t{1} << 20;
+  std::vector<float> host;
+  float* dst = grad ? t.grad.f32() : t.param.f32();
+  for (int64_t off = 0; off < t.n; off += chunk) {
+    const int64_t len = std::min(chunk, t.n - off);
+    host.resize(len);
+    for (int64_t i = 0; i < len; ++i) {
+      const float u = Uniform(&s);
+      host[i] = grad ? colscale[(off + i) % cols] * u : 0.02f * u;
+    }
+    ZF_RETURN_IF_ERROR(be->CopyToDevice(dst + off, host.data(), len * sizeof(float)));
+  }
+  return be->Synchronize();
+}
+
+struct ModeResult {
+  std::string mode;
+  int steps = 0;
+  int warmup_steps = 0;
+  int measured_steps = 0;
+  double mean_step_ms = 0;
+  double mean_optimizer_ms = 0;  // Step() alone
+  double stall_ms_per_step = 0;
+  double send_blocked_ms_per_step = 0;
+  double wire_bytes_per_step = 0;
+  double bytes_up_per_step = 0;
+  double bytes_down_per_step = 0;
+  double min_step_ms = 0, max_step_ms = 0;
+  double setup_s = 0;   // create, upload, join
+  double finish_ms = 0;  // drain at the end (not in the step mean)
+  int64_t rounds_applied = 0;
+  int64_t reselections = 0;
+  int32_t interval = 1;
+};
+
+absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::Backend* be,
+                                   std::vector<Tensor>& model) {
+  ModeResult r;
+  r.mode = mode;
+  r.steps = steps;
+  const bool zo = mode == "zero_offload";
+  // Every mode starts from the same initial values.
+  for (size_t i = 0; i < model.size(); ++i) {
+    ZF_RETURN_IF_ERROR(Fill(be, model[i], /*grad=*/false, 1000 + i));
+  }
+  std::vector<ParamSpec> specs;
+  v1::JobSpec want;
+  want.set_job_id(absl::StrCat(absl::GetFlag(FLAGS_job_prefix), "-", mode, "-", getpid()));
+  for (Tensor& t : model) {
+    ParamSpec ps;
+    ps.name = t.name;
+    ps.shape = t.shape;
+    ps.param = t.param.f32();
+    ps.grad = t.grad.f32();
+    specs.push_back(ps);
+    v1::TensorSpec* ts = want.add_tensors();
+    ts->set_name(t.name);
+    ts->mutable_shape()->Add(t.shape.begin(), t.shape.end());
+  }
+  want.set_world_size(1);
+  want.set_mode(zo ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
+  want.set_wire_dtype(v1::DTYPE_BF16);
+  const float lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  want.mutable_adamw()->set_lr(lr);
+  if (!zo) {
+    v1::ZenFlowConfig* z = want.mutable_zenflow();
+    z->set_topk_ratio(static_cast<float>(absl::GetFlag(FLAGS_topk)));
+    z->set_update_interval(absl::GetFlag(FLAGS_interval));
+    z->mutable_apply_delay()->set_adaptive(true);
+  }
+
+  const double t_setup = Now();
+  ClientOptions co;
+  co.target = absl::GetFlag(FLAGS_target);
+  ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
+  ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, 0, be, specs));
+  ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
+                      ZenFlowOptimizer::Create(be, client.get(), spec, 0, specs));
+  r.setup_s = Now() - t_setup;
+  r.interval = zo ? 1 : std::max(1, spec.zenflow().update_interval());
+  r.warmup_steps = std::min(steps, r.interval);
+
+  const int device_ms = absl::GetFlag(FLAGS_device_ms);
+  double sum_step = 0, sum_opt = 0, sum_stall = 0, sum_blocked = 0;
+  double sum_up = 0, sum_down = 0;
+  r.min_step_ms = 1e300;
+  for (int t = 0; t < steps; ++t) {
+    const double t0 = Now();
+    // Emulated forward + backward on the device; the gradient buffers
+    // already hold this step's (fixed) gradients.
+    if (device_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(device_ms));
+    const double t1 = Now();
+    ZF_RETURN_IF_ERROR(opt->Step(t, lr));
+    const double t2 = Now();
+    const StepStats& st = opt->last_step();
+    const double step_ms = (t2 - t0) * 1e3;
+    std::fprintf(stderr,
+                 "  %-12s step %3d  %8.1f ms  (optimizer %7.1f, stall %7.1f)  wire %7.1f MiB%s\n",
+                 mode.c_str(), t, step_ms, (t2 - t1) * 1e3, st.stall_seconds * 1e3,
+                 static_cast<double>(st.bytes_sent + st.bytes_received) / (1 << 20),
+                 t < r.warmup_steps ? "  [warm-up]" : "");
+    if (t < r.warmup_steps) continue;
+    sum_step += step_ms;
+    sum_opt += (t2 - t1) * 1e3;
+    sum_stall += st.stall_seconds * 1e3;
+    sum_blocked += st.send_blocked_seconds * 1e3;
+    sum_up += static_cast<double>(st.bytes_sent);
+    sum_down += static_cast<double>(st.bytes_received);
+    r.min_step_ms = std::min(r.min_step_ms, step_ms);
+    r.max_step_ms = std::max(r.max_step_ms, step_ms);
+  }
+  const double t_fin = Now();
+  ZF_RETURN_IF_ERROR(opt->Finish());
+  r.finish_ms = (Now() - t_fin) * 1e3;
+  r.rounds_applied = opt->totals().rounds_applied;
+  r.reselections = opt->totals().reselections;
+  r.measured_steps = steps - r.warmup_steps;
+  if (r.measured_steps <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(mode, ": ", steps, " steps leave none after the ",
+                                                   r.warmup_steps, "-step warm-up round"));
+  }
+  const double m = r.measured_steps;
+  r.mean_step_ms = sum_step / m;
+  r.mean_optimizer_ms = sum_opt / m;
+  r.stall_ms_per_step = sum_stall / m;
+  r.send_blocked_ms_per_step = sum_blocked / m;
+  r.bytes_up_per_step = sum_up / m;
+  r.bytes_down_per_step = sum_down / m;
+  r.wire_bytes_per_step = (sum_up + sum_down) / m;
+  opt.reset();
+  ZF_RETURN_IF_ERROR(client->DeleteJob(want.job_id()));  // frees the daemon's 20 B/param
+  return r;
+}
+
+std::string ModeJson(const ModeResult& r) {
+  return absl::StrFormat(
+      "{\"mean_step_ms\": %.3f, \"stall_ms_per_step\": %.3f, \"wire_bytes_per_step\": %.1f, "
+      "\"steps\": %d, \"warmup_steps\": %d, \"measured_steps\": %d, \"update_interval\": %d, "
+      "\"mean_optimizer_ms\": %.3f, \"send_blocked_ms_per_step\": %.3f, "
+      "\"bytes_up_per_step\": %.1f, \"bytes_down_per_step\": %.1f, \"min_step_ms\": %.3f, "
+      "\"max_step_ms\": %.3f, \"finish_ms\": %.3f, \"setup_s\": %.3f, \"rounds_applied\": %d, "
+      "\"reselections\": %d}",
+      r.mean_step_ms, r.stall_ms_per_step, r.wire_bytes_per_step, r.steps, r.warmup_steps,
+      r.measured_steps, r.interval, r.mean_optimizer_ms, r.send_blocked_ms_per_step,
+      r.bytes_up_per_step, r.bytes_down_per_step, r.min_step_ms, r.max_step_ms, r.finish_ms,
+      r.setup_s, r.rounds_applied, r.reselections);
+}
+
+absl::Status Run() {
+  if (absl::GetFlag(FLAGS_target).empty()) return absl::InvalidArgumentError("--target is required");
+  const int64_t want_params = absl::GetFlag(FLAGS_params);
+  const int ntensors = absl::GetFlag(FLAGS_tensors);
+  const int device_ms = absl::GetFlag(FLAGS_device_ms);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int zf_steps = absl::GetFlag(FLAGS_steps);
+  const int zo_steps = absl::GetFlag(FLAGS_zero_offload_steps) < 0 ? zf_steps
+                                                                   : absl::GetFlag(FLAGS_zero_offload_steps);
+  if (ntensors < 1 || device_ms < 0 || threads < 1) {
+    return absl::InvalidArgumentError("--tensors and --threads must be >= 1, --device_ms >= 0");
+  }
+  const int64_t cols = want_params / kRows / ntensors;
+  if (cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--params must be at least ", kRows * ntensors));
+  }
+  const double t_start = Now();
+  std::unique_ptr<worker::Backend> be = worker::MakeCpuBackend(threads);
+  std::vector<Tensor> model(ntensors + 1);
+  int64_t total = 0;
+  for (int i = 0; i <= ntensors; ++i) {
+    Tensor& t = model[i];
+    if (i < ntensors) {
+      t.name = absl::StrCat("w", i);
+      t.shape = {kRows, cols};
+    } else {
+      t.name = "norm";
+      t.shape = {kVector};
+    }
+    t.n = 1;
+    for (int64_t d : t.shape) t.n *= d;
+    total += t.n;
+    ZF_RETURN_IF_ERROR(t.param.Reserve(be.get(), t.n * sizeof(float)));
+    ZF_RETURN_IF_ERROR(t.grad.Reserve(be.get(), t.n * sizeof(float)));
+    ZF_RETURN_IF_ERROR(Fill(be.get(), t, /*grad=*/true, 7 + i));  // once, for every step
+  }
+  std::fprintf(stderr,
+               "stall_bench: %lld params (%d x [%lld, %lld] + [%lld]), EMULATED device time %d ms/step, "
+               "synthetic gradients, worker threads %d, daemon %s\n",
+               static_cast<long long>(total), ntensors, static_cast<long long>(kRows),
+               static_cast<long long>(cols), static_cast<long long>(kVector), device_ms, threads,
+               absl::GetFlag(FLAGS_target).c_str());
+
+  std::vector<ModeResult> res;
+  for (const auto& [mode, steps] : {std::pair<std::string, int>{"zero_offload", zo_steps},
+                                    std::pair<std::string, int>{"zenflow", zf_steps}}) {
+    ZF_ASSIGN_OR_RETURN(ModeResult r, RunMode(mode, steps, be.get(), model));
+    res.push_back(r);
+  }
+  const ModeResult& zo = res[0];
+  const ModeResult& zf = res[1];
+  const double speedup = zf.mean_step_ms > 0 ? zo.mean_step_ms / zf.mean_step_ms : 0;
+  const double stall_fraction = zf.mean_step_ms > 0 ? zf.stall_ms_per_step / zf.mean_step_ms : 0;
+  const double wire_ratio = zo.wire_bytes_per_step > 0 ? zf.wire_bytes_per_step / zo.wire_bytes_per_step : 0;
+  const bool cpu_dominates = zo.mean_step_ms >= 3.0 * device_ms;
+  const double runtime_s = Now() - t_start;
+
+  std::string json = absl::StrFormat(
+      "{\n  \"emulated\": true,\n  \"device_ms\": %d,\n  \"params\": %d,\n  \"threads\": %d,\n"
+      "  \"gradients\": \"synthetic: one fixed random buffer per tensor, generated once, reused every step\",\n"
+      "  \"warmup\": \"the first round of each mode (S steps; 1 for zero_offload) is left out of the averages\",\n"
+      "  \"mean_step\": \"emulated device time + ZenFlowOptimizer::Step(); Finish() not included\",\n"
+      "  \"wire_dtype\": \"bf16\",\n  \"zenflow_config\": {\"topk_ratio\": %g, \"update_interval\": %d, "
+      "\"apply_delay\": \"adaptive\"},\n"
+      "  \"modes\": {\n    \"zero_offload\": %s,\n    \"zenflow\": %s\n  },\n"
+      "  \"speedup_vs_zero_offload\": %.4f,\n  \"stall_fraction\": %.4f,\n  \"wire_ratio\": %.4f,\n"
+      "  \"cpu_dominates\": %s,\n"
+      "  \"goals\": {\"speedup\": 3, \"stall_fraction\": 0.05, \"wire_ratio\": 0.5},\n"
+      "  \"goals_met\": {\"speedup\": %s, \"stall_fraction\": %s, \"wire_ratio\": %s},\n"
+      "  \"runtime_s\": %.1f\n}\n",
+      device_ms, total, threads, absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
+      speedup, stall_fraction, wire_ratio, cpu_dominates ? "true" : "false",
+      speedup >= 3 ? "true" : "false", stall_fraction <= 0.05 ? "true" : "false",
+      wire_ratio <= 0.5 ? "true" : "false", runtime_s);
+
+  const std::filesystem::path out(absl::GetFlag(FLAGS_out));
+  if (out.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(out.parent_path(), ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", out.parent_path().string(), ": ", ec.message()));
+  }
+  std::FILE* f = std::fopen(out.c_str(), "w");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", out.string()));
+  std::fputs(json.c_str(), f);
+  if (std::fclose(f) != 0) return absl::InternalError(absl::StrCat("cannot write ", out.string()));
+
+  std::printf("\nstall_bench (EMULATED device %d ms/step, %lld params, worker threads %d; "
+              "first round is warm-up)\n",
+              device_ms, static_cast<long long>(total), threads);
+  std::printf("%-13s %6s %12s %12s %10s %16s\n", "mode", "steps", "step ms", "stall ms", "stall %",
+              "wire MiB/step");
+  for (const ModeResult& r : res) {
+    std::printf("%-13s %6d %12.1f %12.1f %9.1f%% %16.1f\n", r.mode.c_str(), r.measured_steps,
+                r.mean_step_ms, r.stall_ms_per_step,
+                r.mean_step_ms > 0 ? 100.0 * r.stall_ms_per_step / r.mean_step_ms : 0.0,
+                r.wire_bytes_per_step / (1 << 20));
+  }
+  std::printf("speedup %.2fx (goal 3)  stall fraction %.3f (goal <= 0.05)  wire ratio %.3f (goal <= 0.5)  "
+              "cpu dominates: %s\n",
+              speedup, stall_fraction, wire_ratio, cpu_dominates ? "yes" : "no");
+  std::printf("runtime %.1f s; JSON in %s\n", runtime_s, out.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace zenflow
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "zero_offload vs zenflow step time, stall and wire bytes; emulated device time, real "
+      "engine and daemon (see --target).");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = zenflow::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "stall_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

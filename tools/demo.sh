@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The main job (./zf demo): fine-tune a small byte-level transformer through a
+# real zenflowd with 2 ranks in zenflow mode, then the same steps with
+# zero_offload (2 ranks) and local AdamW (1 rank, the same tokens per step),
+# and print them side by side. Writes per-step logs and an SVG plot of loss
+# and stall per step. Expects built binaries (./zf demo builds them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+usage() {
+  cat <<'EOF'
+usage: ./zf demo [options]
+  --steps=N              fine-tuning steps per mode (default 160)
+  --width=N --layers=N --heads=N --context=N   model size (default 64, 2, 4, 64)
+  --batch=N              sequences per rank per step (default 8)
+  --lr=X                 learning rate (default 3e-3)
+  --topk=X               zenflow: fraction of columns on the worker (default 0.1)
+  --interval=N           zenflow: update_interval S (default 4)
+  --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
+  --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
+  --emulate-device-ms=N  add N ms of emulated device time per step (default 0)
+  --data=PATH            fine-tuning text (default /usr/share/common-licenses/Apache-2.0)
+  --pretrain-data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
+  --target=HOST:PORT     use a running zenflowd instead of starting one
+  --out=DIR              where logs and the plot go (default demo-out/)
+Transports: gRPC only for now (UCX is not implemented yet).
+EOF
+}
+
+steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=4
+delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out"
+data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
+for a in "$@"; do
+  case "$a" in
+    --help|-h) usage; exit 0 ;;
+    --steps=*) steps="${a#*=}" ;;
+    --width=*) width="${a#*=}" ;;
+    --layers=*) layers="${a#*=}" ;;
+    --heads=*) heads="${a#*=}" ;;
+    --context=*) context="${a#*=}" ;;
+    --batch=*) batch="${a#*=}" ;;
+    --lr=*) lr="${a#*=}" ;;
+    --topk=*) topk="${a#*=}" ;;
+    --interval=*) interval="${a#*=}" ;;
+    --delay=*) delay="${a#*=}" ;;
+    --wire=*) wire="${a#*=}" ;;
+    --emulate-device-ms=*) emulate="${a#*=}" ;;
+    --data=*) data="${a#*=}" ;;
+    --pretrain-data=*) pretrain_data="${a#*=}" ;;
+    --target=*) target="${a#*=}" ;;
+    --out=*) out="${a#*=}" ;;
+    *) echo "unknown option $a" >&2; usage >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+TRAIN="$ROOT/bazel-bin/gpu_worker/zf_train"
+ZENFLOWD="$ROOT/bazel-bin/server/zenflowd"
+model=(--width="$width" --layers="$layers" --heads="$heads" --context="$context")
+
+pid=""
+cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; }
+trap cleanup EXIT
+if [ -z "$target" ]; then
+  "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$out/port" 2>"$out/zenflowd.log" &
+  pid=$!
+  for _ in $(seq 1 300); do [ -s "$out/port" ] && break; sleep 0.1; done
+  [ -s "$out/port" ] || { cat "$out/zenflowd.log" >&2; echo "zenflowd did not start" >&2; exit 1; }
+  target="127.0.0.1:$(cat "$out/port")"
+  echo "zenflowd (pid $pid) serving on $target"
+fi
+
+# Pretrained parameters: made once by local pretraining, then cached.
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/zenflow"
+mkdir -p "$cache"
+key=$(printf '%s' "w$width-l$layers-h$heads-c$context-$(basename "$pretrain_data")" | cksum | cut -d' ' -f1)
+pre="$cache/pretrained-$key.params"
+if [ ! -s "$pre" ]; then
+  echo "pretraining the model once on $(basename "$pretrain_data") (local AdamW, 300 steps); cached at $pre"
+  "$TRAIN" --mode=local --steps=300 --data="$pretrain_data" --save="$pre.tmp" "${model[@]}" \
+    --batch="$batch" --lr="$lr" --progress=false >/dev/null
+  mv "$pre.tmp" "$pre"
+fi
+
+ft=(--steps="$steps" --init="$pre" --data="$data" --lr="$lr" --threads=1 "${model[@]}"
+    --emulate_device_ms="$emulate" --progress=false)
+run=$(date +%s)
+summary() { grep '^ZF_SUMMARY' "$1" | sed 's/^ZF_SUMMARY //'; }
+field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
+
+two_ranks() {  # mode job extra...
+  local mode=$1 job=$2; shift 2
+  echo "== $mode: 2 ranks (processes) through zenflowd"
+  "$TRAIN" --mode="$mode" --job="$job" --world=2 --rank=1 --target="$target" --batch="$batch" \
+    --log="$out/$mode-rank1.csv" "${ft[@]}" "$@" > "$out/$mode-rank1.out" 2>&1 &
+  local r1=$!
+  "$TRAIN" --mode="$mode" --job="$job" --world=2 --rank=0 --target="$target" --batch="$batch" \
+    --log="$out/$mode.csv" --progress=true "${ft[@]}" "$@" | tee "$out/$mode.out" | grep -v '^ZF_SUMMARY' || true
+  wait "$r1" || { cat "$out/$mode-rank1.out" >&2; return 1; }
+}
+
+two_ranks zenflow "demo-zf-$run" --topk="$topk" --interval="$interval" --delay="$delay" --wire="$wire"
+two_ranks zero_offload "demo-zo-$run" --wire="$wire"
+echo "== local: 1 rank, in-process AdamW, batch $((2 * batch)) (the same tokens per step)"
+"$TRAIN" --mode=local --batch=$((2 * batch)) --log="$out/local.csv" "${ft[@]}" | tee "$out/local.out" | grep -v '^ZF_SUMMARY' || true
+
+zf=$(summary "$out/zenflow.out"); zo=$(summary "$out/zero_offload.out"); lo=$(summary "$out/local.out")
+echo
+printf '%-14s %10s %14s %16s %16s %12s\n' mode val_loss mean_step_ms stall_ms/step wire_KiB/step speedup
+zo_step=$(field "$zo" mean_step_ms)
+for m in zenflow zero_offload local; do
+  s=$(summary "$out/$m.out")
+  awk -v m="$m" -v v="$(field "$s" val_loss)" -v st="$(field "$s" mean_step_ms)" \
+      -v sl="$(field "$s" stall_ms_per_step)" -v w="$(field "$s" wire_bytes_per_step)" -v z="$zo_step" \
+      'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
+done
+awk -v a="$(field "$zf" val_loss)" -v b="$(field "$lo" val_loss)" \
+  'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
+if [ "$emulate" != "0" ]; then
+  echo "NOTE: every step includes $emulate ms of EMULATED device time (sleep); no GPU ran."
+else
+  echo "NOTE: everything ran on this machine's CPU (model and daemon share its cores)."
+fi
+
+# Plot: loss (top) and stall (bottom) per step, per mode, as SVG.
+awk -F, -v out="$out/demo.svg" '
+  FNR == 1 { f++; name[f] = FILENAME; sub(/.*\//, "", name[f]); sub(/\.csv$/, "", name[f]); next }
+  { n[f]++; loss[f, n[f]] = $2; stall[f, n[f]] = $4
+    if ($2 > maxl) maxl = $2; if (minl == "" || $2 < minl) minl = $2; if ($4 > maxs) maxs = $4
+    if (n[f] > maxn) maxn = n[f] }
+  END {
+    W = 900; H = 300; L = 70; color[1] = "#1f77b4"; color[2] = "#d62728"; color[3] = "#2ca02c"
+    if (maxs <= 0) maxs = 1
+    print "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" W + 160 "\" height=\"" 2 * H + 120 "\" font-family=\"sans-serif\" font-size=\"12\">" > out
+    print "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>" > out
+    for (p = 0; p < 2; p++) {
+      y0 = 40 + p * (H + 40)
+      print "<text x=\"" L "\" y=\"" y0 - 10 "\" font-size=\"14\">" (p == 0 ? "training loss per step" : "exposed stall per step (ms)") "</text>" > out
+      print "<rect x=\"" L "\" y=\"" y0 "\" width=\"" W "\" height=\"" H "\" fill=\"none\" stroke=\"#888\"/>" > out
+      lo = (p == 0 ? minl : 0); hi = (p == 0 ? maxl : maxs)
+      printf "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", L - 5, y0 + 10, hi > out
+      printf "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", L - 5, y0 + H, lo > out
+      for (i = 1; i <= f; i++) {
+        pts = ""
+        for (s = 1; s <= n[i]; s++) {
+          v = (p == 0 ? loss[i, s] : stall[i, s])
+          x = L + (s - 1) * W / (maxn > 1 ? maxn - 1 : 1); y = y0 + H - (v - lo) / (hi - lo + 1e-12) * H
+          pts = pts sprintf("%.1f,%.1f ", x, y)
+        }
+        print "<polyline fill=\"none\" stroke=\"" color[i] "\" stroke-width=\"1.5\" points=\"" pts "\"/>" > out
+        if (p == 0) print "<text x=\"" L + W + 10 "\" y=\"" y0 + 20 * i "\" fill=\"" color[i] "\">" name[i] "</text>" > out
+      }
+    }
+    print "<text x=\"" L "\" y=\"" 2 * H + 110 "\">step (1 .. " maxn ")</text></svg>" > out
+  }' "$out/zenflow.csv" "$out/zero_offload.csv" "$out/local.csv"
+echo "per-step logs: $out/{zenflow,zero_offload,local}.csv; plot: $out/demo.svg"
