@@ -38,7 +38,7 @@ struct ClientOptions {
   int connect_attempts = 5;                           // with doubling backoff
   absl::Duration rpc_timeout = absl::Seconds(60);     // unary deadline
   absl::Duration selection_timeout = absl::Minutes(10);  // SubmitImportance waits for all ranks
-  int64_t max_message_bytes = 64 << 20;
+  int64_t max_message_bytes = int64_t{1} << 30;  // hand-off and all-reduce are single messages
   int64_t max_shard_bytes = 4 << 20;     // PushColumns splits payloads at this size
   int64_t max_inflight_bytes = 64 << 20;  // pushes block beyond this many unsent bytes
 };

@@ -37,7 +37,7 @@ struct JobContext {
   ThreadPool* pool = nullptr;          // AdamW and accumulation workers
   SerialExecutor* executor = nullptr;  // runs round updates in order
   SimdLevel simd = SimdLevel::kScalar;
-  int64_t max_message_bytes = 64 << 20;
+  int64_t max_message_bytes = int64_t{512} << 20;
 };
 
 // Counts of rejected requests by status code. Thread-safe.

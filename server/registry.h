@@ -23,7 +23,7 @@ namespace zenflow {
 
 struct RegistryOptions {
   int update_threads = 2;                  // AdamW participants
-  int64_t max_message_bytes = 64 << 20;    // the server's receive limit
+  int64_t max_message_bytes = int64_t{512} << 20;  // the service's limit
   int64_t max_params = int64_t{1} << 34;   // all jobs together
 };
 

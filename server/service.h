@@ -66,7 +66,7 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
   RegistryOptions registry;
-  int64_t max_message_bytes = 64 << 20;   // receive and send limit
+  int64_t max_message_bytes = int64_t{512} << 20;  // service limit (gRPC: 2x)
 };
 
 // Owns the registry, the service and the gRPC server. Thread-safe.

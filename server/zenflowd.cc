@@ -19,7 +19,9 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve gRPC on; port 0 picks a free port (see --port_file)");
 ABSL_FLAG(int, update_threads, 2, "threads that run AdamW updates (including the update thread)");
-ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest gRPC message accepted or sent, bytes");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{512} << 20,
+          "largest message the service accepts or sends, bytes (selection hand-off and all-reduce "
+          "are single messages: about 12 B x k x params for the first hand-off)");
 ABSL_FLAG(int64_t, max_params, int64_t{1} << 34,
           "most parameters held over all jobs (20 bytes each); larger CreateJob calls get "
           "RESOURCE_EXHAUSTED");

@@ -1,0 +1,1056 @@
+// CUDA forward/backward of the reference transformer (see transformer_cuda.h
+// and, for the math, transformer.cc).
+//
+// Row-major everywhere: activations are [rows][features], weights W[out][in].
+// cuBLAS is column-major, so a row-major product C = op(A) op(B) is issued as
+// the column-major product C^T = op(B)^T op(A)^T, i.e. with the operands
+// swapped (see GemmRM). Attention works on per-head copies [b*h][seq][hd] of
+// q, k and v so that one strided-batched GEMM covers every (batch, head).
+//
+// Reductions that produce gradients (bias, LayerNorm parameters, embeddings)
+// run one thread per output element over the rows in order, so results are
+// deterministic run to run (no atomics).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "gpu_worker/model/transformer.h"
+#include "gpu_worker/model/transformer_cuda.h"
+
+namespace zenflow {
+namespace model {
+namespace {
+
+constexpr float kLnEps = 1e-5f;
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+constexpr int kRowThreads = 256;  // Block size of the one-block-per-row kernels.
+constexpr int kEwThreads = 256;   // Block size of elementwise kernels.
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+absl::Status CudaStatus(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string msg =
+      absl::StrCat("CUDA transformer: ", what, " failed: ", cudaGetErrorName(err), " (",
+                   cudaGetErrorString(err), ")");
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status CublasStatus(cublasStatus_t st, const std::string& what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string msg = absl::StrCat("CUDA transformer: cuBLAS ", what, " failed: ",
+                                       cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
+  if (st == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+// Checks the launch that was just made (bad configuration, sticky errors).
+absl::Status CheckLaunch(const char* kernel) {
+  return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel));
+}
+
+#define ZF_CUDA_TRY(expr, what) ZF_RETURN_IF_ERROR(CudaStatus((expr), (what)))
+#define ZF_LAUNCH_CHECK(kernel) ZF_RETURN_IF_ERROR(CheckLaunch(kernel))
+
+unsigned int EwBlocks(size_t count) {
+  size_t blocks = (count + kEwThreads - 1) / kEwThreads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > (size_t{1} << 20)) blocks = size_t{1} << 20;  // Grid-stride beyond.
+  return static_cast<unsigned int>(blocks);
+}
+
+// ---------------------------------------------------------------------------
+// Block reductions (blockDim.x a multiple of 32, <= 1024). `shm` holds 32
+// values; the result is returned to every thread.
+
+template <typename T>
+__device__ T WarpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <typename T>
+__device__ T BlockSum(T v, T* shm) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // Earlier readers of shm are done.
+  if (lane == 0) shm[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T r = lane < warps ? shm[lane] : T(0);
+    r = WarpSum(r);
+    if (lane == 0) shm[0] = r;
+  }
+  __syncthreads();
+  return shm[0];
+}
+
+__device__ float BlockMax(float v, float* shm) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) shm[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float r = lane < warps ? shm[lane] : -INFINITY;
+    r = WarpMax(r);
+    if (lane == 0) shm[0] = r;
+  }
+  __syncthreads();
+  return shm[0];
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+// x[r][j] = tok_emb[token(r)][j] + pos_emb[t(r)][j], r = b * seq + t.
+__global__ void EmbeddingForwardKernel(const float* __restrict__ te, const float* __restrict__ pe,
+                                       const uint8_t* __restrict__ tokens, int seq, int d,
+                                       size_t count, float* __restrict__ x) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t r = i / d;
+    const int j = static_cast<int>(i % d);
+    const int b = static_cast<int>(r / seq);
+    const int t = static_cast<int>(r % seq);
+    const int tok = tokens[static_cast<size_t>(b) * (seq + 1) + t];
+    x[i] = te[static_cast<size_t>(tok) * d + j] + pe[static_cast<size_t>(t) * d + j];
+  }
+}
+
+// Tokens: grads of tok_emb (zeroed) += d_res rows, one thread per column,
+// rows in order (the CPU order).
+__global__ void EmbeddingTokBackwardKernel(const float* __restrict__ dres,
+                                           const uint8_t* __restrict__ tokens, int n, int seq,
+                                           int d, float* __restrict__ gte) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  for (int r = 0; r < n; ++r) {
+    const int b = r / seq;
+    const int t = r % seq;
+    const int tok = tokens[static_cast<size_t>(b) * (seq + 1) + t];
+    gte[static_cast<size_t>(tok) * d + j] += dres[static_cast<size_t>(r) * d + j];
+  }
+}
+
+// Positions: gpe[t][j] = sum over b (in order) of d_res[b * seq + t][j].
+__global__ void EmbeddingPosBackwardKernel(const float* __restrict__ dres, int batch, int seq,
+                                           int d, float* __restrict__ gpe) {
+  const size_t count = static_cast<size_t>(seq) * d;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t t = i / d;
+    const size_t j = i % d;
+    float acc = 0.0f;
+    for (int b = 0; b < batch; ++b) acc += dres[(static_cast<size_t>(b) * seq + t) * d + j];
+    gpe[i] = acc;
+  }
+}
+
+// One block per row: y = (x - mean) * rstd * g + b.
+__global__ void LayerNormForwardKernel(const float* __restrict__ x, const float* __restrict__ g,
+                                       const float* __restrict__ bias, int d,
+                                       float* __restrict__ y, float* __restrict__ mean,
+                                       float* __restrict__ rstd) {
+  __shared__ float shm[32];
+  const size_t r = blockIdx.x;
+  const float* xr = x + r * d;
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) s += xr[j];
+  const float mu = BlockSum(s, shm) / d;
+  float v = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float c = xr[j] - mu;
+    v += c * c;
+  }
+  const float var = BlockSum(v, shm) / d;
+  const float rs = 1.0f / sqrtf(var + kLnEps);
+  float* yr = y + r * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = (xr[j] - mu) * rs * g[j] + bias[j];
+  if (threadIdx.x == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+// One block per row: dx (+)= rstd * (dy*g - mean(dy*g) - xhat * mean(dy*g*xhat)).
+__global__ void LayerNormBackwardDxKernel(const float* __restrict__ x,
+                                          const float* __restrict__ mean,
+                                          const float* __restrict__ rstd,
+                                          const float* __restrict__ g,
+                                          const float* __restrict__ dy, int d, int accumulate,
+                                          float* __restrict__ dx) {
+  __shared__ float shm[32];
+  const size_t r = blockIdx.x;
+  const float* xr = x + r * d;
+  const float* dyr = dy + r * d;
+  const float mu = mean[r];
+  const float rs = rstd[r];
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float dxh = dyr[j] * g[j];
+    s1 += dxh;
+    s2 += dxh * ((xr[j] - mu) * rs);
+  }
+  const float m1 = BlockSum(s1, shm) / d;
+  const float m2 = BlockSum(s2, shm) / d;
+  float* dxr = dx + r * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float xh = (xr[j] - mu) * rs;
+    const float v = rs * (dyr[j] * g[j] - m1 - xh * m2);
+    dxr[j] = accumulate ? dxr[j] + v : v;
+  }
+}
+
+// One thread per column: dg = sum dy * xhat, db = sum dy (overwritten).
+__global__ void LayerNormBackwardParamsKernel(const float* __restrict__ x,
+                                              const float* __restrict__ mean,
+                                              const float* __restrict__ rstd,
+                                              const float* __restrict__ dy, int n, int d,
+                                              float* __restrict__ dg, float* __restrict__ db) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  float ag = 0.0f, ab = 0.0f;
+  for (int r = 0; r < n; ++r) {
+    const size_t i = static_cast<size_t>(r) * d + j;
+    ag += dy[i] * ((x[i] - mean[r]) * rstd[r]);
+    ab += dy[i];
+  }
+  dg[j] = ag;
+  db[j] = ab;
+}
+
+// out[i] = out[i] + bias[col] (+ residual[i]); bias may be null.
+__global__ void AddBiasResidualKernel(float* __restrict__ out, const float* __restrict__ bias,
+                                      const float* __restrict__ residual, int cols,
+                                      size_t count) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    float v = out[i];
+    if (bias != nullptr) v += bias[i % cols];
+    if (residual != nullptr) v += residual[i];
+    out[i] = v;
+  }
+}
+
+// sums[j] = sum over rows (in order) of m[r][j]; one thread per column.
+__global__ void ColumnSumsKernel(const float* __restrict__ m, int rows, int cols,
+                                 float* __restrict__ sums) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float acc = 0.0f;
+  for (int r = 0; r < rows; ++r) acc += m[static_cast<size_t>(r) * cols + j];
+  sums[j] = acc;
+}
+
+__global__ void GeluForwardKernel(const float* __restrict__ pre, size_t count,
+                                  float* __restrict__ th, float* __restrict__ act) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float x = pre[i];
+    const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
+    th[i] = t;
+    act[i] = 0.5f * x * (1.0f + t);
+  }
+}
+
+__global__ void GeluBackwardKernel(const float* __restrict__ pre, const float* __restrict__ th,
+                                   size_t count, float* __restrict__ dh) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float x = pre[i];
+    const float t = th[i];
+    const float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+    dh[i] *= 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+  }
+}
+
+// dst[(b*heads + h)][t][c] = src[(b*seq + t) * ld + off + h*hd + c].
+__global__ void SplitHeadsKernel(const float* __restrict__ src, int ld, int off, int seq,
+                                 int heads, int hd, size_t count, float* __restrict__ dst) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t per_bh = static_cast<size_t>(seq) * hd;
+    const size_t bh = i / per_bh;
+    const size_t rem = i % per_bh;
+    const size_t t = rem / hd;
+    const size_t c = rem % hd;
+    const size_t b = bh / heads;
+    const size_t h = bh % heads;
+    dst[i] = src[(b * seq + t) * ld + off + h * hd + c];
+  }
+}
+
+// The inverse of SplitHeadsKernel.
+__global__ void MergeHeadsKernel(const float* __restrict__ src, int ld, int off, int seq,
+                                 int heads, int hd, size_t count, float* __restrict__ dst) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t per_bh = static_cast<size_t>(seq) * hd;
+    const size_t bh = i / per_bh;
+    const size_t rem = i % per_bh;
+    const size_t t = rem / hd;
+    const size_t c = rem % hd;
+    const size_t b = bh / heads;
+    const size_t h = bh % heads;
+    dst[(b * seq + t) * ld + off + h * hd + c] = src[i];
+  }
+}
+
+// One block per score row (bh, t) of [bh][seq][seq]: causal softmax in place
+// over u <= t; entries u > t become 0.
+__global__ void CausalSoftmaxKernel(float* __restrict__ p, int seq) {
+  __shared__ float shm[32];
+  const size_t row = blockIdx.x;
+  const int t = static_cast<int>(row % seq);
+  const int cnt = t + 1;
+  float* pr = p + row * seq;
+  float mx = -INFINITY;
+  for (int u = threadIdx.x; u < cnt; u += blockDim.x) mx = fmaxf(mx, pr[u]);
+  mx = BlockMax(mx, shm);
+  float s = 0.0f;
+  for (int u = threadIdx.x; u < cnt; u += blockDim.x) {
+    const float e = expf(pr[u] - mx);
+    pr[u] = e;
+    s += e;
+  }
+  const float inv = 1.0f / BlockSum(s, shm);
+  for (int u = threadIdx.x; u < seq; u += blockDim.x) pr[u] = u < cnt ? pr[u] * inv : 0.0f;
+}
+
+// One block per row: dp <- p * (dp - sum_u p*dp) * scale over u <= t, else 0.
+__global__ void CausalSoftmaxBackwardKernel(const float* __restrict__ p, float* __restrict__ dp,
+                                            int seq, float scale) {
+  __shared__ float shm[32];
+  const size_t row = blockIdx.x;
+  const int cnt = static_cast<int>(row % seq) + 1;
+  const float* pr = p + row * seq;
+  float* dr = dp + row * seq;
+  float s = 0.0f;
+  for (int u = threadIdx.x; u < cnt; u += blockDim.x) s += pr[u] * dr[u];
+  const float pdp = BlockSum(s, shm);
+  for (int u = threadIdx.x; u < seq; u += blockDim.x) {
+    dr[u] = u < cnt ? pr[u] * (dr[u] - pdp) * scale : 0.0f;
+  }
+}
+
+// One block per row: logits -> softmax probabilities in place, and
+// row_loss = max + log(sum exp) - logit[target] (double, as the CPU model).
+__global__ void CrossEntropyKernel(float* __restrict__ logits, const uint8_t* __restrict__ tokens,
+                                   int seq, int vocab, double* __restrict__ row_loss) {
+  __shared__ float fshm[32];
+  __shared__ double dshm[32];
+  const size_t r = blockIdx.x;
+  const int b = static_cast<int>(r / seq);
+  const int t = static_cast<int>(r % seq);
+  const int target = tokens[static_cast<size_t>(b) * (seq + 1) + t + 1];
+  float* p = logits + r * vocab;
+  const double target_logit = p[target];
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, p[j]);
+  mx = BlockMax(mx, fshm);  // Its barriers order the reads above before the writes below.
+  double s = 0.0;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float e = expf(p[j] - mx);
+    p[j] = e;
+    s += e;
+  }
+  const double sum = BlockSum(s, dshm);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) p[j] *= inv;
+  if (threadIdx.x == 0) row_loss[r] = static_cast<double>(mx) + log(sum) - target_logit;
+}
+
+// One block: *out = mean of row_loss[0, n).
+__global__ void MeanLossKernel(const double* __restrict__ row_loss, int n,
+                               double* __restrict__ out) {
+  __shared__ double shm[32];
+  double s = 0.0;
+  for (int r = threadIdx.x; r < n; r += blockDim.x) s += row_loss[r];
+  s = BlockSum(s, shm);
+  if (threadIdx.x == 0) *out = s / n;
+}
+
+// d loss / d logits = (probs - onehot(target)) / n.
+__global__ void DLogitsKernel(const float* __restrict__ probs, const uint8_t* __restrict__ tokens,
+                              int seq, int vocab, float inv_n, size_t count,
+                              float* __restrict__ dl) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t r = i / vocab;
+    const int j = static_cast<int>(i % vocab);
+    const size_t b = r / seq;
+    const size_t t = r % seq;
+    const int target = tokens[b * (seq + 1) + t + 1];
+    float g = probs[i] * inv_n;
+    if (j == target) g -= inv_n;
+    dl[i] = g;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Device workspace: one allocation carved into 256-byte aligned pieces.
+
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(size_t count) {
+    const size_t off = used_;
+    used_ += (count * sizeof(T) + 255) / 256 * 256;
+    return base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + off);
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+struct LayerOffsets {
+  size_t ln1_g, ln1_b, wqkv, bqkv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2;
+};
+
+struct LayerActs {
+  float* x_in;      // [n][d]
+  float* ln1_out;   // [n][d]
+  float* ln1_mean;  // [n]
+  float* ln1_rstd;  // [n]
+  float* qkv;       // [n][3d]
+  float* probs;     // [batch*heads][seq][seq]
+  float* attn;      // [n][d]
+  float* x_mid;     // [n][d]
+  float* ln2_out;   // [n][d]
+  float* ln2_mean;  // [n]
+  float* ln2_rstd;  // [n]
+  float* h_pre;     // [n][f]
+  float* h_tanh;    // [n][f]
+  float* h_act;     // [n][f]
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Free functions and CudaBuffer.
+
+bool CudaModelCompiled() { return true; }
+
+int CudaModelDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+namespace {
+
+absl::Status CheckDevice(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat(
+        "CUDA transformer: no CUDA device is visible (cudaGetDeviceCount: ",
+        err == cudaSuccess ? "0 devices" : cudaGetErrorString(err),
+        "); check the driver and CUDA_VISIBLE_DEVICES, or use the CPU Transformer"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA transformer: device ", device, " does not exist (", count, " visible)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(size_t count, int device) {
+  if (count == 0) return absl::InvalidArgumentError("CudaBuffer: count must be >= 1");
+  ZF_RETURN_IF_ERROR(CheckDevice(device));
+  ZF_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+  void* p = nullptr;
+  ZF_CUDA_TRY(cudaMalloc(&p, count * sizeof(float)),
+              absl::StrCat("cudaMalloc of ", count, " floats"));
+  return std::unique_ptr<CudaBuffer>(new CudaBuffer(static_cast<float*>(p), count, device));
+}
+
+CudaBuffer::~CudaBuffer() {
+  if (data_ != nullptr) {
+    (void)cudaSetDevice(device_);
+    (void)cudaFree(data_);
+  }
+}
+
+absl::Status CudaBuffer::CopyFromHost(const float* src, size_t n) {
+  if (n > count_) return absl::InvalidArgumentError("CudaBuffer::CopyFromHost: n > size()");
+  if (n == 0) return absl::OkStatus();
+  if (src == nullptr) return absl::InvalidArgumentError("CudaBuffer::CopyFromHost: null src");
+  ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+  ZF_CUDA_TRY(cudaMemcpy(data_, src, n * sizeof(float), cudaMemcpyHostToDevice),
+              "cudaMemcpy host to device");
+  // A pageable cudaMemcpy may return before its DMA lands; wait for it.
+  ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBuffer::CopyToHost(float* dst, size_t n) const {
+  if (n > count_) return absl::InvalidArgumentError("CudaBuffer::CopyToHost: n > size()");
+  if (n == 0) return absl::OkStatus();
+  if (dst == nullptr) return absl::InvalidArgumentError("CudaBuffer::CopyToHost: null dst");
+  ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+  ZF_CUDA_TRY(cudaMemcpy(dst, data_, n * sizeof(float), cudaMemcpyDeviceToHost),
+              "cudaMemcpy device to host");
+  // A pageable cudaMemcpy may return before its DMA lands; wait for it.
+  ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// CudaTransformer.
+
+struct CudaTransformer::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+
+  // Offsets (floats) into the parameter buffer.
+  size_t tok_emb = 0, pos_emb = 0, lnf_g = 0, lnf_b = 0, head = 0;
+  std::vector<LayerOffsets> layer_off;
+
+  // Workspace for (ws_batch, ws_seq).
+  char* ws = nullptr;
+  size_t ws_bytes = 0;
+  int ws_batch = 0;
+  int ws_seq = 0;
+  std::vector<LayerActs> acts;
+  float* x_final = nullptr;   // [n][d]
+  float* lnf_out = nullptr;   // [n][d]
+  float* lnf_mean = nullptr;  // [n]
+  float* lnf_rstd = nullptr;  // [n]
+  float* probs = nullptr;     // [n][vocab] logits, then softmax.
+  double* row_loss = nullptr; // [n]
+  double* loss = nullptr;     // [1]
+  uint8_t* tokens = nullptr;  // [batch][seq + 1]
+  // Scratch shared by all layers.
+  float* q = nullptr;         // [bh][seq][hd] (each of q..dv is n*d floats)
+  float* k = nullptr;
+  float* v = nullptr;
+  float* o = nullptr;         // Attention output per head; dO in backward.
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* dp = nullptr;        // [bh][seq][seq]
+  float* d_res = nullptr;     // [n][d]
+  float* d_ln = nullptr;      // [n][d]
+  float* d_tmp = nullptr;     // [n][d]
+  float* d_qkv = nullptr;     // [n][3d]
+  float* d_h = nullptr;       // [n][f]
+  float* d_logits = nullptr;  // [n][vocab]
+
+  bool have_forward = false;
+
+  ~Impl() {
+    (void)cudaSetDevice(device);
+    if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+    if (ws != nullptr) (void)cudaFree(ws);
+    if (cublas != nullptr) (void)cublasDestroy(cublas);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+
+  // Assigns every workspace pointer inside `base` (or only measures when
+  // base is null); returns the bytes needed.
+  size_t Layout(char* base, const ModelConfig& cfg, int batch, int seq) {
+    Carver c(base);
+    const size_t n = static_cast<size_t>(batch) * seq;
+    const size_t d = cfg.width;
+    const size_t f = d * cfg.mlp_mult;
+    const size_t vocab = cfg.vocab;
+    const size_t scores = static_cast<size_t>(batch) * cfg.heads * seq * seq;
+    acts.resize(cfg.layers);
+    for (LayerActs& a : acts) {
+      a.x_in = c.Take<float>(n * d);
+      a.ln1_out = c.Take<float>(n * d);
+      a.ln1_mean = c.Take<float>(n);
+      a.ln1_rstd = c.Take<float>(n);
+      a.qkv = c.Take<float>(n * 3 * d);
+      a.probs = c.Take<float>(scores);
+      a.attn = c.Take<float>(n * d);
+      a.x_mid = c.Take<float>(n * d);
+      a.ln2_out = c.Take<float>(n * d);
+      a.ln2_mean = c.Take<float>(n);
+      a.ln2_rstd = c.Take<float>(n);
+      a.h_pre = c.Take<float>(n * f);
+      a.h_tanh = c.Take<float>(n * f);
+      a.h_act = c.Take<float>(n * f);
+    }
+    x_final = c.Take<float>(n * d);
+    lnf_out = c.Take<float>(n * d);
+    lnf_mean = c.Take<float>(n);
+    lnf_rstd = c.Take<float>(n);
+    probs = c.Take<float>(n * vocab);
+    row_loss = c.Take<double>(n);
+    loss = c.Take<double>(1);
+    tokens = c.Take<uint8_t>(static_cast<size_t>(batch) * (seq + 1));
+    q = c.Take<float>(n * d);
+    k = c.Take<float>(n * d);
+    v = c.Take<float>(n * d);
+    o = c.Take<float>(n * d);
+    dq = c.Take<float>(n * d);
+    dk = c.Take<float>(n * d);
+    dv = c.Take<float>(n * d);
+    dp = c.Take<float>(scores);
+    d_res = c.Take<float>(n * d);
+    d_ln = c.Take<float>(n * d);
+    d_tmp = c.Take<float>(n * d);
+    d_qkv = c.Take<float>(n * 3 * d);
+    d_h = c.Take<float>(n * f);
+    d_logits = c.Take<float>(n * vocab);
+    return c.used();
+  }
+
+  absl::Status Reserve(const ModelConfig& cfg, int batch, int seq) {
+    if (ws != nullptr && batch == ws_batch && seq == ws_seq) return absl::OkStatus();
+    if (ws != nullptr) {
+      ZF_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      ZF_CUDA_TRY(cudaFree(ws), "cudaFree of the workspace");
+      ws = nullptr;
+      ws_bytes = 0;
+      ws_batch = ws_seq = 0;
+    }
+    const size_t bytes = Layout(nullptr, cfg, batch, seq);
+    void* p = nullptr;
+    ZF_CUDA_TRY(cudaMalloc(&p, bytes),
+                absl::StrCat("cudaMalloc of the ", bytes, "-byte workspace for batch ", batch,
+                             ", seq ", seq));
+    ws = static_cast<char*>(p);
+    ws_bytes = bytes;
+    ws_batch = batch;
+    ws_seq = seq;
+    Layout(ws, cfg, batch, seq);
+    return absl::OkStatus();
+  }
+
+  // Row-major C[m][n] = alpha * op(A) op(B) + beta * C with op(A) m x k and
+  // op(B) k x n; lda/ldb/ldc are the row lengths of the stored buffers. As
+  // column-major cuBLAS sees each buffer transposed, this is
+  // C^T = op(B)^T op(A)^T: B goes first, A second, and m, n swap.
+  absl::Status GemmRM(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                      const float* b, int ldb, float beta, float* c, int ldc, const char* what) {
+    return CublasStatus(cublasSgemm(cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a,
+                                    lda, &beta, c, ldc),
+                        absl::StrCat("cublasSgemm (", what, ")"));
+  }
+
+  // GemmRM over `count` independent problems at fixed element strides.
+  absl::Status GemmRMBatched(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                             int lda, long long sa, const float* b, int ldb, long long sb,
+                             float beta, float* c, int ldc, long long sc, int count,
+                             const char* what) {
+    return CublasStatus(
+        cublasSgemmStridedBatched(cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, sb, a,
+                                  lda, sa, &beta, c, ldc, sc, count),
+        absl::StrCat("cublasSgemmStridedBatched (", what, ")"));
+  }
+
+  // out[n][out_dim] = x[n][in_dim] W^T (+ bias) (+ residual).
+  absl::Status Linear(const float* params, size_t w_off, const float* bias, const float* x, int n,
+                      int in_dim, int out_dim, const float* residual, float* out,
+                      const char* what) {
+    ZF_RETURN_IF_ERROR(GemmRM(false, true, n, out_dim, in_dim, 1.0f, x, in_dim, params + w_off,
+                              in_dim, 0.0f, out, out_dim, what));
+    if (bias == nullptr && residual == nullptr) return absl::OkStatus();
+    const size_t count = static_cast<size_t>(n) * out_dim;
+    AddBiasResidualKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(out, bias, residual,
+                                                                      out_dim, count);
+    ZF_LAUNCH_CHECK("AddBiasResidualKernel");
+    return absl::OkStatus();
+  }
+
+  // dW = dy^T x and db = column sums of dy into grads (overwrite);
+  // dx = dy W (overwrite) unless dx is null.
+  absl::Status LinearBackward(const float* params, size_t w_off, float* grads, float* db,
+                              const float* x, const float* dy, int n, int in_dim, int out_dim,
+                              float* dx, const char* what) {
+    ZF_RETURN_IF_ERROR(GemmRM(true, false, out_dim, in_dim, n, 1.0f, dy, out_dim, x, in_dim,
+                              0.0f, grads + w_off, in_dim, what));
+    if (db != nullptr) {
+      ColumnSumsKernel<<<(out_dim + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream>>>(
+          dy, n, out_dim, db);
+      ZF_LAUNCH_CHECK("ColumnSumsKernel");
+    }
+    if (dx == nullptr) return absl::OkStatus();
+    return GemmRM(false, false, n, in_dim, out_dim, 1.0f, dy, out_dim, params + w_off, in_dim,
+                  0.0f, dx, in_dim, what);
+  }
+
+  absl::Status LayerNormForward(const float* x, const float* g, const float* b, int n, int d,
+                                float* y, float* mean, float* rstd) {
+    LayerNormForwardKernel<<<n, kRowThreads, 0, stream>>>(x, g, b, d, y, mean, rstd);
+    ZF_LAUNCH_CHECK("LayerNormForwardKernel");
+    return absl::OkStatus();
+  }
+
+  absl::Status LayerNormBackward(const float* x, const float* mean, const float* rstd,
+                                 const float* g, const float* dy, int n, int d, bool accumulate,
+                                 float* dx, float* dg, float* db) {
+    LayerNormBackwardDxKernel<<<n, kRowThreads, 0, stream>>>(x, mean, rstd, g, dy, d,
+                                                             accumulate ? 1 : 0, dx);
+    ZF_LAUNCH_CHECK("LayerNormBackwardDxKernel");
+    LayerNormBackwardParamsKernel<<<(d + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream>>>(
+        x, mean, rstd, dy, n, d, dg, db);
+    ZF_LAUNCH_CHECK("LayerNormBackwardParamsKernel");
+    return absl::OkStatus();
+  }
+
+  absl::Status SplitHeads(const float* src, int ld, int off, int batch, int seq, int heads,
+                          int hd, float* dst) {
+    const size_t count = static_cast<size_t>(batch) * heads * seq * hd;
+    SplitHeadsKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(src, ld, off, seq, heads, hd,
+                                                                 count, dst);
+    ZF_LAUNCH_CHECK("SplitHeadsKernel");
+    return absl::OkStatus();
+  }
+
+  absl::Status MergeHeads(const float* src, int ld, int off, int batch, int seq, int heads,
+                          int hd, float* dst) {
+    const size_t count = static_cast<size_t>(batch) * heads * seq * hd;
+    MergeHeadsKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(src, ld, off, seq, heads, hd,
+                                                                 count, dst);
+    ZF_LAUNCH_CHECK("MergeHeadsKernel");
+    return absl::OkStatus();
+  }
+
+  // probs = causal softmax(scale q k^T); attn = probs v, heads merged.
+  absl::Status AttentionForward(const LayerActs& a, const ModelConfig& cfg, int batch, int seq) {
+    const int d = cfg.width;
+    const int heads = cfg.heads;
+    const int hd = d / heads;
+    const int bh = batch * heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const long long s_qkv = static_cast<long long>(seq) * hd;
+    const long long s_p = static_cast<long long>(seq) * seq;
+    ZF_RETURN_IF_ERROR(SplitHeads(a.qkv, 3 * d, 0, batch, seq, heads, hd, q));
+    ZF_RETURN_IF_ERROR(SplitHeads(a.qkv, 3 * d, d, batch, seq, heads, hd, k));
+    ZF_RETURN_IF_ERROR(SplitHeads(a.qkv, 3 * d, 2 * d, batch, seq, heads, hd, v));
+    // scores[t][u] = scale * q_t . k_u
+    ZF_RETURN_IF_ERROR(GemmRMBatched(false, true, seq, seq, hd, scale, q, hd, s_qkv, k, hd, s_qkv,
+                                     0.0f, a.probs, seq, s_p, bh, "attention scores"));
+    CausalSoftmaxKernel<<<static_cast<unsigned int>(static_cast<size_t>(bh) * seq), kRowThreads,
+                          0, stream>>>(a.probs, seq);
+    ZF_LAUNCH_CHECK("CausalSoftmaxKernel");
+    // o[t] = sum_u p[t][u] v_u
+    ZF_RETURN_IF_ERROR(GemmRMBatched(false, false, seq, hd, seq, 1.0f, a.probs, seq, s_p, v, hd,
+                                     s_qkv, 0.0f, o, hd, s_qkv, bh, "attention output"));
+    return MergeHeads(o, d, 0, batch, seq, heads, hd, a.attn);
+  }
+
+  // d_qkv (overwritten) from d_attn.
+  absl::Status AttentionBackward(const LayerActs& a, const float* d_attn, const ModelConfig& cfg,
+                                 int batch, int seq, float* dqkv) {
+    const int d = cfg.width;
+    const int heads = cfg.heads;
+    const int hd = d / heads;
+    const int bh = batch * heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const long long s_qkv = static_cast<long long>(seq) * hd;
+    const long long s_p = static_cast<long long>(seq) * seq;
+    ZF_RETURN_IF_ERROR(SplitHeads(a.qkv, 3 * d, 0, batch, seq, heads, hd, q));
+    ZF_RETURN_IF_ERROR(SplitHeads(a.qkv, 3 * d, d, batch, seq, heads, hd, k));
+    ZF_RETURN_IF_ERROR(SplitHeads(a.qkv, 3 * d, 2 * d, batch, seq, heads, hd, v));
+    float* dout = o;
+    ZF_RETURN_IF_ERROR(SplitHeads(d_attn, d, 0, batch, seq, heads, hd, dout));
+    // dP = dO V^T
+    ZF_RETURN_IF_ERROR(GemmRMBatched(false, true, seq, seq, hd, 1.0f, dout, hd, s_qkv, v, hd,
+                                     s_qkv, 0.0f, dp, seq, s_p, bh, "attention dP"));
+    // dV = P^T dO
+    ZF_RETURN_IF_ERROR(GemmRMBatched(true, false, seq, hd, seq, 1.0f, a.probs, seq, s_p, dout, hd,
+                                     s_qkv, 0.0f, dv, hd, s_qkv, bh, "attention dV"));
+    // dS = P (dP - rowsum(P dP)) * scale, in place in dp.
+    CausalSoftmaxBackwardKernel<<<static_cast<unsigned int>(static_cast<size_t>(bh) * seq),
+                                  kRowThreads, 0, stream>>>(a.probs, dp, seq, scale);
+    ZF_LAUNCH_CHECK("CausalSoftmaxBackwardKernel");
+    // dQ = dS K, dK = dS^T Q
+    ZF_RETURN_IF_ERROR(GemmRMBatched(false, false, seq, hd, seq, 1.0f, dp, seq, s_p, k, hd, s_qkv,
+                                     0.0f, dq, hd, s_qkv, bh, "attention dQ"));
+    ZF_RETURN_IF_ERROR(GemmRMBatched(true, false, seq, hd, seq, 1.0f, dp, seq, s_p, q, hd, s_qkv,
+                                     0.0f, dk, hd, s_qkv, bh, "attention dK"));
+    ZF_RETURN_IF_ERROR(MergeHeads(dq, 3 * d, 0, batch, seq, heads, hd, dqkv));
+    ZF_RETURN_IF_ERROR(MergeHeads(dk, 3 * d, d, batch, seq, heads, hd, dqkv));
+    return MergeHeads(dv, 3 * d, 2 * d, batch, seq, heads, hd, dqkv);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CudaTransformer>> CudaTransformer::Create(const ModelConfig& cfg,
+                                                                         int device) {
+  ZF_RETURN_IF_ERROR(cfg.Validate());
+  ZF_RETURN_IF_ERROR(CheckDevice(device));
+  std::unique_ptr<CudaTransformer> m(new CudaTransformer(cfg, device));
+  Impl& im = *m->impl_;
+  ZF_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+  // A blocking stream: ordered with the legacy default stream, so plain
+  // cudaMemcpy / kernels on stream 0 that write the parameters are seen.
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&im.stream, cudaStreamDefault), "cudaStreamCreate");
+  ZF_RETURN_IF_ERROR(CublasStatus(cublasCreate(&im.cublas), "cublasCreate"));
+  ZF_RETURN_IF_ERROR(CublasStatus(cublasSetStream(im.cublas, im.stream), "cublasSetStream"));
+  // Plain fp32 arithmetic (no TF32 tensor-op downconversion).
+  ZF_RETURN_IF_ERROR(
+      CublasStatus(cublasSetMathMode(im.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+  return m;
+}
+
+CudaTransformer::CudaTransformer(const ModelConfig& cfg, int device)
+    : cfg_(cfg),
+      device_(device),
+      tensors_(BuildTensorLayout(cfg)),
+      last_loss_(std::numeric_limits<double>::quiet_NaN()),
+      impl_(std::make_unique<Impl>()) {
+  num_params_ = tensors_.back().offset + tensors_.back().numel();
+  Impl& im = *impl_;
+  im.device = device;
+  auto off = [this](const std::string& name) -> size_t {
+    for (const TensorInfo& t : tensors_) {
+      if (t.name == name) return t.offset;
+    }
+    return 0;  // Unreachable: BuildTensorLayout defines every name below.
+  };
+  im.tok_emb = off("tok_emb");
+  im.pos_emb = off("pos_emb");
+  im.lnf_g = off("ln_f.g");
+  im.lnf_b = off("ln_f.b");
+  im.head = off("head");
+  for (int l = 0; l < cfg.layers; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    LayerOffsets o;
+    o.ln1_g = off(p + "ln1.g");
+    o.ln1_b = off(p + "ln1.b");
+    o.wqkv = off(p + "attn.wqkv");
+    o.bqkv = off(p + "attn.bqkv");
+    o.wo = off(p + "attn.wo");
+    o.bo = off(p + "attn.bo");
+    o.ln2_g = off(p + "ln2.g");
+    o.ln2_b = off(p + "ln2.b");
+    o.w1 = off(p + "mlp.w1");
+    o.b1 = off(p + "mlp.b1");
+    o.w2 = off(p + "mlp.w2");
+    o.b2 = off(p + "mlp.b2");
+    im.layer_off.push_back(o);
+  }
+}
+
+CudaTransformer::~CudaTransformer() = default;
+
+namespace {
+
+// InvalidArgument unless p is device (or managed) memory of `device`.
+absl::Status CheckDevicePointer(const void* p, int device, const char* what) {
+  cudaPointerAttributes attr;
+  std::memset(&attr, 0, sizeof(attr));
+  const cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA transformer: ", what, " is not a CUDA pointer (", cudaGetErrorString(err), ")"));
+  }
+  if (attr.type == cudaMemoryTypeManaged) return absl::OkStatus();
+  if (attr.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA transformer: ", what, " must point to device memory (got a host pointer)"));
+  }
+  if (attr.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA transformer: ", what,
+                                                   " is on device ", attr.device,
+                                                   " but the model runs on device ", device));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<float> CudaTransformer::Forward(const float* d_params, const uint8_t* host_tokens,
+                                               int batch, int seq) {
+  if (d_params == nullptr || host_tokens == nullptr) {
+    return absl::InvalidArgumentError("Forward: null params or tokens");
+  }
+  if (batch < 1 || seq < 1 || seq > cfg_.context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward: need batch >= 1 and 1 <= seq <= context (", cfg_.context,
+                     "); got batch ", batch, ", seq ", seq));
+  }
+  // Every row count handed to cuBLAS or used as a grid size is an int.
+  const int64_t rows = int64_t{batch} * seq;
+  const int64_t score_rows = rows * cfg_.heads;
+  if (rows > INT_MAX || score_rows > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward: batch * seq * heads = ", score_rows, " is too large"));
+  }
+  const size_t tok_count = static_cast<size_t>(batch) * (seq + 1);
+  for (size_t i = 0; i < tok_count; ++i) {
+    if (host_tokens[i] >= cfg_.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("Forward: token ",
+                                                     static_cast<int>(host_tokens[i]),
+                                                     " at index ", i, " is >= vocab ", cfg_.vocab));
+    }
+  }
+  Impl& im = *impl_;
+  ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+  ZF_RETURN_IF_ERROR(CheckDevicePointer(d_params, device_, "Forward params"));
+  im.have_forward = false;
+  ZF_RETURN_IF_ERROR(im.Reserve(cfg_, batch, seq));
+  cudaStream_t stream = im.stream;
+  ZF_CUDA_TRY(cudaMemcpyAsync(im.tokens, host_tokens, tok_count, cudaMemcpyHostToDevice, stream),
+              "cudaMemcpyAsync of the tokens");
+
+  const float* params = d_params;
+  const int n = batch * seq;
+  const int d = cfg_.width;
+  const int f = d * cfg_.mlp_mult;
+  const int vocab = cfg_.vocab;
+  const size_t nd = static_cast<size_t>(n) * d;
+
+  EmbeddingForwardKernel<<<EwBlocks(nd), kEwThreads, 0, stream>>>(
+      params + im.tok_emb, params + im.pos_emb, im.tokens, seq, d, nd, im.acts[0].x_in);
+  ZF_LAUNCH_CHECK("EmbeddingForwardKernel");
+
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const LayerActs& a = im.acts[l];
+    const LayerOffsets& o = im.layer_off[l];
+    ZF_RETURN_IF_ERROR(im.LayerNormForward(a.x_in, params + o.ln1_g, params + o.ln1_b, n, d,
+                                           a.ln1_out, a.ln1_mean, a.ln1_rstd));
+    ZF_RETURN_IF_ERROR(im.Linear(params, o.wqkv, params + o.bqkv, a.ln1_out, n, d, 3 * d,
+                                 nullptr, a.qkv, "qkv"));
+    ZF_RETURN_IF_ERROR(im.AttentionForward(a, cfg_, batch, seq));
+    ZF_RETURN_IF_ERROR(
+        im.Linear(params, o.wo, params + o.bo, a.attn, n, d, d, a.x_in, a.x_mid, "attn out"));
+    ZF_RETURN_IF_ERROR(im.LayerNormForward(a.x_mid, params + o.ln2_g, params + o.ln2_b, n, d,
+                                           a.ln2_out, a.ln2_mean, a.ln2_rstd));
+    ZF_RETURN_IF_ERROR(
+        im.Linear(params, o.w1, params + o.b1, a.ln2_out, n, d, f, nullptr, a.h_pre, "mlp.w1"));
+    const size_t nf = static_cast<size_t>(n) * f;
+    GeluForwardKernel<<<EwBlocks(nf), kEwThreads, 0, stream>>>(a.h_pre, nf, a.h_tanh, a.h_act);
+    ZF_LAUNCH_CHECK("GeluForwardKernel");
+    float* next = (l + 1 < cfg_.layers) ? im.acts[l + 1].x_in : im.x_final;
+    ZF_RETURN_IF_ERROR(
+        im.Linear(params, o.w2, params + o.b2, a.h_act, n, f, d, a.x_mid, next, "mlp.w2"));
+  }
+
+  ZF_RETURN_IF_ERROR(im.LayerNormForward(im.x_final, params + im.lnf_g, params + im.lnf_b, n, d,
+                                         im.lnf_out, im.lnf_mean, im.lnf_rstd));
+  ZF_RETURN_IF_ERROR(
+      im.Linear(params, im.head, nullptr, im.lnf_out, n, d, vocab, nullptr, im.probs, "head"));
+  CrossEntropyKernel<<<n, kRowThreads, 0, stream>>>(im.probs, im.tokens, seq, vocab,
+                                                    im.row_loss);
+  ZF_LAUNCH_CHECK("CrossEntropyKernel");
+  MeanLossKernel<<<1, 1024, 0, stream>>>(im.row_loss, n, im.loss);
+  ZF_LAUNCH_CHECK("MeanLossKernel");
+
+  double loss = 0.0;
+  ZF_CUDA_TRY(cudaMemcpyAsync(&loss, im.loss, sizeof(double), cudaMemcpyDeviceToHost, stream),
+              "cudaMemcpyAsync of the loss");
+  ZF_CUDA_TRY(cudaStreamSynchronize(stream), "Forward (cudaStreamSynchronize)");
+  last_loss_ = loss;
+  im.have_forward = true;
+  return static_cast<float>(loss);
+}
+
+absl::Status CudaTransformer::Backward(const float* d_params, float* d_grads) {
+  Impl& im = *impl_;
+  if (!im.have_forward) {
+    return absl::FailedPreconditionError("Backward: no successful Forward to differentiate");
+  }
+  if (d_params == nullptr || d_grads == nullptr) {
+    return absl::InvalidArgumentError("Backward: null params or grads");
+  }
+  ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+  ZF_RETURN_IF_ERROR(CheckDevicePointer(d_params, device_, "Backward params"));
+  ZF_RETURN_IF_ERROR(CheckDevicePointer(d_grads, device_, "Backward grads"));
+  cudaStream_t stream = im.stream;
+  const float* params = d_params;
+  float* grads = d_grads;
+  const int batch = im.ws_batch;
+  const int seq = im.ws_seq;
+  const int n = batch * seq;
+  const int d = cfg_.width;
+  const int f = d * cfg_.mlp_mult;
+  const int vocab = cfg_.vocab;
+
+  ZF_CUDA_TRY(cudaMemsetAsync(grads, 0, num_params_ * sizeof(float), stream),
+              "cudaMemsetAsync of the gradients");
+  {
+    const size_t count = static_cast<size_t>(n) * vocab;
+    DLogitsKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(im.probs, im.tokens, seq, vocab,
+                                                              1.0f / n, count, im.d_logits);
+    ZF_LAUNCH_CHECK("DLogitsKernel");
+  }
+  ZF_RETURN_IF_ERROR(im.LinearBackward(params, im.head, grads, nullptr, im.lnf_out, im.d_logits,
+                                       n, d, vocab, im.d_ln, "head backward"));
+  ZF_RETURN_IF_ERROR(im.LayerNormBackward(im.x_final, im.lnf_mean, im.lnf_rstd, params + im.lnf_g,
+                                          im.d_ln, n, d, /*accumulate=*/false, im.d_res,
+                                          grads + im.lnf_g, grads + im.lnf_b));
+
+  for (int l = cfg_.layers - 1; l >= 0; --l) {
+    const LayerActs& a = im.acts[l];
+    const LayerOffsets& o = im.layer_off[l];
+    // MLP branch.
+    ZF_RETURN_IF_ERROR(im.LinearBackward(params, o.w2, grads, grads + o.b2, a.h_act, im.d_res, n,
+                                         f, d, im.d_h, "mlp.w2 backward"));
+    const size_t nf = static_cast<size_t>(n) * f;
+    GeluBackwardKernel<<<EwBlocks(nf), kEwThreads, 0, stream>>>(a.h_pre, a.h_tanh, nf, im.d_h);
+    ZF_LAUNCH_CHECK("GeluBackwardKernel");
+    ZF_RETURN_IF_ERROR(im.LinearBackward(params, o.w1, grads, grads + o.b1, a.ln2_out, im.d_h, n,
+                                         d, f, im.d_ln, "mlp.w1 backward"));
+    ZF_RETURN_IF_ERROR(im.LayerNormBackward(a.x_mid, a.ln2_mean, a.ln2_rstd, params + o.ln2_g,
+                                            im.d_ln, n, d, /*accumulate=*/true, im.d_res,
+                                            grads + o.ln2_g, grads + o.ln2_b));
+    // Attention branch.
+    ZF_RETURN_IF_ERROR(im.LinearBackward(params, o.wo, grads, grads + o.bo, a.attn, im.d_res, n, d,
+                                         d, im.d_tmp, "attn out backward"));
+    ZF_RETURN_IF_ERROR(im.AttentionBackward(a, im.d_tmp, cfg_, batch, seq, im.d_qkv));
+    ZF_RETURN_IF_ERROR(im.LinearBackward(params, o.wqkv, grads, grads + o.bqkv, a.ln1_out,
+                                         im.d_qkv, n, d, 3 * d, im.d_ln, "qkv backward"));
+    ZF_RETURN_IF_ERROR(im.LayerNormBackward(a.x_in, a.ln1_mean, a.ln1_rstd, params + o.ln1_g,
+                                            im.d_ln, n, d, /*accumulate=*/true, im.d_res,
+                                            grads + o.ln1_g, grads + o.ln1_b));
+  }
+
+  EmbeddingTokBackwardKernel<<<(d + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream>>>(
+      im.d_res, im.tokens, n, seq, d, grads + im.tok_emb);
+  ZF_LAUNCH_CHECK("EmbeddingTokBackwardKernel");
+  const size_t sd = static_cast<size_t>(seq) * d;
+  EmbeddingPosBackwardKernel<<<EwBlocks(sd), kEwThreads, 0, stream>>>(im.d_res, batch, seq, d,
+                                                                      grads + im.pos_emb);
+  ZF_LAUNCH_CHECK("EmbeddingPosBackwardKernel");
+  ZF_CUDA_TRY(cudaStreamSynchronize(stream), "Backward (cudaStreamSynchronize)");
+  return absl::OkStatus();
+}
+
+}  // namespace model
+}  // namespace zenflow
