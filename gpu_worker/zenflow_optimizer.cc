@@ -252,7 +252,10 @@ int32_t ZenFlowOptimizer::DecideDelay(int64_t round) {
     d = static_cast<int32_t>(interval_);
   } else {
     // Adaptive, from round-1's RoundDone, which every rank has applied by
-    // the time this is asked (d <= S): the same answer on every rank.
+    // the time this is asked (d <= S): the same answer on every rank. Until
+    // there is a measurement (the first two rounds), assume the update does
+    // not fit and overlap fully (d = S).
+    d = static_cast<int32_t>(interval_);
     if (last_done_round_ == round - 1 && last_round_interval_ > 0) {
       const double step_seconds = last_round_interval_ / static_cast<double>(interval_);
       d = static_cast<int32_t>(std::ceil(1.2 * last_close_to_done_ / step_seconds));
