@@ -311,7 +311,14 @@ absl::Status Run() {
   const ModeResult& zf = res[1];
   const double speedup = zf.mean_step_ms > 0 ? zo.mean_step_ms / zf.mean_step_ms : 0;
   const double stall_fraction = zf.mean_step_ms > 0 ? zf.stall_ms_per_step / zf.mean_step_ms : 0;
-  const double wire_ratio = zo.wire_bytes_per_step > 0 ? zf.wire_bytes_per_step / zo.wire_bytes_per_step : 0;
+  // The issue's yardstick: zero_offload moving bf16 gradients down and bf16
+  // parameters up every step, 4 B/param. Our zero_offload returns fp32
+  // values (the engine keeps fp32 parameters), so its measured bytes are
+  // larger; that ratio is reported too, under its own name.
+  const double bf16_zero_offload_bytes = 4.0 * static_cast<double>(total);
+  const double wire_ratio = zf.wire_bytes_per_step / bf16_zero_offload_bytes;
+  const double wire_ratio_measured =
+      zo.wire_bytes_per_step > 0 ? zf.wire_bytes_per_step / zo.wire_bytes_per_step : 0;
   const bool cpu_dominates = zo.mean_step_ms >= 3.0 * device_ms;
   const double runtime_s = Now() - t_start;
 
@@ -324,12 +331,15 @@ absl::Status Run() {
       "\"apply_delay\": \"adaptive\"},\n"
       "  \"modes\": {\n    \"zero_offload\": %s,\n    \"zenflow\": %s\n  },\n"
       "  \"speedup_vs_zero_offload\": %.4f,\n  \"stall_fraction\": %.4f,\n  \"wire_ratio\": %.4f,\n"
+      "  \"wire_ratio_definition\": \"zenflow wire bytes per step / (4 B x params: zero_offload with bf16 "
+      "gradients down and bf16 parameters up)\",\n"
+      "  \"wire_ratio_vs_measured_zero_offload\": %.4f,\n"
       "  \"cpu_dominates\": %s,\n"
       "  \"goals\": {\"speedup\": 3, \"stall_fraction\": 0.05, \"wire_ratio\": 0.5},\n"
       "  \"goals_met\": {\"speedup\": %s, \"stall_fraction\": %s, \"wire_ratio\": %s},\n"
       "  \"runtime_s\": %.1f\n}\n",
       device_ms, total, threads, absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
-      speedup, stall_fraction, wire_ratio, cpu_dominates ? "true" : "false",
+      speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "true" : "false",
       speedup >= 3 ? "true" : "false", stall_fraction <= 0.05 ? "true" : "false",
       wire_ratio <= 0.5 ? "true" : "false", runtime_s);
 
@@ -355,9 +365,10 @@ absl::Status Run() {
                 r.mean_step_ms > 0 ? 100.0 * r.stall_ms_per_step / r.mean_step_ms : 0.0,
                 r.wire_bytes_per_step / (1 << 20));
   }
-  std::printf("speedup %.2fx (goal 3)  stall fraction %.3f (goal <= 0.05)  wire ratio %.3f (goal <= 0.5)  "
+  std::printf("speedup %.2fx (goal 3)  stall fraction %.3f (goal <= 0.05)  wire ratio %.3f vs bf16 "
+              "zero_offload (goal <= 0.5; %.3f vs the measured fp32-returning zero_offload)  "
               "cpu dominates: %s\n",
-              speedup, stall_fraction, wire_ratio, cpu_dominates ? "yes" : "no");
+              speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "yes" : "no");
   std::printf("runtime %.1f s; JSON in %s\n", runtime_s, out.c_str());
   return absl::OkStatus();
 }
