@@ -29,8 +29,10 @@
 #include "client/client.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/device_buffer.h"
 #include "gpu_worker/model/text_data.h"
 #include "gpu_worker/model/transformer.h"
+#include "gpu_worker/model/transformer_cuda.h"
 #include "gpu_worker/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
@@ -62,6 +64,8 @@ ABSL_FLAG(uint64_t, seed, 1, "data sampling and initialization seed");
 ABSL_FLAG(int, eval_batches, 8, "validation batches at the end");
 ABSL_FLAG(int, threads, 2, "CPU threads for the model and the optimizer");
 ABSL_FLAG(bool, progress, true, "print a progress line");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu, or cuda (the CUDA model and backend; needs a build with nvcc and a GPU)");
 
 namespace zenflow {
 namespace {
@@ -72,6 +76,7 @@ using model::ModelConfig;
 using model::SaveParams;
 using model::TensorInfo;
 using model::TextData;
+using model::CudaTransformer;
 using model::Transformer;
 
 double Now() {
@@ -116,24 +121,58 @@ absl::Status Run() {
     cfg = loaded;
   }
   const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
-  ZF_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::Create(cfg, threads));
-  if (params.empty()) {
-    params.assign(model->num_params(), 0.0f);
-    model->InitParams(params.data());
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    return absl::InvalidArgumentError("--device must be cpu or cuda");
   }
-  if (params.size() != model->num_params()) {
+  // The model and the optimizer backend live on the same device; params and
+  // grads are backend memory (host memory for the CPU backend).
+  std::unique_ptr<Transformer> cpu_model;
+  std::unique_ptr<CudaTransformer> cuda_model;
+  std::unique_ptr<worker::Backend> backend;
+  std::vector<TensorInfo> tensors;
+  size_t num_params = 0;
+  if (device == "cuda") {
+    ZF_ASSIGN_OR_RETURN(backend, worker::MakeCudaBackend(0));
+    ZF_ASSIGN_OR_RETURN(cuda_model, CudaTransformer::Create(cfg, 0));
+    tensors = cuda_model->tensors();
+    num_params = cuda_model->num_params();
+  } else {
+    backend = worker::MakeCpuBackend(threads);
+    ZF_ASSIGN_OR_RETURN(cpu_model, Transformer::Create(cfg, threads));
+    tensors = cpu_model->tensors();
+    num_params = cpu_model->num_params();
+  }
+  if (params.empty()) {
+    params.assign(num_params, 0.0f);
+    // The CPU model's initializer defines the initial values on every device.
+    ZF_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> init_model, Transformer::Create(cfg, 1));
+    init_model->InitParams(params.data());
+  }
+  if (params.size() != num_params) {
     return absl::InvalidArgumentError("--init has the wrong number of parameters");
   }
-  std::vector<float> grads(model->num_params(), 0.0f);
-  std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(threads);
+  worker::DeviceBuffer d_params, d_grads;
+  ZF_RETURN_IF_ERROR(d_params.Reserve(backend.get(), num_params * sizeof(float)));
+  ZF_RETURN_IF_ERROR(d_grads.Reserve(backend.get(), num_params * sizeof(float)));
+  ZF_RETURN_IF_ERROR(backend->CopyToDevice(d_params.p(), params.data(), num_params * sizeof(float)));
+  ZF_RETURN_IF_ERROR(backend->Synchronize());
+  auto forward = [&](const std::vector<uint8_t>& tok, int b, int q) -> absl::StatusOr<float> {
+    if (cuda_model != nullptr) return cuda_model->Forward(d_params.f32(), tok.data(), b, q);
+    return cpu_model->Forward(d_params.f32(), tok.data(), b, q);
+  };
+  auto backward = [&]() -> absl::Status {
+    if (cuda_model != nullptr) return cuda_model->Backward(d_params.f32(), d_grads.f32());
+    return cpu_model->Backward(d_params.f32(), d_grads.f32());
+  };
 
   std::vector<ParamSpec> specs;
-  for (const TensorInfo& t : model->tensors()) {
+  for (const TensorInfo& t : tensors) {
     ParamSpec ps;
     ps.name = t.name;
     ps.shape = t.shape;
-    ps.param = params.data() + t.offset;
-    ps.grad = grads.data() + t.offset;
+    ps.param = d_params.f32() + t.offset;
+    ps.grad = d_grads.f32() + t.offset;
     specs.push_back(ps);
   }
 
@@ -141,20 +180,25 @@ absl::Status Run() {
   const int emulate_ms = absl::GetFlag(FLAGS_emulate_device_ms);
   std::unique_ptr<Client> client;
   std::unique_ptr<ZenFlowOptimizer> opt;
-  // Local AdamW state, compact per tensor (all columns).
-  std::vector<std::vector<float>> lm, lv, lg;
-  std::vector<std::vector<int32_t>> all_cols;
+  // Local AdamW state, compact per tensor (all columns), in backend memory.
+  std::vector<std::unique_ptr<worker::DeviceBuffer>> lm, lv, lg, lcols, lsteps;
   if (mode == "local") {
     for (const ParamSpec& p : specs) {
       const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1;
       const int64_t cols = p.shape.back();
-      lm.emplace_back(rows * cols, 0.0f);
-      lv.emplace_back(rows * cols, 0.0f);
-      lg.emplace_back(rows * cols, 0.0f);
+      for (auto* v : {&lm, &lv, &lg}) {
+        v->push_back(std::make_unique<worker::DeviceBuffer>());
+        ZF_RETURN_IF_ERROR(v->back()->Reserve(backend.get(), rows * cols * sizeof(float)));
+      }
       std::vector<int32_t> c(cols);
       for (int64_t j = 0; j < cols; ++j) c[j] = static_cast<int32_t>(j);
-      all_cols.push_back(std::move(c));
+      lcols.push_back(std::make_unique<worker::DeviceBuffer>());
+      ZF_RETURN_IF_ERROR(lcols.back()->Reserve(backend.get(), cols * sizeof(int32_t)));
+      ZF_RETURN_IF_ERROR(backend->CopyToDevice(lcols.back()->p(), c.data(), cols * sizeof(int32_t)));
+      lsteps.push_back(std::make_unique<worker::DeviceBuffer>());
+      ZF_RETURN_IF_ERROR(lsteps.back()->Reserve(backend.get(), cols * sizeof(int64_t)));
     }
+    ZF_RETURN_IF_ERROR(backend->Synchronize());
   } else {
     ClientOptions co;
     co.target = absl::GetFlag(FLAGS_target);
@@ -204,8 +248,8 @@ absl::Status Run() {
     if (!jsonl) std::fprintf(log, "step,loss,step_ms,stall_ms,send_blocked_ms,bytes_up,bytes_down,emulated_device_ms\n");
   }
   const bool tty = isatty(STDERR_FILENO);
-  std::fprintf(stderr, "zf_train: mode=%s rank=%d/%d model=%d layers x %d wide (%zu params), data=%s%s\n",
-               mode.c_str(), rank, world, cfg.layers, cfg.width, model->num_params(),
+  std::fprintf(stderr, "zf_train: mode=%s device=%s rank=%d/%d model=%d layers x %d wide (%zu params), data=%s%s\n",
+               mode.c_str(), device.c_str(), rank, world, cfg.layers, cfg.width, num_params,
                data_path.c_str(),
                emulate_ms > 0 ? absl::StrFormat(", EMULATED device time %d ms/step", emulate_ms).c_str() : "");
 
@@ -219,8 +263,8 @@ absl::Status Run() {
   for (int t = 0; t < steps; ++t) {
     const double t0 = Now();
     data.SampleBatch(false, batch, seq, static_cast<uint64_t>(t), seed, &tokens);
-    ZF_ASSIGN_OR_RETURN(float loss, model->Forward(params.data(), tokens.data(), batch, seq));
-    ZF_RETURN_IF_ERROR(model->Backward(params.data(), grads.data()));
+    ZF_ASSIGN_OR_RETURN(float loss, forward(tokens, batch, seq));
+    ZF_RETURN_IF_ERROR(backward());
     if (emulate_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(emulate_ms));
     StepStats st;
     if (opt != nullptr) {
@@ -234,12 +278,14 @@ absl::Status Run() {
         const int64_t rows = specs[i].shape.size() == 2 ? specs[i].shape[0] : 1;
         const int64_t cols = specs[i].shape.back();
         std::vector<int64_t> counts(cols, t + 1);
-        ZF_RETURN_IF_ERROR(backend->PackColumns(specs[i].grad, rows, cols, all_cols[i].data(), cols,
-                                                worker::PackDType::kF32, lg[i].data(), nullptr));
-        ZF_RETURN_IF_ERROR(backend->SelectiveAdamW(h, 1.0f, specs[i].param, rows, cols,
-                                                   all_cols[i].data(), cols, counts.data(),
-                                                   lg[i].data(), lm[i].data(), lv[i].data()));
+        ZF_RETURN_IF_ERROR(backend->CopyToDevice(lsteps[i]->p(), counts.data(), cols * sizeof(int64_t)));
+        ZF_RETURN_IF_ERROR(backend->PackColumns(specs[i].grad, rows, cols, lcols[i]->i32(), cols,
+                                                worker::PackDType::kF32, lg[i]->p(), nullptr));
+        ZF_RETURN_IF_ERROR(backend->SelectiveAdamW(h, 1.0f, specs[i].param, rows, cols, lcols[i]->i32(),
+                                                   cols, lsteps[i]->i64(), lg[i]->f32(), lm[i]->f32(),
+                                                   lv[i]->f32()));
       }
+      ZF_RETURN_IF_ERROR(backend->Synchronize());
     }
     const double step_s = Now() - t0;
     sum_step += step_s;
@@ -282,18 +328,20 @@ absl::Status Run() {
   const int eval = std::max(1, absl::GetFlag(FLAGS_eval_batches));
   for (int i = 0; i < eval; ++i) {
     data.SampleBatch(true, batch, seq, static_cast<uint64_t>(i), absl::GetFlag(FLAGS_seed), &tokens);
-    ZF_ASSIGN_OR_RETURN(float loss, model->Forward(params.data(), tokens.data(), batch, seq));
+    ZF_ASSIGN_OR_RETURN(float loss, forward(tokens, batch, seq));
     val += loss;
   }
   val /= eval;
   if (!absl::GetFlag(FLAGS_save).empty()) {
+    ZF_RETURN_IF_ERROR(backend->CopyToHost(params.data(), d_params.p(), num_params * sizeof(float)));
+    ZF_RETURN_IF_ERROR(backend->Synchronize());
     ZF_RETURN_IF_ERROR(SaveParams(absl::GetFlag(FLAGS_save), cfg, params.data(), params.size()));
   }
   std::printf(
       "ZF_SUMMARY {\"mode\":\"%s\",\"rank\":%d,\"world\":%d,\"steps\":%d,\"params\":%zu,"
       "\"train_loss_ema\":%.6f,\"val_loss\":%.6f,\"mean_step_ms\":%.3f,\"stall_ms_per_step\":%.3f,"
       "\"wire_bytes_per_step\":%.1f,\"emulated_device_ms\":%d}\n",
-      mode.c_str(), rank, world, steps, model->num_params(), last_loss_avg, val,
+      mode.c_str(), rank, world, steps, num_params, last_loss_avg, val,
       sum_step / std::max(1, steps) * 1e3, sum_stall / std::max(1, steps) * 1e3,
       static_cast<double>(sum_up + sum_down) / std::max(1, steps), emulate_ms);
   return absl::OkStatus();
