@@ -158,7 +158,8 @@ absl::StatusOr<v1::Selection> Client::SubmitImportance(
 }
 
 absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
-                                                    const std::vector<v1::ColumnState>& leaving) {
+                                                    const std::vector<v1::ColumnState>& leaving,
+                                                    const std::vector<std::string>& tensors) {
   v1::HandOffRequest req;
   {
     MutexLock lock(&mu_);
@@ -167,6 +168,7 @@ absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
   }
   req.set_version(version);
   for (const auto& l : leaving) *req.add_leaving() = l;
+  for (const auto& t : tensors) req.add_tensors(t);
   v1::HandOffResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
   ZF_RETURN_IF_ERROR(FromGrpc(stub_->HandOff(ctx.get(), req, &resp)));

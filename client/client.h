@@ -89,8 +89,11 @@ class Client {
   // Blocks until every rank submitted importance for `step`.
   absl::StatusOr<v1::Selection> SubmitImportance(int64_t step,
                                                  const std::vector<v1::TensorImportance>& tensors);
+  // Hands off `leaving` for the named tensors (empty: all of the job's);
+  // large jobs call it several times with disjoint tensor sets.
   absl::StatusOr<v1::HandOffResponse> HandOff(int64_t version,
-                                              const std::vector<v1::ColumnState>& leaving);
+                                              const std::vector<v1::ColumnState>& leaving,
+                                              const std::vector<std::string>& tensors = {});
 
   // Mean over ranks of each named fp32 vector (blocks until every rank sent
   // the same step). `parts` are (name, values) pairs; results in the same order.

@@ -505,7 +505,37 @@ absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
     leaving.push_back(std::move(cs));
   }
   ZF_RETURN_IF_ERROR(backend_->Synchronize());
-  ZF_ASSIGN_OR_RETURN(v1::HandOffResponse handoff, client_->HandOff(sel.version(), leaving));
+  // Hand off in calls of at most ~kHandOffBytes each (by tensor), so no
+  // message outgrows the gRPC limits on large models.
+  constexpr double kHandOffBytes = 64.0 * (1 << 20);
+  v1::HandOffResponse handoff;
+  {
+    std::vector<std::string> names;
+    std::vector<v1::ColumnState> part;
+    double bytes = 0;
+    auto flush = [&]() -> absl::Status {
+      if (names.empty()) return absl::OkStatus();
+      ZF_ASSIGN_OR_RETURN(v1::HandOffResponse r, client_->HandOff(sel.version(), part, names));
+      for (v1::ColumnState& cs : *r.mutable_joining()) *handoff.add_joining() = std::move(cs);
+      names.clear();
+      part.clear();
+      bytes = 0;
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const Tensor& t = *tensors_[i];
+      const double moved = static_cast<double>(Difference(chosen[i], t.important).size() +
+                                               leave_cols[i].size()) *
+                           static_cast<double>(t.rows) * 12.0;
+      if (!names.empty() && bytes + moved > kHandOffBytes) ZF_RETURN_IF_ERROR(flush());
+      names.push_back(t.name);
+      bytes += moved;
+      for (v1::ColumnState& cs : leaving) {
+        if (cs.tensor() == t.name) part.push_back(std::move(cs));
+      }
+    }
+    ZF_RETURN_IF_ERROR(flush());
+  }
   // New compact state: kept columns keep theirs, joining ones get the daemon's.
   for (size_t i = 0; i < tensors_.size(); ++i) {
     Tensor& t = *tensors_[i];

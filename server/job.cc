@@ -236,6 +236,8 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx)
     t.round_hits.assign(world_, std::vector<int32_t>(t.cols, 0));
   }
   ranks_.resize(world_);
+  for (RankState& r : ranks_) r.tensor_handed_off.assign(tensors_.size(), 0);
+  handoff_applied_version_.assign(tensors_.size(), 0);
 }
 
 absl::Status Job::CheckLive() const {
@@ -1042,6 +1044,16 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
                         t.prev_important_cols.begin(), t.prev_important_cols.end(),
                         std::back_inserter(joining[ti]));
   }
+  // The tensors this call covers.
+  std::vector<bool> in_call(tensors_.size(), req.tensors_size() == 0);
+  for (const std::string& name : req.tensors()) {
+    ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(name));
+    if (in_call[ti]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' is listed twice in one hand-off"));
+    }
+    in_call[ti] = true;
+  }
   std::vector<const v1::ColumnState*> given(tensors_.size(), nullptr);
   for (const v1::ColumnState& cs : req.leaving()) {
     ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(cs.tensor()));
@@ -1049,9 +1061,14 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
       return absl::InvalidArgumentError(
           absl::StrCat("leaving state of tensor '", cs.tensor(), "' is given twice"));
     }
+    if (!in_call[ti]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "leaving state of tensor '", cs.tensor(), "' is not among this call's tensors"));
+    }
     given[ti] = &cs;
   }
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    if (!in_call[ti]) continue;
     const TensorState& t = tensors_[ti];
     const std::vector<int32_t>& want = leaving[ti];
     const v1::ColumnState* cs = given[ti];
@@ -1086,8 +1103,9 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
       }
     }
   }
-  const bool compare = handoff_applied_version_ == req.version();
-  for (size_t ti = 0; compare && ti < tensors_.size(); ++ti) {
+  // Per tensor: the first rank's state is applied, later ranks' compared.
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    if (!in_call[ti] || handoff_applied_version_[ti] != req.version()) continue;
     const TensorState& t = tensors_[ti];
     const v1::ColumnState* cs = given[ti];
     for (size_t i = 0; i < leaving[ti].size(); ++i) {
@@ -1105,25 +1123,30 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
       }
     }
   }
-  if (!compare) {
-    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-      TensorState& t = tensors_[ti];
-      const v1::ColumnState* cs = given[ti];
-      for (size_t i = 0; i < leaving[ti].size(); ++i) {
-        const size_t off = static_cast<size_t>(leaving[ti][i]) * t.rows;
-        const size_t src = i * t.rows;
-        std::copy_n(cs->values().data() + src, t.rows, t.master.data() + off);
-        std::copy_n(cs->m().data() + src, t.rows, t.m.data() + off);
-        std::copy_n(cs->v().data() + src, t.rows, t.v.data() + off);
-        t.count[leaving[ti][i]] = cs->update_counts(static_cast<int>(i));
-      }
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    if (!in_call[ti] || handoff_applied_version_[ti] == req.version()) continue;
+    TensorState& t = tensors_[ti];
+    const v1::ColumnState* cs = given[ti];
+    for (size_t i = 0; i < leaving[ti].size(); ++i) {
+      const size_t off = static_cast<size_t>(leaving[ti][i]) * t.rows;
+      const size_t src = i * t.rows;
+      std::copy_n(cs->values().data() + src, t.rows, t.master.data() + off);
+      std::copy_n(cs->m().data() + src, t.rows, t.m.data() + off);
+      std::copy_n(cs->v().data() + src, t.rows, t.v.data() + off);
+      t.count[leaving[ti][i]] = cs->update_counts(static_cast<int>(i));
     }
-    handoff_applied_version_ = req.version();
+    handoff_applied_version_[ti] = req.version();
   }
-  ranks_[req.rank()].handed_off_version = req.version();
+  RankState& rank = ranks_[req.rank()];
+  bool all = true;
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    if (in_call[ti]) rank.tensor_handed_off[ti] = req.version();
+    all = all && rank.tensor_handed_off[ti] == req.version();
+  }
+  if (all) rank.handed_off_version = req.version();
   v1::HandOffResponse resp;
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    if (joining[ti].empty()) continue;
+    if (!in_call[ti] || joining[ti].empty()) continue;
     FillColumnState(tensors_[ti], joining[ti], resp.add_joining());
   }
   return resp;

@@ -140,6 +140,7 @@ class Job : public std::enable_shared_from_this<Job> {
     bool joined = false;
     int64_t next_round = 0;          // first round this rank has not closed
     int64_t handed_off_version = 0;  // selection version whose state it has
+    std::vector<int64_t> tensor_handed_off;  // per tensor, the version handed off
     std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
   };
 
@@ -208,7 +209,8 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t rounds_updated_ ABSL_GUARDED_BY(mu_) = 0;  // updates finished
   int64_t selection_version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t selection_step_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t handoff_applied_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per tensor: the selection version whose leaving state has been applied.
+  std::vector<int64_t> handoff_applied_version_ ABSL_GUARDED_BY(mu_);
   PendingSelection pending_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);

@@ -134,6 +134,67 @@ TEST_F(DaemonE2ETest, ReselectionHandsOffStateExactlyBothWays) {
   EXPECT_EQ(job->rounds_updated(), 7);
 }
 
+TEST_F(DaemonE2ETest, HandOffInOneCallPerTensorIsExact) {
+  JobOptions o;
+  o.job_id = "handoff-split";
+  o.tensors = {{"w", 8, 16, false}, {"v", 4, 12, false}, {"b", 1, 16, true}};
+  o.handoff_per_tensor = true;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  std::vector<float> a(16), b(12), c(16), d(12);
+  for (int i = 0; i < 16; ++i) {
+    a[i] = static_cast<float>(i);
+    c[i] = static_cast<float>((i * 5) % 16);
+  }
+  for (int i = 0; i < 12; ++i) {
+    b[i] = static_cast<float>(12 - i);
+    d[i] = static_cast<float>((i * 7) % 12);
+  }
+  ASSERT_OK(h.Reselect({a, b, {}}));
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.Reselect({c, d, {}}));  // columns leave and join in both tensors
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
+TEST_F(DaemonE2ETest, ShardsWaitUntilEveryTensorIsHandedOff) {
+  JobOptions o;
+  o.job_id = "handoff-partial";
+  o.world = 1;
+  o.tensors = {{"w", 8, 16, false}, {"v", 4, 12, false}};
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  std::vector<v1::TensorImportance> imp(2);
+  imp[0].set_tensor("w");
+  imp[1].set_tensor("v");
+  for (int i = 0; i < 16; ++i) imp[0].add_scores(static_cast<float>(i));
+  for (int i = 0; i < 12; ++i) imp[1].add_scores(static_cast<float>(i));
+  absl::StatusOr<v1::Selection> sel = h.client(0).SubmitImportance(0, imp);
+  ASSERT_OK(sel.status());
+  ASSERT_OK(h.client(0).HandOff(sel->version(), {}, {"w"}).status());
+  v1::GradientShard s;
+  s.set_step(0);
+  s.set_tensor("w");
+  s.set_selection_version(sel->version());
+  s.set_dtype(v1::DTYPE_FP32);
+  s.add_columns(0);
+  s.set_payload(std::string(8 * 4, '\0'));
+  ASSERT_OK(h.client(0).PushShard(s));
+  ASSERT_TRUE(h.client(0).WaitForErrors(1, absl::Seconds(30)));
+  const absl::Status err = h.client(0).TakeErrors()[0];
+  EXPECT_EQ(err.code(), absl::StatusCode::kFailedPrecondition) << err;
+  EXPECT_NE(err.message().find("must call HandOff"), std::string::npos) << err;
+  // A leaving state for a tensor outside the call is refused.
+  v1::ColumnState stray;
+  stray.set_tensor("w");
+  const absl::Status bad = h.client(0).HandOff(sel->version(), {stray}, {"v"}).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  ASSERT_OK(h.client(0).HandOff(sel->version(), {}, {"v"}).status());
+  ASSERT_OK(h.client(0).PushShard(s));
+  ASSERT_OK(h.client(0).Flush(absl::Seconds(30)));
+  EXPECT_FALSE(h.client(0).WaitForErrors(1, absl::Milliseconds(300)));
+}
+
 TEST_F(DaemonE2ETest, ManyJobsAndRanksConcurrently) {
   constexpr int kJobs = 3;
   std::vector<absl::Status> results(kJobs);

@@ -285,7 +285,22 @@ absl::Status Harness::Reselect(const std::vector<std::vector<float>>& importance
     if (cs.columns_size() > 0) leaving.push_back(cs);
   }
   for (int rank = 0; rank < opts_.world; ++rank) {
-    absl::StatusOr<v1::HandOffResponse> r = clients_[rank]->HandOff(sel.version(), leaving);
+    absl::StatusOr<v1::HandOffResponse> r;
+    if (opts_.handoff_per_tensor) {
+      v1::HandOffResponse all;
+      for (const TensorDef& d : opts_.tensors) {
+        std::vector<v1::ColumnState> part;
+        for (const v1::ColumnState& cs : leaving) {
+          if (cs.tensor() == d.name) part.push_back(cs);
+        }
+        absl::StatusOr<v1::HandOffResponse> one = clients_[rank]->HandOff(sel.version(), part, {d.name});
+        if (!one.ok()) return one.status();
+        for (const v1::ColumnState& cs : one->joining()) *all.add_joining() = cs;
+      }
+      r = all;
+    } else {
+      r = clients_[rank]->HandOff(sel.version(), leaving);
+    }
     if (!r.ok()) return r.status();
     for (const v1::ColumnState& cs : r->joining()) {
       size_t ti = 0;

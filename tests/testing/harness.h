@@ -38,6 +38,7 @@ struct JobOptions {
   bool skip_nonfinite = false;
   float max_grad_norm = 0;
   v1::DeltaKind delta_kind = v1::DELTA_VALUES;
+  bool handoff_per_tensor = false;  // one HandOff call per tensor
 };
 
 // Deterministic gradient of element (r, c) of tensor ti at (rank, step).
