@@ -100,29 +100,46 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
   return reactor;
 }
 
+// Looks up the request's job and checks its size; on failure finishes the
+// call and returns null.
+template <typename Request>
+std::shared_ptr<Job> ZenFlowService::JobFor(grpc::ServerUnaryReactor* reactor, const Request& req) {
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req.job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr);
+    return nullptr;
+  }
+  if (absl::Status s = CheckSize(req, registry_); !s.ok()) {
+    Finish(reactor, s, job->get());
+    return nullptr;
+  }
+  return *std::move(job);
+}
+
+// The completion of a rendezvous call (the job counts its own rejections).
+template <typename Result, typename Store>
+std::function<void(absl::StatusOr<Result>)> ZenFlowService::Completion(
+    grpc::ServerUnaryReactor* reactor, Store store) {
+  JobRegistry* registry = registry_;
+  return [reactor, store, registry](absl::StatusOr<Result> r) {
+    if (r.ok()) {
+      store(*std::move(r));
+    } else {
+      registry->CountRejection(r.status().code());
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+  };
+}
+
 grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerContext* ctx,
                                                            const v1::SubmitImportanceRequest* req,
                                                            v1::SubmitImportanceResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
-  if (!job.ok()) {
-    Finish(reactor, job.status(), nullptr);
-    return reactor;
-  }
-  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
-    Finish(reactor, s, job->get());
-    return reactor;
-  }
-  // Job::SubmitImportance counts its own rejections.
-  JobRegistry* registry = registry_;
-  (*job)->SubmitImportance(*req, [reactor, resp, registry](absl::StatusOr<v1::Selection> sel) {
-    if (sel.ok()) {
-      *resp->mutable_selection() = *std::move(sel);
-    } else {
-      registry->CountRejection(sel.status().code());
-    }
-    reactor->Finish(ToGrpcStatus(sel.status()));
-  });
+  std::shared_ptr<Job> job = JobFor(reactor, *req);
+  if (job == nullptr) return reactor;
+  job->SubmitImportance(*req, Completion<v1::Selection>(reactor, [resp](v1::Selection sel) {
+                          *resp->mutable_selection() = std::move(sel);
+                        }));
   return reactor;
 }
 
@@ -130,18 +147,11 @@ grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* c
                                                   const v1::HandOffRequest* req,
                                                   v1::HandOffResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
-  if (!job.ok()) {
-    Finish(reactor, job.status(), nullptr);
-    return reactor;
-  }
-  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
-    Finish(reactor, s, job->get());
-    return reactor;
-  }
-  absl::StatusOr<v1::HandOffResponse> r = (*job)->HandOff(*req);
+  std::shared_ptr<Job> job = JobFor(reactor, *req);
+  if (job == nullptr) return reactor;
+  absl::StatusOr<v1::HandOffResponse> r = job->HandOff(*req);
   if (r.ok()) *resp = *std::move(r);
-  Finish(reactor, r.status(), job->get());
+  Finish(reactor, r.status(), job.get());
   return reactor;
 }
 
@@ -149,24 +159,10 @@ grpc::ServerUnaryReactor* ZenFlowService::AllReduce(grpc::CallbackServerContext*
                                                     const v1::AllReduceRequest* req,
                                                     v1::AllReduceResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
-  if (!job.ok()) {
-    Finish(reactor, job.status(), nullptr);
-    return reactor;
-  }
-  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
-    Finish(reactor, s, job->get());
-    return reactor;
-  }
-  JobRegistry* registry = registry_;
-  (*job)->AllReduce(*req, [reactor, resp, registry](absl::StatusOr<v1::AllReduceResponse> r) {
-    if (r.ok()) {
-      *resp = *std::move(r);
-    } else {
-      registry->CountRejection(r.status().code());
-    }
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
+  std::shared_ptr<Job> job = JobFor(reactor, *req);
+  if (job == nullptr) return reactor;
+  job->AllReduce(*req, Completion<v1::AllReduceResponse>(
+                           reactor, [resp](v1::AllReduceResponse r) { *resp = std::move(r); }));
   return reactor;
 }
 

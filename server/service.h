@@ -8,6 +8,7 @@
 #ifndef ZENFLOW_SERVER_SERVICE_H_
 #define ZENFLOW_SERVER_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -59,6 +60,11 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
  private:
   // Finishes a unary call, counting a rejection.
   void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job);
+  template <typename Request>
+  std::shared_ptr<Job> JobFor(grpc::ServerUnaryReactor* reactor, const Request& req);
+  template <typename Result, typename Store>
+  std::function<void(absl::StatusOr<Result>)> Completion(grpc::ServerUnaryReactor* reactor,
+                                                         Store store);
 
   JobRegistry* registry_;
 };
