@@ -397,6 +397,25 @@ absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_
   return absl::OkStatus();
 }
 
+absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t version,
+                              const int32_t* columns, int64_t ncols, const int8_t* payload,
+                              const float* scales, int64_t rows) {
+  const int64_t per = std::max<int64_t>(1, options_.max_shard_bytes / std::max<int64_t>(rows, 1));
+  for (int64_t i = 0; i < ncols; i += per) {
+    const int64_t n = std::min(per, ncols - i);
+    v1::GradientShard shard;
+    shard.set_step(step);
+    shard.set_tensor(tensor);
+    shard.set_selection_version(version);
+    shard.set_dtype(v1::DTYPE_INT8);
+    shard.mutable_columns()->Add(columns + i, columns + i + n);
+    shard.mutable_scales()->Add(scales + i, scales + i + n);
+    shard.set_payload(reinterpret_cast<const char*>(payload) + i * rows, n * rows);
+    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
     int64_t step, const std::vector<std::pair<std::string, const std::vector<float>*>>& parts) {
   v1::AllReduceRequest req;

@@ -114,6 +114,10 @@ class Client {
   absl::Status PushEncoded(int64_t step, const std::string& tensor, int64_t version,
                            const int32_t* columns, int64_t ncols, const char* payload,
                            int64_t rows, DType dtype);
+  // The same for int8 columns (rows bytes each) with one scale per column.
+  absl::Status PushInt8(int64_t step, const std::string& tensor, int64_t version,
+                        const int32_t* columns, int64_t ncols, const int8_t* payload,
+                        const float* scales, int64_t rows);
   absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
   // Blocks until everything queued was handed to the transport.
   absl::Status Flush(absl::Duration timeout);

@@ -55,6 +55,8 @@
 
 ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
 ABSL_FLAG(int, device_ms, 60, "emulated device (forward + backward) time per step, ms");
+ABSL_FLAG(std::string, zenflow_wire, "bf16",
+          "zenflow mode's gradient wire: bf16 or int8 (zero_offload always uses bf16)");
 ABSL_FLAG(int64_t, params, 104857600, "parameters in the 2-D tensors (plus a 4096-value 1-D tensor)");
 ABSL_FLAG(int, tensors, 4, "2-D tensors the parameters are split over");
 ABSL_FLAG(int, steps, 24, "zenflow steps");
@@ -170,7 +172,8 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   }
   want.set_world_size(1);
   want.set_mode(zo ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
-  want.set_wire_dtype(v1::DTYPE_BF16);
+  want.set_wire_dtype(!zo && absl::GetFlag(FLAGS_zenflow_wire) == "int8" ? v1::DTYPE_INT8
+                                                                        : v1::DTYPE_BF16);
   const float lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
   want.mutable_adamw()->set_lr(lr);
   if (!zo) {
@@ -327,7 +330,7 @@ absl::Status Run() {
       "  \"gradients\": \"synthetic: one fixed random buffer per tensor, generated once, reused every step\",\n"
       "  \"warmup\": \"the first round of each mode (S steps; 1 for zero_offload) is left out of the averages\",\n"
       "  \"mean_step\": \"emulated device time + ZenFlowOptimizer::Step(); Finish() not included\",\n"
-      "  \"wire_dtype\": \"bf16\",\n  \"zenflow_config\": {\"topk_ratio\": %g, \"update_interval\": %d, "
+      "  \"wire_dtype\": {\"zero_offload\": \"bf16\", \"zenflow\": \"%s\"},\n  \"zenflow_config\": {\"topk_ratio\": %g, \"update_interval\": %d, "
       "\"apply_delay\": \"adaptive\"},\n"
       "  \"modes\": {\n    \"zero_offload\": %s,\n    \"zenflow\": %s\n  },\n"
       "  \"speedup_vs_zero_offload\": %.4f,\n  \"stall_fraction\": %.4f,\n  \"wire_ratio\": %.4f,\n"
@@ -338,7 +341,7 @@ absl::Status Run() {
       "  \"goals\": {\"speedup\": 3, \"stall_fraction\": 0.05, \"wire_ratio\": 0.5},\n"
       "  \"goals_met\": {\"speedup\": %s, \"stall_fraction\": %s, \"wire_ratio\": %s},\n"
       "  \"runtime_s\": %.1f\n}\n",
-      device_ms, total, threads, absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
+      device_ms, total, threads, absl::GetFlag(FLAGS_zenflow_wire), absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
       speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "true" : "false",
       speedup >= 3 ? "true" : "false", stall_fraction <= 0.05 ? "true" : "false",
       wire_ratio <= 0.5 ? "true" : "false", runtime_s);

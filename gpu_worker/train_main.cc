@@ -54,7 +54,8 @@ ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
 ABSL_FLAG(int, select_interval, 0, "zenflow: select_interval R (0 = 25*S)");
 ABSL_FLAG(int, warmup_rounds, 0, "zenflow: full warm-up rounds");
 ABSL_FLAG(std::string, delay, "adaptive", "zenflow: apply delay: sync, 1..S, or adaptive");
-ABSL_FLAG(std::string, wire, "bf16", "gradient wire dtype: fp32, bf16 or fp16");
+ABSL_FLAG(std::string, wire, "bf16",
+          "gradient wire dtype: fp32, bf16, fp16, or int8 (one fp32 scale per column)");
 ABSL_FLAG(int, emulate_device_ms, 0,
           "adds this much emulated device time per step (sleep), to study stalls on a CPU machine");
 ABSL_FLAG(std::string, log, "", "per-step log file (.csv, or .jsonl for JSON lines)");
@@ -213,10 +214,13 @@ absl::Status Run() {
     want.set_world_size(world);
     want.set_mode(mode == "zero_offload" ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
     const std::string wire = absl::GetFlag(FLAGS_wire);
-    if (wire != "fp32" && wire != "bf16" && wire != "fp16") {
-      return absl::InvalidArgumentError("--wire must be fp32, bf16 or fp16");
+    if (wire != "fp32" && wire != "bf16" && wire != "fp16" && wire != "int8") {
+      return absl::InvalidArgumentError("--wire must be fp32, bf16, fp16 or int8");
     }
-    want.set_wire_dtype(wire == "fp32" ? v1::DTYPE_FP32 : wire == "fp16" ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
+    want.set_wire_dtype(wire == "fp32"   ? v1::DTYPE_FP32
+                        : wire == "fp16" ? v1::DTYPE_FP16
+                        : wire == "int8" ? v1::DTYPE_INT8
+                                         : v1::DTYPE_BF16);
     want.mutable_adamw()->set_lr(lr);
     want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
     v1::ZenFlowConfig* z = want.mutable_zenflow();

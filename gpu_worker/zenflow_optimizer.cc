@@ -135,6 +135,10 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
       wire_ = DType::kF16;
       pack_wire_ = PackDType::kF16;
       break;
+    case v1::DTYPE_INT8:
+      wire_ = DType::kF32;  // unused for int8
+      pack_wire_ = PackDType::kInt8;
+      break;
     default:
       wire_ = DType::kBF16;
       pack_wire_ = PackDType::kBF16;
@@ -378,7 +382,13 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
   };
   std::optional<Chunk> ready;  // packed and copied, waiting to be pushed
   int buf = 0;
+  const bool int8 = pack_wire_ == PackDType::kInt8;
   auto push = [&](const Chunk& c) -> absl::Status {
+    if (int8) {
+      return client_->PushInt8(step, c.t->name, version_, c.t->remote.data() + c.first, c.n,
+                               static_cast<const int8_t*>(stage_host_[c.buf]),
+                               scales_host_[c.buf].data(), c.t->rows);
+    }
     return client_->PushEncoded(step, c.t->name, version_, c.t->remote.data() + c.first, c.n,
                                 static_cast<const char*>(stage_host_[c.buf]), c.t->rows, wire_);
   };
@@ -389,10 +399,19 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
       const int64_t n = std::min<int64_t>(per, static_cast<int64_t>(t->remote.size()) - first);
       // Pack chunk i into one buffer while chunk i-1 (the other buffer) is
       // handed to the client: packing never waits for sending.
+      float* scales = nullptr;
+      if (int8) {
+        ZF_RETURN_IF_ERROR(scales_dev_[buf].Reserve(backend_, n * sizeof(float)));
+        scales_host_[buf].resize(n);
+        scales = scales_dev_[buf].f32();
+      }
       ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_remote.i32() + first,
-                                               n, pack_wire_, stage_dev_[buf], nullptr));
+                                               n, pack_wire_, stage_dev_[buf], scales));
       if (stage_dev_[buf] != stage_host_[buf]) {
         ZF_RETURN_IF_ERROR(backend_->CopyToHost(stage_host_[buf], stage_dev_[buf], n * t->rows * esize));
+      }
+      if (int8) {
+        ZF_RETURN_IF_ERROR(backend_->CopyToHost(scales_host_[buf].data(), scales, n * sizeof(float)));
       }
       if (ready) ZF_RETURN_IF_ERROR(push(*ready));
       ZF_RETURN_IF_ERROR(backend_->Synchronize());

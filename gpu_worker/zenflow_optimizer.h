@@ -134,6 +134,8 @@ class ZenFlowOptimizer {
   void* stage_host_[2] = {nullptr, nullptr};
   size_t stage_bytes_ = 0;
   worker::DeviceBuffer scratch_cols_, scratch_vals_;
+  worker::DeviceBuffer scales_dev_[2];         // int8 wire: per-column scales
+  std::vector<float> scales_host_[2];
   float last_lr_ = 0;
   ClientStats snapshot_;  // client stats at the end of the last step
   bool have_snapshot_ = false;

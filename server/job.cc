@@ -113,7 +113,9 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
         "world_size ", spec->world_size(), " must be in [1, ", kMaxWorldSize, "]"));
   }
   if (spec->wire_dtype() == v1::DTYPE_UNSPECIFIED) spec->set_wire_dtype(v1::DTYPE_BF16);
-  ZF_RETURN_IF_ERROR(WireDType(spec->wire_dtype(), "wire_dtype").status());
+  if (spec->wire_dtype() != v1::DTYPE_INT8) {
+    ZF_RETURN_IF_ERROR(WireDType(spec->wire_dtype(), "wire_dtype").status());
+  }
   if (spec->delta_kind() == v1::DELTA_UNSPECIFIED) spec->set_delta_kind(v1::DELTA_VALUES);
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::MODE_ZENFLOW);
   if (spec->max_shard_bytes() == 0) {
@@ -212,7 +214,8 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx)
       ctx_(ctx),
       world_(spec.world_size()),
       interval_(spec.zenflow().update_interval()),
-      wire_dtype_(*WireDType(spec.wire_dtype(), "wire_dtype")) {
+      wire_dtype_(spec.wire_dtype() == v1::DTYPE_INT8 ? DType::kF32
+                                                      : *WireDType(spec.wire_dtype(), "wire_dtype")) {
   const bool zenflow = spec.mode() == v1::MODE_ZENFLOW;
   tensors_.resize(spec.tensors_size());
   for (int i = 0; i < spec.tensors_size(); ++i) {
@@ -534,17 +537,36 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(shard.tensor()));
   TensorState& t = tensors_[ti];
   const v1::DType pd = shard.dtype() == v1::DTYPE_UNSPECIFIED ? spec_.wire_dtype() : shard.dtype();
-  ZF_ASSIGN_OR_RETURN(DType dt, WireDType(pd, "shard dtype"));
+  const bool int8 = pd == v1::DTYPE_INT8;
+  DType dt = DType::kF32;
+  if (!int8) {
+    ZF_ASSIGN_OR_RETURN(dt, WireDType(pd, "shard dtype"));
+  }
+  const size_t esize = int8 ? 1 : DTypeSize(dt);
+  const char* dname = int8 ? "int8" : DTypeName(dt);
   const size_t ncols = static_cast<size_t>(shard.columns_size());
   if (ncols == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", t.name, "': shard for step ", shard.step(), " has no columns"));
   }
-  const size_t expected = ncols * static_cast<size_t>(t.rows) * DTypeSize(dt);
+  const size_t expected = ncols * static_cast<size_t>(t.rows) * esize;
   if (shard.payload().size() != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor '%s': payload is %d bytes but %d columns x %d rows of %s need %d bytes",
-        t.name, shard.payload().size(), ncols, t.rows, DTypeName(dt), expected));
+        t.name, shard.payload().size(), ncols, t.rows, dname, expected));
+  }
+  if (int8 != (shard.scales_size() > 0) ||
+      (int8 && static_cast<size_t>(shard.scales_size()) != ncols)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "': ", shard.scales_size(), " scales for ", ncols, " columns; int8 ",
+        "shards carry exactly one scale per column and other dtypes none"));
+  }
+  for (int i = 0; i < shard.scales_size(); ++i) {
+    if (!(shard.scales(i) >= 0 && std::isfinite(shard.scales(i)))) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': scale of column ",
+                                                     shard.columns(i), " is ", shard.scales(i),
+                                                     "; need finite >= 0"));
+    }
   }
   std::vector<int32_t> sorted(shard.columns().begin(), shard.columns().end());
   for (int32_t c : sorted) {
@@ -571,9 +593,9 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
     }
   }
   const char* payload = shard.payload().data();
-  const size_t col_bytes = static_cast<size_t>(t.rows) * DTypeSize(dt);
+  const size_t col_bytes = static_cast<size_t>(t.rows) * esize;
   size_t bad = 0;
-  const bool finite = AllFinite(dt, payload, ncols * t.rows, &bad);
+  const bool finite = int8 || AllFinite(dt, payload, ncols * t.rows, &bad);
   if (!finite && !spec_.skip_nonfinite_rounds()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
@@ -585,8 +607,13 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   std::vector<float>& acc = t.acc[round & 1];
   for (size_t i = 0; i < ncols; ++i) {
     const int32_t c = shard.columns(static_cast<int>(i));
-    if (finite) {
-      DecodeAdd(dt, payload + i * col_bytes, t.rows, acc.data() + static_cast<size_t>(c) * t.rows);
+    float* dst = acc.data() + static_cast<size_t>(c) * t.rows;
+    if (int8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
+      const float scale = shard.scales(static_cast<int>(i));
+      for (int64_t r = 0; r < t.rows; ++r) dst[r] += static_cast<float>(q[r]) * scale;
+    } else if (finite) {
+      DecodeAdd(dt, payload + i * col_bytes, t.rows, dst);
     }
     t.last_step[rank][c] = shard.step();
     t.round_hits[rank][c] += 1;

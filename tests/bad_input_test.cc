@@ -224,6 +224,26 @@ TEST_F(BadInputTest, PayloadSizeMismatchIsInvalidArgument) {
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
+TEST_F(BadInputTest, Int8ShardScalesMustMatchTheColumns) {
+  auto h = MakeJob();
+  v1::GradientShard s = Shard(*h, 4, {0, 1});
+  s.set_dtype(v1::DTYPE_INT8);
+  s.set_payload(std::string(2 * 8, '\1'));
+  s.add_scales(0.5f);  // one scale for two columns
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kInvalidArgument,
+               "1 scales for 2 columns; int8 shards carry exactly one scale per column");
+  s.add_scales(-1.0f);
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kInvalidArgument,
+               "scale of column 1 is -1; need finite >= 0");
+  v1::GradientShard f = Shard(*h, 4, {0});
+  f.add_scales(1.0f);  // scales on an fp32 shard
+  ExpectStatus(Rejection(*h, 1, f), StatusCode::kInvalidArgument, "other dtypes none");
+  s.mutable_payload()->resize(15);
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kInvalidArgument,
+               "payload is 15 bytes but 2 columns x 8 rows of int8 need 16 bytes");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
 TEST_F(BadInputTest, ColumnOutOfRangeIsOutOfRange) {
   auto h = MakeJob();
   ExpectStatus(Rejection(*h, 0, Shard(*h, 4, {3, 16})), StatusCode::kOutOfRange,

@@ -133,6 +133,17 @@ TEST_F(WorkerEngineTest, WarmupRoundsAndBf16WireMatchSimulator) {
   ExpectMatchesSim(j);
 }
 
+TEST_F(WorkerEngineTest, Int8WireWithPerColumnScalesMatchesSimulator) {
+  EngineJob j = Job("sim-int8");
+  j.cfg.world = 2;
+  j.cfg.S = 2;
+  j.cfg.R = 4;
+  j.cfg.delay = 1;
+  j.cfg.int8_wire = true;
+  j.steps = 16;
+  ExpectMatchesSim(j);
+}
+
 TEST_F(WorkerEngineTest, ZeroOffloadEqualsLocalAdamW) {
   EngineJob j = Job("zero-offload");
   j.cfg.world = 1;

@@ -72,7 +72,9 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
     }
   }
   spec.set_world_size(job.cfg.world);
-  spec.set_wire_dtype(job.cfg.bf16_wire ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
+  spec.set_wire_dtype(job.cfg.int8_wire   ? v1::DTYPE_INT8
+                      : job.cfg.bf16_wire ? v1::DTYPE_BF16
+                                          : v1::DTYPE_FP32);
   spec.set_mode(job.cfg.zero_offload ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
   spec.mutable_adamw()->set_beta1(job.cfg.beta1);
   spec.mutable_adamw()->set_beta2(job.cfg.beta2);

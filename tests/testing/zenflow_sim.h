@@ -28,6 +28,7 @@ struct SimConfig {
   float k = 0.25f;
   bool zero_offload = false;
   bool bf16_wire = false;
+  bool int8_wire = false;  // per column and step: scale = max|g|/127, q = rint(g/scale)
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
 };
 
@@ -91,6 +92,18 @@ class ZenFlowSim {
             for (int k = 0; k < cfg_.world; ++k) g += grads[k][ti][i];
             g *= inv_world;
             Adam(&x.w[i], &s.mw[i], &s.vw[i], g, lr, s.cw[c]);
+          }
+        } else if (cfg_.int8_wire) {
+          for (int k = 0; k < cfg_.world; ++k) {
+            float mx = 0;
+            for (int64_t r = 0; r < x.rows; ++r) mx = std::max(mx, std::fabs(grads[k][ti][r * x.cols + c]));
+            const float scale = mx / 127.0f;
+            for (int64_t r = 0; r < x.rows; ++r) {
+              const size_t i = r * x.cols + c;
+              float q = 0;
+              if (scale > 0) q = std::rint(std::min(127.0f, std::max(-127.0f, grads[k][ti][i] / scale)));
+              s.acc[i] += q * scale;
+            }
           }
         } else {
           for (int64_t r = 0; r < x.rows; ++r) {
