@@ -501,6 +501,124 @@ void PackChunkAvx512(PackDType dtype, const float* w, int64_t cols, const PackPl
   }
 }
 
+// int8 packing, AVX-512. Per group of 16 packed columns: lane k of a row's
+// load is the row's value of packed column k (LoadSelected for window
+// groups, a gather otherwise; unused lanes read a valid column).
+struct Int8Group {
+  int32_t idx[kTileCols];  // Window groups: rel (permute index); others: source columns.
+  const float* base;  // Row-0 pointer: min_col for window groups, w otherwise.
+  __mmask16 lo, hi;
+  bool window;
+};
+
+ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512 LoadInt8Row(const Int8Group& g, __m512i idx, int64_t r,
+                                                   int64_t cols) {
+  const float* row = g.base + r * cols;
+  if (g.window) return LoadSelected(row, idx, g.lo, g.hi);
+  return _mm512_i32gather_ps(idx, row, 4);
+}
+
+ZF_TARGET_PACK void MakeInt8Groups(const float* w, int64_t cols, const int32_t* columns,
+                                   int64_t ncols, std::vector<Int8Group>& groups) {
+  const PackPlan plan = MakePackPlan(columns, ncols, cols);
+  groups.resize(plan.groups.size());
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const PackGroup& p = plan.groups[g];
+    Int8Group& q = groups[g];
+    q.window = p.window;
+    if (p.window) {
+      std::memcpy(q.idx, p.rel, sizeof(q.idx));
+      q.base = w + p.min_col;
+      const int64_t avail = cols - p.min_col;
+      q.lo = avail >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << avail) - 1u);
+      q.hi = avail >= 32   ? __mmask16{0xFFFF}
+             : avail <= 16 ? __mmask16{0}
+                           : static_cast<__mmask16>((1u << (avail - 16)) - 1u);
+    } else {
+      for (int k = 0; k < kTileCols; ++k) {
+        q.idx[k] = k < p.count ? columns[g * kTileCols + k] : columns[g * kTileCols];
+      }
+      q.base = w;
+      q.lo = q.hi = 0;
+    }
+  }
+}
+
+// Groups ahead whose window rows are prefetched.
+constexpr size_t kInt8Ahead = 6;
+
+// Running max |x| over rows [r0, r1) into acc[g] (16 lanes per group). A NaN
+// |x| leaves the running value (max_ps returns its second operand), as
+// MaxAbsStep does; max is order-independent otherwise.
+ZF_TARGET_PACK void Int8MaxRows(const std::vector<Int8Group>& groups, int64_t cols, int64_t r0,
+                                int64_t r1, float* acc) {
+  constexpr int64_t kBand = 16;
+  const size_t n = groups.size();
+  for (int64_t b = r0; b < r1; b += kBand) {
+    const int64_t be = std::min(r1, b + kBand);
+    for (size_t g = 0; g < n; ++g) {
+      const Int8Group& grp = groups[g];
+      const __m512i idx = _mm512_loadu_si512(grp.idx);
+      __m512 m = _mm512_loadu_ps(acc + g * 16);
+      for (int64_t r = b; r < be; ++r) {
+        m = _mm512_max_ps(_mm512_abs_ps(LoadInt8Row(grp, idx, r, cols)), m);
+      }
+      _mm512_storeu_ps(acc + g * 16, m);
+    }
+  }
+}
+
+// QuantizeInt8 before the rounding, per lane: clamp(x / scale) or 0.
+ZF_TARGET_PACK ZF_ALWAYS_INLINE __m512 Int8Prequant(__m512 x, __m512 scale, __mmask16 ok) {
+  const __m512 y = _mm512_div_ps(x, scale);
+  const __mmask16 valid = _mm512_mask_cmp_ps_mask(ok, y, y, _CMP_ORD_Q);
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_maskz_mov_ps(valid, c);
+}
+
+// Quantizes rows [r0, r1) (r1 - r0 a multiple of 64) of every group.
+ZF_TARGET_PACK void Int8QuantRows(const std::vector<Int8Group>& groups, const int32_t* counts,
+                                  int64_t cols, int64_t r0, int64_t r1, const float* scale,
+                                  int8_t* out, int64_t rows, bool nt) {
+  const size_t n = groups.size();
+  alignas(64) int8_t line[kTileCols][64];
+  for (int64_t b = r0; b < r1; b += 64) {
+    for (size_t g = 0; g < n; ++g) {
+      const Int8Group& grp = groups[g];
+      const __m512i idx = _mm512_loadu_si512(grp.idx);
+      const __m512 s = _mm512_loadu_ps(scale + g * 16);
+      const __mmask16 ok = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
+      // Software prefetch of a later group's window: 64 concurrent row
+      // streams are more than the hardware prefetcher follows.
+      const bool pfok = g + kInt8Ahead < n && groups[g + kInt8Ahead].window;
+      const float* pfb = pfok ? groups[g + kInt8Ahead].base + b * cols : nullptr;
+      for (int q = 0; q < 4; ++q) {
+        __m512 x[16];
+        if (pfok) {
+          for (int i = 0; i < 16; ++i) {
+            const float* pr = pfb + (16 * q + i) * cols;
+            _mm_prefetch(reinterpret_cast<const char*>(pr), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(pr + 31), _MM_HINT_T0);
+          }
+        }
+        for (int i = 0; i < 16; ++i) {
+          x[i] = Int8Prequant(LoadInt8Row(grp, idx, b + 16 * q + i, cols), s, ok);
+        }
+        Transpose16x16(x);
+        for (int c = 0; c < 16; ++c) {
+          _mm_store_si128(reinterpret_cast<__m128i*>(&line[c][16 * q]),
+                          _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(x[c])));
+        }
+      }
+      const int32_t count = counts[g];
+      int8_t* o = out + static_cast<int64_t>(g) * kTileCols * rows + b;
+      for (int32_t c = 0; c < count; ++c) {
+        StoreLine(o + c * rows, _mm512_load_si512(line[c]), nt);
+      }
+    }
+  }
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -655,6 +773,62 @@ absl::Status CpuBackend::PackColumns(const float* w, int64_t rows, int64_t cols,
                                                   /*distinct=*/false));
   if (ncols == 0) return absl::OkStatus();
   const int64_t tiles = CeilDiv(ncols, kTileCols);
+
+  if (dtype == PackDType::kInt8 && simd_ && CpuHasAvx512Pack() && rows > 0) {
+    // Pass 1: per-thread partial max |x| over a share of the rows, reduced
+    // (max is order-independent). Pass 2: quantize 64-row bands directly
+    // from W, transposing in registers.
+    int8_t* out = static_cast<int8_t*>(dst);
+    std::vector<Int8Group> groups;
+    MakeInt8Groups(w, cols, columns, ncols, groups);
+    const int64_t ng = static_cast<int64_t>(groups.size());
+    std::vector<int32_t> counts(static_cast<size_t>(ng));
+    for (int64_t g = 0; g < ng; ++g) {
+      counts[static_cast<size_t>(g)] = static_cast<int32_t>(std::min(kTileCols, ncols - g * kTileCols));
+    }
+    const int64_t lanes = ng * kTileCols;
+    const int64_t parts =
+        std::max<int64_t>(1, std::min<int64_t>(pool_.num_threads(), CeilDiv(rows, 64)));
+    const int64_t share = CeilDiv(CeilDiv(rows, 16), parts) * 16;
+    std::vector<float> partial(static_cast<size_t>(parts * lanes), 0.0f);
+    pool_.ParallelFor(static_cast<size_t>(parts), 1, [&](size_t pb, size_t pe) {
+      for (int64_t p = static_cast<int64_t>(pb); p < static_cast<int64_t>(pe); ++p) {
+        const int64_t r0 = p * share;
+        const int64_t r1 = std::min(rows, r0 + share);
+        if (r0 < r1) Int8MaxRows(groups, cols, r0, r1, partial.data() + p * lanes);
+      }
+    });
+    std::vector<float> scale(static_cast<size_t>(lanes));
+    for (int64_t j = 0; j < lanes; ++j) {
+      float mx = partial[static_cast<size_t>(j)];
+      for (int64_t p = 1; p < parts; ++p) {
+        mx = internal::MaxAbsStep(mx, partial[static_cast<size_t>(p * lanes + j)]);
+      }
+      scale[static_cast<size_t>(j)] = internal::Int8Scale(mx);
+    }
+    std::copy(scale.begin(), scale.begin() + ncols, scales);
+    const bool nt = reinterpret_cast<uintptr_t>(dst) % 64 == 0 && rows % 64 == 0;
+    const int64_t bands = rows / 64;
+    const int64_t tail0 = bands * 64;
+    pool_.ParallelFor(static_cast<size_t>(std::max<int64_t>(bands, 1)), 1,
+                      [&](size_t bb, size_t be) {
+      if (bands > 0) {
+        Int8QuantRows(groups, counts.data(), cols, static_cast<int64_t>(bb) * 64,
+                      static_cast<int64_t>(be) * 64, scale.data(), out, rows, nt);
+        if (nt) _mm_sfence();
+      }
+      if (tail0 < rows && bb == 0) {
+        for (int64_t c = 0; c < ncols; ++c) {
+          const float* src = w + columns[c];
+          int8_t* q = out + c * rows;
+          for (int64_t r = tail0; r < rows; ++r) {
+            q[r] = internal::QuantizeInt8(src[r * cols], scale[static_cast<size_t>(c)]);
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
 
   if (dtype == PackDType::kInt8) {
     // Each column needs its max before any value is quantized: split by
