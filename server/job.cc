@@ -213,9 +213,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx)
     : spec_(spec),
       ctx_(ctx),
       world_(spec.world_size()),
-      interval_(spec.zenflow().update_interval()),
-      wire_dtype_(spec.wire_dtype() == v1::DTYPE_INT8 ? DType::kF32
-                                                      : *WireDType(spec.wire_dtype(), "wire_dtype")) {
+      interval_(spec.zenflow().update_interval()) {
   const bool zenflow = spec.mode() == v1::MODE_ZENFLOW;
   tensors_.resize(spec.tensors_size());
   for (int i = 0; i < spec.tensors_size(); ++i) {
@@ -687,9 +685,9 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
   round.last_close = std::chrono::steady_clock::now();
   if (round.closed == world_) {
     rounds_closed_ = close.round() + 1;
-    if (have_full_close_) round.interval_seconds = Seconds(round.last_close - last_full_close_);
+    // Rounds close fully in order from 0, so only round 0 has no predecessor.
+    if (close.round() > 0) round.interval_seconds = Seconds(round.last_close - last_full_close_);
     last_full_close_ = round.last_close;
-    have_full_close_ = true;
     std::shared_ptr<Job> self = shared_from_this();
     const int64_t r = close.round();
     ctx_.executor->Schedule([self, r] { self->RunUpdate(r); });

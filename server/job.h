@@ -37,7 +37,6 @@ struct JobContext {
   ThreadPool* pool = nullptr;          // AdamW and accumulation workers
   SerialExecutor* executor = nullptr;  // runs round updates in order
   SimdLevel simd = SimdLevel::kScalar;
-  int64_t max_message_bytes = int64_t{512} << 20;
 };
 
 // Counts of rejected requests by status code. Thread-safe.
@@ -192,7 +191,6 @@ class Job : public std::enable_shared_from_this<Job> {
   const JobContext ctx_;
   const int32_t world_;
   const int64_t interval_;  // S
-  const DType wire_dtype_;
   int64_t params_ = 0;
 
   mutable Mutex mu_;
@@ -213,8 +211,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<int64_t> handoff_applied_version_ ABSL_GUARDED_BY(mu_);
   PendingSelection pending_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
+  // When the last fully closed round closed (its last rank's close).
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
-  bool have_full_close_ ABSL_GUARDED_BY(mu_) = false;
 
   // Statistics.
   int64_t shards_received_ ABSL_GUARDED_BY(mu_) = 0;

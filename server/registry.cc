@@ -13,7 +13,6 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
   ctx_.pool = &pool_;
   ctx_.executor = &executor_;
   ctx_.simd = BestSimdLevel();
-  ctx_.max_message_bytes = options.max_message_bytes;
 }
 
 JobRegistry::~JobRegistry() {
