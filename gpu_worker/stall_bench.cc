@@ -23,9 +23,7 @@
 //
 //   stall_bench --target=127.0.0.1:50051 [--device_ms=60] [--params=104857600]
 //               [--steps=24] [--out=bench-results/stall.json]
-// tools/bench_stall.sh builds it, starts zenflowd and runs it. The selection
-// hand-off is one message larger than gRPC's 64 MiB default at this size, so
-// zenflowd needs --max_message_bytes >= this tool's (256 MiB by default).
+// tools/bench_stall.sh builds it, starts zenflowd and runs it.
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,10 +63,6 @@ ABSL_FLAG(double, topk, 0.1, "zenflow: k, fraction of columns updated on the wor
 ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
 ABSL_FLAG(int, threads, 1, "worker CPU backend threads (the daemon keeps the other cores)");
 ABSL_FLAG(double, lr, 1e-3, "learning rate (constant)");
-ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
-          "client's largest gRPC message; the selection hand-off of k*params columns (12 B each: "
-          "value, m, v) is one message, 126 MB at 100M params and k = 0.1, so zenflowd must be "
-          "started with at least as large a --max_message_bytes (tools/bench_stall.sh does)");
 ABSL_FLAG(std::string, job_prefix, "stall-bench", "job ids are <prefix>-<mode>-<pid>");
 ABSL_FLAG(std::string, out, "bench-results/stall.json", "JSON result file");
 
@@ -186,7 +180,6 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   const double t_setup = Now();
   ClientOptions co;
   co.target = absl::GetFlag(FLAGS_target);
-  co.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, 0, be, specs));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,

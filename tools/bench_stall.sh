@@ -29,12 +29,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The selection hand-off (values, m, v of the k*params important columns) is
-# one gRPC message: 126 MB at 100M params and k = 0.1, over the default
-# 64 MiB, so both sides allow 256 MiB (stall_bench's --max_message_bytes
-# default is the same).
-"$ROOT/bazel-bin/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port" \
-  --max_message_bytes=268435456 2>"$dir/log" &
+"$ROOT/bazel-bin/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port" 2>"$dir/log" &
 pid=$!
 for _ in $(seq 1 300); do
   [ -s "$dir/port" ] && break
