@@ -1,0 +1,495 @@
+// UCX worker with a progress thread; see ucx.h.
+#include "common/ucx.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "ucp/api/ucp.h"
+
+namespace zenflow {
+namespace {
+
+absl::Status FromUcs(ucs_status_t s, absl::string_view what) {
+  if (s == UCS_OK) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", ucs_status_string(s));
+  switch (s) {
+    case UCS_ERR_CANCELED:
+      return absl::CancelledError(msg);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return absl::InvalidArgumentError(msg);
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return absl::ResourceExhaustedError(msg);
+    case UCS_ERR_TIMED_OUT:
+      return absl::DeadlineExceededError(msg);
+    default:
+      return absl::UnavailableError(msg);
+  }
+}
+
+// Completion of an asynchronous call that a caller waits for.
+struct SyncResult {
+  Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  uint64_t value ABSL_GUARDED_BY(mu) = 0;
+
+  void Set(absl::Status s, uint64_t v = 0) {
+    MutexLock lock(&mu);
+    done = true;
+    status = std::move(s);
+    value = v;
+  }
+  // False on timeout.
+  bool Wait(absl::Duration timeout) {
+    MutexLock lock(&mu);
+    return mu.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done; }, timeout);
+  }
+};
+
+}  // namespace
+
+struct UcxWorker::Impl {
+  struct Ep {
+    Impl* impl = nullptr;
+    uint64_t id = 0;
+    ucp_ep_h ep = nullptr;
+    ErrorFn on_error;
+    bool failed = false;
+  };
+  struct SendOp {
+    Impl* impl = nullptr;
+    std::vector<ucp_dt_iov_t> iov;
+    size_t bytes = 0;
+    DoneFn done;
+  };
+  struct Recv {
+    uint64_t tag = 0;
+    std::string data;
+    bool done = false;
+    ucs_status_t status = UCS_OK;
+  };
+  struct Closing {
+    std::unique_ptr<Ep> ep;
+    void* request = nullptr;
+  };
+
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  int wake_fd = -1;
+  RecvFn on_recv;
+  std::thread thread;
+
+  Mutex mu;
+  std::deque<std::function<void()>> commands ABSL_GUARDED_BY(mu);
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  Stats stats ABSL_GUARDED_BY(mu);
+
+  // Progress-thread state.
+  std::map<uint64_t, std::unique_ptr<Ep>> eps;
+  uint64_t next_ep = 1;
+  std::deque<std::unique_ptr<Recv>> recvs;  // in matching order
+  std::vector<Closing> closing;
+  std::vector<std::shared_ptr<SyncResult>> drains;
+
+  ~Impl() {
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+    if (wake_fd >= 0) close(wake_fd);
+  }
+
+  void Post(std::function<void()> cmd) {
+    {
+      MutexLock lock(&mu);
+      commands.push_back(std::move(cmd));
+    }
+    const uint64_t one = 1;
+    ssize_t n = write(wake_fd, &one, sizeof(one));
+    (void)n;
+  }
+
+  static void OnEpError(void* arg, ucp_ep_h, ucs_status_t status) {
+    Ep* e = static_cast<Ep*>(arg);
+    if (e->failed) return;
+    e->failed = true;
+    if (e->on_error) e->on_error(FromUcs(status, "UCX peer failed"));
+  }
+
+  static void OnSend(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<SendOp*>(user_data);
+    op->impl->FinishSend(op, status);
+    ucp_request_free(request);
+  }
+
+  void FinishSend(SendOp* op, ucs_status_t status) {
+    {
+      MutexLock lock(&mu);
+      if (status == UCS_OK) {
+        ++stats.messages_sent;
+        stats.bytes_sent += static_cast<int64_t>(op->bytes);
+      } else {
+        ++stats.send_errors;
+      }
+    }
+    DoneFn done = std::move(op->done);
+    delete op;
+    if (done) done(FromUcs(status, "UCX send"));
+  }
+
+  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*,
+                     void* user_data) {
+    auto* r = static_cast<Recv*>(user_data);
+    r->done = true;
+    r->status = status;
+    ucp_request_free(request);
+  }
+
+  void DoConnect(const std::string& address, ErrorFn on_error, std::shared_ptr<SyncResult> res) {
+    auto e = std::make_unique<Ep>();
+    e->impl = this;
+    e->id = next_ep++;
+    e->on_error = std::move(on_error);
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &Impl::OnEpError;
+    p.err_handler.arg = e.get();
+    ucs_status_t s = ucp_ep_create(worker, &p, &e->ep);
+    if (s == UCS_ERR_UNREACHABLE) {
+      // Shared-memory transports cannot detect a peer's failure; the owner
+      // learns of it from the control channel (the gRPC stream) instead.
+      p.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      s = ucp_ep_create(worker, &p, &e->ep);
+    }
+    if (s != UCS_OK) {
+      res->Set(FromUcs(s, "cannot create a UCX endpoint to the peer's address"));
+      return;
+    }
+    const uint64_t id = e->id;
+    eps[id] = std::move(e);
+    res->Set(absl::OkStatus(), id);
+  }
+
+  void DoSend(uint64_t ep_id, uint64_t tag, const std::vector<absl::string_view>& parts,
+              DoneFn done) {
+    auto it = eps.find(ep_id);
+    if (it == eps.end() || it->second->failed) {
+      {
+        MutexLock lock(&mu);
+        ++stats.send_errors;
+      }
+      if (done) {
+        done(absl::UnavailableError(it == eps.end() ? "UCX endpoint is closed"
+                                                    : "UCX endpoint failed"));
+      }
+      return;
+    }
+    auto* op = new SendOp();
+    op->impl = this;
+    op->done = std::move(done);
+    for (absl::string_view part : parts) {
+      if (part.empty()) continue;
+      op->iov.push_back(ucp_dt_iov_t{const_cast<char*>(part.data()), part.size()});
+      op->bytes += part.size();
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    p.cb.send = &Impl::OnSend;
+    p.user_data = op;
+    ucs_status_ptr_t r;
+    if (op->iov.size() == 1) {  // contiguous: the common case, and UCX's fastest
+      p.datatype = ucp_dt_make_contig(1);
+      r = ucp_tag_send_nbx(it->second->ep, op->iov[0].buffer, op->iov[0].length, tag, &p);
+    } else if (op->iov.empty()) {
+      p.datatype = ucp_dt_make_contig(1);
+      r = ucp_tag_send_nbx(it->second->ep, nullptr, 0, tag, &p);
+    } else {
+      p.datatype = ucp_dt_make_iov();
+      r = ucp_tag_send_nbx(it->second->ep, op->iov.data(), op->iov.size(), tag, &p);
+    }
+    if (r == nullptr) {
+      FinishSend(op, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      FinishSend(op, UCS_PTR_STATUS(r));
+    }
+    // else: OnSend runs later.
+  }
+
+  void DoFlush(uint64_t ep_id, std::shared_ptr<SyncResult> res) {
+    auto it = eps.find(ep_id);
+    if (it == eps.end() || it->second->failed) {
+      res->Set(absl::UnavailableError("UCX endpoint is closed or failed"));
+      return;
+    }
+    auto* holder = new std::shared_ptr<SyncResult>(res);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+      auto* h = static_cast<std::shared_ptr<SyncResult>*>(user_data);
+      (*h)->Set(FromUcs(status, "UCX flush"));
+      delete h;
+      ucp_request_free(request);
+    };
+    p.user_data = holder;
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(it->second->ep, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      res->Set(FromUcs(r == nullptr ? UCS_OK : UCS_PTR_STATUS(r), "UCX flush"));
+      delete holder;
+    }
+  }
+
+  void DoDisconnect(uint64_t ep_id, bool force) {
+    auto it = eps.find(ep_id);
+    if (it == eps.end()) return;
+    std::unique_ptr<Ep> e = std::move(it->second);
+    eps.erase(it);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = (force || e->failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(e->ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(Closing{std::move(e), r});
+  }
+
+  void ReapClosing() {
+    for (size_t i = 0; i < closing.size();) {
+      if (ucp_request_check_status(closing[i].request) != UCS_INPROGRESS) {
+        ucp_request_free(closing[i].request);
+        closing[i] = std::move(closing.back());
+        closing.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void PostRecv(ucp_tag_message_h msg, const ucp_tag_recv_info_t& info) {
+    auto r = std::make_unique<Recv>();
+    r->tag = info.sender_tag;
+    r->data.resize(info.length);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv = &Impl::OnRecv;
+    p.user_data = r.get();
+    ucs_status_ptr_t q = ucp_tag_msg_recv_nbx(worker, r->data.data(), r->data.size(), msg, &p);
+    if (q == nullptr) {
+      r->done = true;
+    } else if (UCS_PTR_IS_ERR(q)) {
+      r->done = true;
+      r->status = UCS_PTR_STATUS(q);
+    }
+    recvs.push_back(std::move(r));
+  }
+
+  bool DeliverCompleted() {
+    bool any = false;
+    while (!recvs.empty() && recvs.front()->done) {
+      std::unique_ptr<Recv> r = std::move(recvs.front());
+      recvs.pop_front();
+      any = true;
+      if (r->status != UCS_OK) continue;  // the peer failed mid-message
+      {
+        MutexLock lock(&mu);
+        ++stats.messages_received;
+        stats.bytes_received += static_cast<int64_t>(r->data.size());
+      }
+      on_recv(r->tag, std::move(r->data));
+    }
+    return any;
+  }
+
+  // One pass: commands, progress, new messages, completions. True if
+  // anything happened.
+  bool Pass() {
+    std::deque<std::function<void()>> cmds;
+    {
+      MutexLock lock(&mu);
+      cmds.swap(commands);
+    }
+    bool busy = !cmds.empty();
+    for (auto& c : cmds) c();
+    while (ucp_worker_progress(worker) != 0) busy = true;
+    for (;;) {
+      ucp_tag_recv_info_t info;
+      ucp_tag_message_h m = ucp_tag_probe_nb(worker, 0, 0, /*remove=*/1, &info);
+      if (m == nullptr) break;
+      busy = true;
+      PostRecv(m, info);
+    }
+    while (ucp_worker_progress(worker) != 0) busy = true;
+    busy |= DeliverCompleted();
+    ReapClosing();
+    return busy;
+  }
+
+  void Loop() {
+    int idle = 0;
+    for (;;) {
+      const bool busy = Pass();
+      {
+        MutexLock lock(&mu);
+        if (stop) break;
+      }
+      if (busy) {
+        idle = 0;
+        continue;
+      }
+      if (!drains.empty()) {
+        // Two quiet passes: whatever a peer completed before asking is here.
+        if (++idle >= 2 && recvs.empty()) {
+          for (auto& d : drains) d->Set(absl::OkStatus());
+          drains.clear();
+        }
+        continue;
+      }
+      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+      pollfd fds[2] = {{efd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      // The timeout only bounds the cost of a missed wake-up.
+      poll(fds, 2, (recvs.empty() && closing.empty()) ? 100 : 1);
+      if (fds[1].revents & POLLIN) {
+        uint64_t v;
+        ssize_t n = read(wake_fd, &v, sizeof(v));
+        (void)n;
+      }
+    }
+    Shutdown();
+  }
+
+  void Shutdown() {
+    // Run what is queued (sends fail once their endpoint is gone).
+    for (int i = 0; i < 2; ++i) Pass();
+    std::vector<uint64_t> ids;
+    for (auto& [id, e] : eps) ids.push_back(id);
+    for (uint64_t id : ids) DoDisconnect(id, /*force=*/true);
+    for (auto& r : recvs) {
+      (void)r;  // receives in progress are cancelled with the worker
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while ((!closing.empty()) && std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker);
+      ReapClosing();
+    }
+    for (auto& d : drains) d->Set(absl::CancelledError("UCX worker stopped"));
+    drains.clear();
+    std::deque<std::function<void()>> cmds;
+    {
+      MutexLock lock(&mu);
+      cmds.swap(commands);
+    }
+    for (auto& c : cmds) c();
+  }
+};
+
+UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options,
+                                                             RecvFn on_recv) {
+  auto impl = std::make_unique<Impl>();
+  impl->on_recv = std::move(on_recv);
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return FromUcs(s, "cannot read the UCX configuration");
+  if (!options.tls.empty()) {
+    s = ucp_config_modify(config, "TLS", options.tls.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(
+          absl::StrCat("UCX transports '", options.tls, "': ", ucs_status_string(s)));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  s = ucp_init(&params, config, &impl->context);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    return FromUcs(s, absl::StrCat("cannot initialize UCX with transports '", options.tls, "'"));
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  s = ucp_worker_create(impl->context, &wp, &impl->worker);
+  if (s != UCS_OK) return FromUcs(s, "cannot create a UCX worker");
+  s = ucp_worker_get_efd(impl->worker, &impl->efd);
+  if (s != UCS_OK) return FromUcs(s, "UCX worker has no event fd");
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl->wake_fd < 0) return absl::InternalError("eventfd failed");
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  s = ucp_worker_get_address(impl->worker, &addr, &len);
+  if (s != UCS_OK) return FromUcs(s, "cannot get the UCX worker's address");
+  std::unique_ptr<UcxWorker> w(new UcxWorker(std::move(impl)));
+  w->address_.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(w->impl_->worker, addr);
+  Impl* raw = w->impl_.get();
+  raw->thread = std::thread([raw] { raw->Loop(); });
+  return w;
+}
+
+UcxWorker::~UcxWorker() {
+  {
+    MutexLock lock(&impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->Post([] {});
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+absl::StatusOr<uint64_t> UcxWorker::Connect(const std::string& peer_address, ErrorFn on_error) {
+  auto res = std::make_shared<SyncResult>();
+  Impl* impl = impl_.get();
+  impl->Post([impl, peer_address, on_error = std::move(on_error), res]() mutable {
+    impl->DoConnect(peer_address, std::move(on_error), res);
+  });
+  if (!res->Wait(absl::Seconds(30))) return absl::DeadlineExceededError("UCX connect timed out");
+  MutexLock lock(&res->mu);
+  if (!res->status.ok()) return res->status;
+  return res->value;
+}
+
+void UcxWorker::Send(uint64_t ep, uint64_t tag, std::vector<absl::string_view> parts, DoneFn done) {
+  Impl* impl = impl_.get();
+  impl->Post([impl, ep, tag, parts = std::move(parts), done = std::move(done)]() mutable {
+    impl->DoSend(ep, tag, parts, std::move(done));
+  });
+}
+
+absl::Status UcxWorker::Flush(uint64_t ep, absl::Duration timeout) {
+  auto res = std::make_shared<SyncResult>();
+  Impl* impl = impl_.get();
+  impl->Post([impl, ep, res] { impl->DoFlush(ep, res); });
+  if (!res->Wait(timeout)) return absl::DeadlineExceededError("UCX flush timed out");
+  MutexLock lock(&res->mu);
+  return res->status;
+}
+
+void UcxWorker::Disconnect(uint64_t ep, bool force) {
+  Impl* impl = impl_.get();
+  impl->Post([impl, ep, force] { impl->DoDisconnect(ep, force); });
+}
+
+absl::Status UcxWorker::Drain(absl::Duration timeout) {
+  auto res = std::make_shared<SyncResult>();
+  Impl* impl = impl_.get();
+  impl->Post([impl, res] { impl->drains.push_back(res); });
+  if (!res->Wait(timeout)) return absl::DeadlineExceededError("UCX drain timed out");
+  MutexLock lock(&res->mu);
+  return res->status;
+}
+
+UcxWorker::Stats UcxWorker::stats() {
+  MutexLock lock(&impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace zenflow

@@ -1,0 +1,102 @@
+// A UCX (UCP tag API) worker with its own progress thread: the bulk-data
+// transport between ranks and zenflowd (shared memory on one host; TCP or
+// RDMA across hosts when UCX is configured for them). The endpoint exchange
+// happens elsewhere (over gRPC): each side publishes address() and connects
+// to the other's.
+//
+//   ZF_ASSIGN_OR_RETURN(auto w, UcxWorker::Create(opts, [](uint64_t tag, std::string m) {...}));
+//   ZF_ASSIGN_OR_RETURN(uint64_t ep, w->Connect(peer_address, on_peer_error));
+//   w->Send(ep, tag, {payload, header}, [](absl::Status s) {...});
+//
+// Every UCX call runs on the progress thread: the public methods queue
+// commands for it and wake it, so the UCP worker runs in single-thread mode
+// and nothing here depends on UCX's internal locking.
+#ifndef ZENFLOW_COMMON_UCX_H_
+#define ZENFLOW_COMMON_UCX_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+
+namespace zenflow {
+
+struct UcxOptions {
+  // UCX transports (UCX_TLS). The default keeps data on this host (shared
+  // memory: posix/sysv/cma); "tcp,sm,self" or "all" reach other hosts.
+  std::string tls = "sm,self";
+};
+
+class UcxWorker {
+ public:
+  // Receives every message, in the order UCX matched them, on the progress
+  // thread. It must not block for long and must not call back into the
+  // worker synchronously except Send/Disconnect.
+  using RecvFn = std::function<void(uint64_t tag, std::string message)>;
+  // Called once (on the progress thread) when a send ends.
+  using DoneFn = std::function<void(absl::Status)>;
+  // Called once (on the progress thread) when UCX reports a peer failure.
+  using ErrorFn = std::function<void(absl::Status)>;
+
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options,
+                                                           RecvFn on_recv);
+  // Stops the progress thread; open endpoints are closed (their pending
+  // sends fail with CANCELLED).
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // This worker's address, to hand to peers.
+  const std::string& address() const { return address_; }
+
+  // Creates an endpoint to a peer's address; returns its id.
+  absl::StatusOr<uint64_t> Connect(const std::string& peer_address, ErrorFn on_error);
+
+  // Sends the concatenation of `parts` as one tagged message. The parts must
+  // stay valid until `done` runs. Sends on one endpoint are matched by the
+  // peer in the order they were made.
+  void Send(uint64_t ep, uint64_t tag, std::vector<absl::string_view> parts, DoneFn done);
+
+  // Completes every send made so far on `ep` at the peer (ucp_ep_flush).
+  absl::Status Flush(uint64_t ep, absl::Duration timeout);
+
+  // Closes `ep` (pending sends fail). Without `force`, outstanding sends are
+  // flushed first.
+  void Disconnect(uint64_t ep, bool force);
+
+  // Handles every message that has already arrived (RecvFn has run for
+  // each), then returns. Gives up after `timeout` on receives still in
+  // progress.
+  absl::Status Drain(absl::Duration timeout);
+
+  struct Stats {
+    int64_t messages_received = 0;
+    int64_t bytes_received = 0;
+    int64_t messages_sent = 0;
+    int64_t bytes_sent = 0;
+    int64_t send_errors = 0;
+  };
+  Stats stats();
+
+  struct Impl;  // UCX types stay out of this header
+
+ private:
+  explicit UcxWorker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::string address_;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_COMMON_UCX_H_

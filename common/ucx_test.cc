@@ -1,0 +1,259 @@
+// UcxWorker over real UCX (shared memory between two workers of this
+// process), and the zenflow.v1 frame format.
+#include "common/ucx.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/ucx_frame.h"
+#include "gtest/gtest.h"
+
+namespace zenflow {
+namespace {
+
+// Collects received messages.
+class Inbox {
+ public:
+  UcxWorker::RecvFn Fn() {
+    return [this](uint64_t tag, std::string m) {
+      MutexLock lock(&mu_);
+      got_.push_back({tag, std::move(m)});
+    };
+  }
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(30)) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return got_.size() >= n; }, timeout);
+  }
+  std::vector<std::pair<uint64_t, std::string>> Take() {
+    MutexLock lock(&mu_);
+    return std::move(got_);
+  }
+  size_t size() {
+    MutexLock lock(&mu_);
+    return got_.size();
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<std::pair<uint64_t, std::string>> got_ ABSL_GUARDED_BY(mu_);
+};
+
+// Counts send completions.
+class Sends {
+ public:
+  UcxWorker::DoneFn Fn() {
+    return [this](absl::Status s) {
+      MutexLock lock(&mu_);
+      statuses_.push_back(std::move(s));
+    };
+  }
+  std::vector<absl::Status> WaitFor(size_t n) {
+    MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return statuses_.size() >= n; }, absl::Seconds(30));
+    return statuses_;
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    s[i] = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+TEST(UcxWorker, MessagesArriveWholeAndInOrder) {
+  Inbox inbox_a, inbox_b;
+  auto a = UcxWorker::Create({}, inbox_a.Fn());
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = UcxWorker::Create({}, inbox_b.Fn());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE((*a)->address().empty());
+  auto ep = (*a)->Connect((*b)->address(), nullptr);
+  ASSERT_TRUE(ep.ok()) << ep.status();
+
+  // Sizes across the eager and rendezvous protocols, sent in two parts.
+  const std::vector<size_t> sizes = {0, 1, 100, 8191, 8192, 65536, 1 << 20, 3 << 20, 16 << 20};
+  std::vector<std::string> heads, tails;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const size_t n = sizes[i];
+      heads.push_back(Pattern(n / 3, static_cast<uint32_t>(heads.size())));
+      tails.push_back(Pattern(n - n / 3, static_cast<uint32_t>(tails.size() + 1000)));
+    }
+  }
+  Sends sends;
+  for (size_t i = 0; i < heads.size(); ++i) {
+    (*a)->Send(*ep, 1000 + i, {heads[i], tails[i]}, sends.Fn());
+  }
+  for (const absl::Status& s : sends.WaitFor(heads.size())) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(inbox_b.WaitFor(heads.size()));
+  auto got = inbox_b.Take();
+  ASSERT_EQ(got.size(), heads.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, 1000 + i);
+    EXPECT_TRUE(got[i].second == heads[i] + tails[i]) << "message " << i << " differs";
+  }
+  EXPECT_EQ(inbox_a.size(), 0u);
+  const UcxWorker::Stats st = (*b)->stats();
+  EXPECT_EQ(st.messages_received, static_cast<int64_t>(heads.size()));
+
+  // And back the other way.
+  auto back = (*b)->Connect((*a)->address(), nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const std::string reply = Pattern(5 << 20, 7);
+  Sends s2;
+  (*b)->Send(*back, 42, {reply}, s2.Fn());
+  ASSERT_TRUE(s2.WaitFor(1)[0].ok());
+  ASSERT_TRUE(inbox_a.WaitFor(1));
+  auto r = inbox_a.Take();
+  EXPECT_EQ(r[0].first, 42u);
+  EXPECT_TRUE(r[0].second == reply);
+}
+
+TEST(UcxWorker, FlushThenDrainDeliversEverything) {
+  Inbox inbox_b;
+  auto a = UcxWorker::Create({}, [](uint64_t, std::string) {});
+  auto b = UcxWorker::Create({}, inbox_b.Fn());
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ep = (*a)->Connect((*b)->address(), nullptr);
+  ASSERT_TRUE(ep.ok());
+  std::vector<std::string> msgs;
+  for (int i = 0; i < 50; ++i) msgs.push_back(Pattern(static_cast<size_t>(i) * 977, i));
+  for (const auto& m : msgs) (*a)->Send(*ep, 1, {m}, nullptr);
+  ASSERT_TRUE((*a)->Flush(*ep, absl::Seconds(30)).ok());
+  ASSERT_TRUE((*b)->Drain(absl::Seconds(30)).ok());
+  // Drain returns only after the receive callback ran for each message.
+  EXPECT_EQ(inbox_b.size(), msgs.size());
+}
+
+TEST(UcxWorker, SendOnClosedOrUnknownEndpointFails) {
+  Inbox inbox_b;
+  auto a = UcxWorker::Create({}, [](uint64_t, std::string) {});
+  auto b = UcxWorker::Create({}, inbox_b.Fn());
+  ASSERT_TRUE(a.ok() && b.ok());
+  Sends sends;
+  (*a)->Send(/*ep=*/12345, 1, {"x"}, sends.Fn());
+  auto st = sends.WaitFor(1);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].code(), absl::StatusCode::kUnavailable) << st[0];
+
+  auto ep = (*a)->Connect((*b)->address(), nullptr);
+  ASSERT_TRUE(ep.ok());
+  (*a)->Disconnect(*ep, /*force=*/false);
+  (*a)->Send(*ep, 1, {"y"}, sends.Fn());
+  st = sends.WaitFor(2);
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_EQ(st[1].code(), absl::StatusCode::kUnavailable) << st[1];
+  EXPECT_GE((*a)->stats().send_errors, 2);
+
+  // The worker still works: a new endpoint sends fine.
+  auto ep2 = (*a)->Connect((*b)->address(), nullptr);
+  ASSERT_TRUE(ep2.ok());
+  (*a)->Send(*ep2, 9, {"z"}, sends.Fn());
+  st = sends.WaitFor(3);
+  EXPECT_TRUE(st[2].ok()) << st[2];
+  ASSERT_TRUE(inbox_b.WaitFor(1));
+  EXPECT_EQ(inbox_b.Take()[0].second, "z");
+}
+
+TEST(UcxWorker, BadTransportNameIsRejected) {
+  UcxOptions o;
+  o.tls = "no_such_transport_xyz";
+  auto w = UcxWorker::Create(o, [](uint64_t, std::string) {});
+  EXPECT_FALSE(w.ok());
+}
+
+// ---- Frames ----
+
+v1::UpMessage FullShard() {
+  v1::UpMessage m;
+  m.set_seq(77);
+  v1::GradientShard* s = m.mutable_shard();
+  s->set_step(12);
+  s->set_tensor("layer0.w");
+  s->set_selection_version(3);
+  s->add_columns(4);
+  s->add_columns(9);
+  s->set_dtype(v1::DTYPE_INT8);
+  s->set_payload(Pattern(4096, 3));
+  s->add_scales(0.5f);
+  s->add_scales(0.25f);
+  return m;
+}
+
+TEST(UcxFrame, RoundTripsEveryKind) {
+  v1::UpMessage up = FullShard();
+  const std::string want = up.SerializeAsString();
+  std::string payload, header;
+  SplitFrame(&up, &payload, &header);
+  EXPECT_EQ(payload.size(), 4096u);
+  EXPECT_TRUE(up.shard().payload().empty());
+  v1::UpMessage got;
+  ASSERT_TRUE(ParseFrame(payload + header, &got).ok());
+  EXPECT_EQ(got.SerializeAsString(), want);
+  RestorePayload(&up, &payload);
+  EXPECT_EQ(up.SerializeAsString(), want);
+
+  v1::DownMessage down;
+  v1::ParameterDelta* d = down.mutable_delta();
+  d->set_round(5);
+  d->set_tensor("w");
+  d->add_columns(1);
+  d->set_dtype(v1::DTYPE_BF16);
+  d->set_kind(v1::DELTA_VALUES);
+  d->set_payload(Pattern(64, 1));
+  const std::string want_down = down.SerializeAsString();
+  SplitFrame(&down, &payload, &header);
+  v1::DownMessage got_down;
+  ASSERT_TRUE(ParseFrame(payload + header, &got_down).ok());
+  EXPECT_EQ(got_down.SerializeAsString(), want_down);
+
+  v1::DownMessage done;
+  done.mutable_done()->set_round(5);
+  done.mutable_done()->set_grad_norm(1.5);
+  SplitFrame(&done, &payload, &header);
+  EXPECT_TRUE(payload.empty());
+  v1::DownMessage got_done;
+  ASSERT_TRUE(ParseFrame(header, &got_done).ok());
+  EXPECT_EQ(got_done.SerializeAsString(), done.SerializeAsString());
+}
+
+TEST(UcxFrame, RejectsMalformedFrames) {
+  v1::UpMessage m;
+  EXPECT_EQ(ParseFrame(std::string("abc"), &m).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFrame(std::string(16, 'x'), &m).code(), absl::StatusCode::kInvalidArgument);
+
+  v1::UpMessage up = FullShard();
+  std::string payload, header;
+  SplitFrame(&up, &payload, &header);
+  std::string huge = header;
+  const uint32_t big = 1u << 30;
+  std::memcpy(&huge[huge.size() - 8], &big, 4);
+  EXPECT_EQ(ParseFrame(payload + huge, &m).code(), absl::StatusCode::kInvalidArgument);
+
+  // A payload in front of a message that has no payload field.
+  v1::UpMessage close;
+  close.mutable_close()->set_round(1);
+  SplitFrame(&close, &payload, &header);
+  EXPECT_EQ(ParseFrame("extra" + header, &m).code(), absl::StatusCode::kInvalidArgument);
+  // Garbage where the header should be.
+  std::string junk(20, '\xff');
+  const uint32_t n = 12;
+  std::memcpy(&junk[12], &n, 4);
+  std::memcpy(&junk[16], &kUcxFrameMagic, 4);
+  EXPECT_EQ(ParseFrame(junk, &m).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zenflow
