@@ -6,8 +6,11 @@
 #include <cstring>
 #include <utility>
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/ucx_frame.h"
 
 namespace zenflow {
 namespace {
@@ -30,6 +33,15 @@ v1::DType ToProto(DType d) {
 }
 
 }  // namespace
+
+const char* TransportName(Transport t) { return t == Transport::kUcx ? "ucx" : "grpc"; }
+
+absl::StatusOr<Transport> ParseTransport(const std::string& name) {
+  if (name == "grpc") return Transport::kGrpc;
+  if (name == "ucx") return Transport::kUcx;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport '", name, "' (want grpc or ucx)"));
+}
 
 Client::Client(const ClientOptions& options) : options_(options) {}
 
@@ -58,7 +70,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                              absl::FormatDuration(options.connect_timeout)));
 }
 
-Client::~Client() { CloseStream(); }
+Client::~Client() {
+  CloseStream();
+  ucx_.reset();  // its callbacks use this client: stop them first
+}
 
 std::unique_ptr<grpc::ClientContext> Client::UnaryContext(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -188,11 +203,38 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   }
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
+  {
+    // Sends of the previous stream end quickly once its endpoint is closed.
+    MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return ucx_sending_ == 0; },
+                         absl::Seconds(30));
+  }
+  const bool use_ucx = options_.transport == Transport::kUcx;
+  if (use_ucx && ucx_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<UcxWorker>> w =
+        UcxWorker::Create(options_.ucx, [this](uint64_t tag, std::string frame) {
+          OnUcxFrame(tag, std::move(frame));
+        });
+    if (!w.ok()) {
+      return absl::Status(w.status().code(),
+                          absl::StrCat("transport ucx: ", w.status().message()));
+    }
+    ucx_ = *std::move(w);
+  }
   stream_ctx_ = std::make_unique<grpc::ClientContext>();
   stream_ = stub_->Stream(stream_ctx_.get());
   v1::UpMessage hello;
   hello.mutable_attach()->set_job_id(job_id);
   hello.mutable_attach()->set_rank(rank);
+  uint64_t tag = 0;
+  if (use_ucx) {
+    static Mutex rng_mu;
+    static std::mt19937_64 rng{std::random_device{}()};
+    MutexLock rng_lock(&rng_mu);
+    while (tag == 0) tag = rng();
+    hello.mutable_attach()->set_ucx_address(ucx_->address());
+    hello.mutable_attach()->set_ucx_tag(tag);
+  }
   {
     MutexLock lock(&mu_);
     job_id_ = job_id;
@@ -205,69 +247,132 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
     outq_.clear();
     inflight_bytes_ = 0;
     partial_.clear();
+    ucx_tag_ = tag;
+    ucx_ep_ = 0;
+    ucx_peer_.clear();
+    ucx_sending_ = 0;
+    ucx_error_ = absl::OkStatus();
   }
   const bool wrote = stream_->Write(hello);
   reader_ = std::thread([this] { ReaderLoop(); });
   // Wait for the daemon's greeting or the end of the stream.
-  MutexLock lock(&mu_);
-  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return attached_ || stream_finished_; });
-  if (!attached_) {
-    if (!wrote && stream_status_.ok()) return absl::UnavailableError("stream closed before attach");
-    return stream_status_;
+  std::string peer;
+  {
+    MutexLock lock(&mu_);
+    mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return attached_ || stream_finished_; });
+    if (!attached_) {
+      if (!wrote && stream_status_.ok()) {
+        return absl::UnavailableError("stream closed before attach");
+      }
+      return stream_status_;
+    }
+    peer = ucx_peer_;
   }
+  if (use_ucx) {
+    absl::Status s;
+    if (peer.empty()) {
+      s = absl::FailedPreconditionError(
+          "transport ucx: the daemon's greeting carries no UCX address (an older zenflowd?)");
+    } else {
+      absl::StatusOr<uint64_t> ep = ucx_->Connect(peer, nullptr);
+      if (ep.ok()) {
+        MutexLock lock(&mu_);
+        ucx_ep_ = *ep;
+      } else {
+        s = absl::Status(ep.status().code(),
+                         absl::StrCat("transport ucx: cannot reach the daemon's UCX worker: ",
+                                      ep.status().message()));
+      }
+    }
+    if (!s.ok()) {
+      stream_ctx_->TryCancel();
+      if (reader_.joinable()) reader_.join();
+      return s;
+    }
+  }
+  MutexLock lock(&mu_);
+  ucx_tag_for_writer_ = tag;
   writer_running_ = true;
   writer_ = std::thread([this] { WriterLoop(); });
   return absl::OkStatus();
 }
 
+void Client::Dispatch(v1::DownMessage msg, int64_t bytes) {
+  std::function<void(RoundUpdate)> cb;
+  std::optional<RoundUpdate> complete;
+  {
+    MutexLock lock(&mu_);
+    stats_.bytes_received += bytes;
+    switch (msg.kind_case()) {
+      case v1::DownMessage::kAttached:
+        attached_ = true;
+        ucx_peer_ = msg.attached().ucx_address();
+        break;
+      case v1::DownMessage::kDelta: {
+        RoundUpdate& u = partial_[msg.delta().round()];
+        u.round = msg.delta().round();
+        u.deltas.push_back(std::move(*msg.mutable_delta()));
+        break;
+      }
+      case v1::DownMessage::kDone: {
+        const int64_t r = msg.done().round();
+        RoundUpdate u;
+        auto it = partial_.find(r);
+        if (it != partial_.end()) {
+          u = std::move(it->second);
+          partial_.erase(it);
+        }
+        u.round = r;
+        u.done = msg.done();
+        ++stats_.rounds_received;
+        if (callback_) {
+          cb = callback_;
+          complete = std::move(u);
+        } else {
+          ready_.push_back(std::move(u));
+        }
+        break;
+      }
+      case v1::DownMessage::kError:
+        ++stats_.stream_errors;
+        errors_.push_back(absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
+                                       absl::StrCat(msg.error().message(), " (message #",
+                                                    msg.error().seq(), ")")));
+        break;
+      default:
+        break;
+    }
+  }
+  if (cb && complete) cb(std::move(*complete));
+}
+
+void Client::OnUcxFrame(uint64_t tag, std::string frame) {
+  {
+    MutexLock lock(&mu_);
+    if (tag != ucx_tag_ || ucx_tag_ == 0) {
+      ++stats_.ucx_frames_dropped;  // from an older connection
+      return;
+    }
+  }
+  const int64_t bytes = static_cast<int64_t>(frame.size());
+  v1::DownMessage msg;
+  absl::Status s = ParseFrame(std::move(frame), &msg);
+  if (!s.ok()) {
+    MutexLock lock(&mu_);
+    ++stats_.stream_errors;
+    errors_.push_back(absl::InternalError(
+        absl::StrCat("the daemon sent a UCX frame this client cannot read: ", s.message())));
+    return;
+  }
+  Dispatch(std::move(msg), bytes);
+}
+
 void Client::ReaderLoop() {
   v1::DownMessage msg;
   while (stream_->Read(&msg)) {
-    std::function<void(RoundUpdate)> cb;
-    std::optional<RoundUpdate> complete;
-    {
-      MutexLock lock(&mu_);
-      stats_.bytes_received += static_cast<int64_t>(msg.ByteSizeLong());
-      switch (msg.kind_case()) {
-        case v1::DownMessage::kAttached:
-          attached_ = true;
-          break;
-        case v1::DownMessage::kDelta: {
-          RoundUpdate& u = partial_[msg.delta().round()];
-          u.round = msg.delta().round();
-          u.deltas.push_back(std::move(*msg.mutable_delta()));
-          break;
-        }
-        case v1::DownMessage::kDone: {
-          const int64_t r = msg.done().round();
-          RoundUpdate u;
-          auto it = partial_.find(r);
-          if (it != partial_.end()) {
-            u = std::move(it->second);
-            partial_.erase(it);
-          }
-          u.round = r;
-          u.done = msg.done();
-          ++stats_.rounds_received;
-          if (callback_) {
-            cb = callback_;
-            complete = std::move(u);
-          } else {
-            ready_.push_back(std::move(u));
-          }
-          break;
-        }
-        case v1::DownMessage::kError:
-          ++stats_.stream_errors;
-          errors_.push_back(absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
-                                         absl::StrCat(msg.error().message(), " (message #",
-                                                      msg.error().seq(), ")")));
-          break;
-        default:
-          break;
-      }
-    }
-    if (cb && complete) cb(std::move(*complete));
+    const int64_t bytes = static_cast<int64_t>(msg.ByteSizeLong());
+    Dispatch(std::move(msg), bytes);
+    msg.Clear();
   }
   {
     // Finish() may only run once the writer no longer uses the stream.
@@ -283,9 +388,18 @@ void Client::ReaderLoop() {
     }
   }
   grpc::Status st = stream_->Finish();
+  uint64_t ep = 0;
+  {
+    MutexLock lock(&mu_);
+    ep = ucx_ep_;
+    ucx_ep_ = 0;
+  }
+  // The lifeline ended: so does the UCX connection (sends still pending fail).
+  if (ep != 0) ucx_->Disconnect(ep, /*force=*/true);
   MutexLock lock(&mu_);
   stream_status_ = st.ok() ? absl::CancelledError("stream closed by the daemon") : FromGrpc(st);
   if (st.ok() && closing_) stream_status_ = absl::OkStatus();
+  if (!ucx_error_.ok()) stream_status_ = ucx_error_;  // why we cancelled
   stream_finished_ = true;
 }
 
@@ -305,6 +419,10 @@ void Client::WriterLoop() {
       writing_ = true;
     }
     const int64_t size = static_cast<int64_t>(msg.ByteSizeLong());
+    if (ucx_tag_for_writer_ != 0) {
+      SendUcx(std::move(msg), size);
+      continue;
+    }
     const bool ok = stream_->Write(msg);
     MutexLock lock(&mu_);
     writing_ = false;
@@ -318,9 +436,58 @@ void Client::WriterLoop() {
     ++stats_.messages_sent;
     stats_.bytes_sent += size;
   }
+  if (ucx_tag_for_writer_ != 0) {
+    // Everything sent over UCX must be at the daemon before the lifeline's
+    // half-close tells it the rank is done.
+    uint64_t ep = 0;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return ucx_sending_ == 0 || !stream_open_;
+      });
+      ep = ucx_ep_;
+    }
+    if (ep != 0) (void)ucx_->Flush(ep, absl::Seconds(30));
+  }
   MutexLock lock(&mu_);
   if (closing_ && stream_open_) stream_->WritesDone();
   writer_running_ = false;
+}
+
+void Client::SendUcx(v1::UpMessage msg, int64_t size) {
+  struct Frame {
+    v1::UpMessage msg;
+    std::string payload, header;
+  };
+  auto f = std::make_shared<Frame>();
+  f->msg = std::move(msg);
+  SplitFrame(&f->msg, &f->payload, &f->header);
+  uint64_t ep = 0;
+  {
+    MutexLock lock(&mu_);
+    writing_ = false;
+    ++ucx_sending_;
+    ep = ucx_ep_;
+  }
+  ucx_->Send(ep, ucx_tag_for_writer_, {f->payload, f->header}, [this, f, size](absl::Status s) {
+    bool cancel = false;
+    {
+      MutexLock lock(&mu_);
+      if (s.ok()) {
+        ++stats_.messages_sent;
+        stats_.bytes_sent += size;
+      } else if (ucx_error_.ok() && !closing_ && stream_open_) {
+        ucx_error_ = absl::Status(s.code(), absl::StrCat("transport ucx: ", s.message()));
+        cancel = true;
+      }
+    }
+    // The lifeline goes down with the data path; the reader reports why.
+    // (Attach waits for every send to end before it replaces the context.)
+    if (cancel) stream_ctx_->TryCancel();
+    MutexLock lock(&mu_);
+    --ucx_sending_;
+    inflight_bytes_ -= size;
+  });
 }
 
 absl::Status Client::Enqueue(v1::UpMessage msg) {
@@ -457,7 +624,7 @@ absl::Status Client::Flush(absl::Duration timeout) {
   MutexLock lock(&mu_);
   const bool done = mu_.AwaitWithTimeout(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !stream_open_ || (outq_.empty() && !writing_);
+            return !stream_open_ || (outq_.empty() && !writing_ && ucx_sending_ == 0);
           },
       timeout);
   if (!stream_open_) return EndStatusLocked();

@@ -27,10 +27,20 @@
 #include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
+#include "common/ucx.h"
 #include "grpcpp/grpcpp.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
 
 namespace zenflow {
+
+// How the rank's data stream travels. Control calls always use gRPC.
+enum class Transport {
+  kGrpc,  // shards and deltas on the gRPC stream
+  kUcx,   // shards and deltas as UCX messages; the gRPC stream is the lifeline
+};
+const char* TransportName(Transport t);
+// "grpc" or "ucx"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";
@@ -41,6 +51,8 @@ struct ClientOptions {
   int64_t max_message_bytes = int64_t{1} << 30;  // hand-off and all-reduce are single messages
   int64_t max_shard_bytes = 4 << 20;     // PushColumns splits payloads at this size
   int64_t max_inflight_bytes = 64 << 20;  // pushes block beyond this many unsent bytes
+  Transport transport = Transport::kGrpc;
+  UcxOptions ucx;  // with Transport::kUcx
 };
 
 // Every delta of one round, in arrival order, and its RoundDone marker.
@@ -58,6 +70,7 @@ struct ClientStats {
   double send_blocked_seconds = 0;  // PushShard waiting for window space
   double wait_seconds = 0;          // WaitRound waiting for deltas (the stall)
   int64_t stream_errors = 0;        // rejected up messages
+  int64_t ucx_frames_dropped = 0;   // UCX messages of an older connection
 };
 
 // Thread-safe: any method may be called from any thread. Deltas arrive on an
@@ -66,6 +79,7 @@ class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();  // closes the stream (without waiting for deltas)
+  Transport transport() const { return options_.transport; }
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
@@ -145,6 +159,11 @@ class Client {
   void CloseStream();
   void ReaderLoop();
   void WriterLoop();
+  // Sends one up message over UCX (asynchronously; the window accounts it).
+  void SendUcx(v1::UpMessage msg, int64_t size);
+  // A down message from either transport.
+  void Dispatch(v1::DownMessage msg, int64_t bytes);
+  void OnUcxFrame(uint64_t tag, std::string frame);
   std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout) const;
   absl::Status Enqueue(v1::UpMessage msg) ABSL_LOCKS_EXCLUDED(mu_);
   // The stream's final status, once the reader has finished it.
@@ -159,6 +178,7 @@ class Client {
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
   std::thread reader_, writer_;
+  std::unique_ptr<UcxWorker> ucx_;  // created by the first UCX attach
 
   Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
@@ -173,6 +193,14 @@ class Client {
   bool writer_running_ ABSL_GUARDED_BY(mu_) = false;
   bool stream_finished_ ABSL_GUARDED_BY(mu_) = true;  // no stream, or Finish() returned
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // The current stream's UCX connection (transport kUcx).
+  uint64_t ucx_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ucx_ep_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string ucx_peer_ ABSL_GUARDED_BY(mu_);
+  int64_t ucx_sending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not yet completed
+  absl::Status ucx_error_ ABSL_GUARDED_BY(mu_);    // a failed UCX send ends the stream
+  // The writer thread's copy of the stream's tag (0: gRPC); set before it starts.
+  uint64_t ucx_tag_for_writer_ = 0;
   std::map<int64_t, RoundUpdate> partial_ ABSL_GUARDED_BY(mu_);
   std::deque<RoundUpdate> ready_ ABSL_GUARDED_BY(mu_);
   std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(mu_);

@@ -111,7 +111,7 @@ TEST(JobTest, OneRankTwoStepsEqualsHandComputedAdamW) {
 TEST(MailboxTest, QueuesUntilAWriterAttachesThenWritesOneAtATime) {
   struct FakeWriter : Mailbox::Writer {
     std::vector<std::string> written;
-    void Write(const v1::DownMessage* msg) override { written.push_back(msg->done().DebugString()); }
+    void Write(v1::DownMessage* msg) override { written.push_back(msg->done().DebugString()); }
   } w;
   Mailbox box;
   v1::DownMessage a, b;

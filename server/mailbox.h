@@ -28,7 +28,7 @@ class Mailbox {
   class Writer {
    public:
     virtual ~Writer() = default;
-    virtual void Write(const v1::DownMessage* msg) = 0;
+    virtual void Write(v1::DownMessage* msg) = 0;
   };
 
   Mailbox() = default;

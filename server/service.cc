@@ -6,10 +6,12 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/ucx_plane.h"
 
 namespace zenflow {
 
@@ -95,7 +97,10 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
                                                    v1::GetStatsResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
   absl::StatusOr<v1::GetStatsResponse> s = registry_->Stats(req->job_id());
-  if (s.ok()) *resp = *std::move(s);
+  if (s.ok()) {
+    *resp = *std::move(s);
+    if (ucx_ != nullptr) ucx_->FillStats(resp->mutable_ucx());
+  }
   Finish(reactor, s.status(), nullptr);
   return reactor;
 }
@@ -233,7 +238,10 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersR
 class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>,
                             public Mailbox::Writer {
  public:
-  explicit StreamReactor(JobRegistry* registry) : registry_(registry) { StartRead(&up_); }
+  StreamReactor(JobRegistry* registry, UcxDataPlane* ucx, const std::string* no_ucx_reason)
+      : registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason) {
+    StartRead(&up_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) return RequestFinish(absl::OkStatus());
@@ -265,16 +273,28 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
     StartRead(&up_);
   }
 
-  void Write(const v1::DownMessage* msg) override { StartWrite(msg); }
+  void Write(v1::DownMessage* msg) override { StartWrite(msg); }
 
   void OnWriteDone(bool ok) override {
+    if (ucx_ != nullptr) {
+      // The greeting, the only message of a UCX stream's gRPC side.
+      {
+        MutexLock lock(&mu_);
+        hello_in_flight_ = false;
+      }
+      return MaybeFinish();
+    }
     if (mailbox_->WriteDone(this, ok)) MaybeFinish();
   }
 
   void OnCancel() override { RequestFinish(absl::CancelledError("stream cancelled")); }
 
   void OnDone() override {
-    if (mailbox_ != nullptr) mailbox_->Detach(this);
+    if (ucx_ != nullptr) {
+      ucx_plane_->Close(ucx_);
+    } else if (mailbox_ != nullptr) {
+      mailbox_->Detach(this);
+    }
     delete this;
   }
 
@@ -290,6 +310,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
     absl::StatusOr<std::shared_ptr<Mailbox>> box = job_->MailboxFor(up_.attach().rank());
     if (!box.ok()) return box.status();
     rank_ = up_.attach().rank();
+    if (!up_.attach().ucx_address().empty()) return AttachUcx(*box);
     // Greet first, so the greeting precedes anything queued for the rank.
     v1::DownMessage hello = job_->AttachedMessage(rank_);
     if (!(*box)->Attach(this)) {
@@ -304,6 +325,38 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
     return absl::OkStatus();
   }
 
+  // The rank asked for the UCX data plane: connect to its worker, make the
+  // connection the mailbox's writer and greet over gRPC with our address.
+  absl::Status AttachUcx(const std::shared_ptr<Mailbox>& box) {
+    if (ucx_plane_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this zenflowd has no UCX data plane (", *no_ucx_reason_,
+          "); attach without ucx_address to use gRPC"));
+    }
+    absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> conn =
+        ucx_plane_->Open(job_, rank_, box, up_.attach().ucx_address(), up_.attach().ucx_tag());
+    if (!conn.ok()) {
+      if (conn.status().code() == absl::StatusCode::kAlreadyExists &&
+          absl::StrContains(conn.status().message(), "stream attached")) {
+        return absl::AlreadyExistsError(absl::StrCat("rank ", rank_, " of job '",
+                                                     up_.attach().job_id(),
+                                                     "' already has a stream attached"));
+      }
+      return conn.status();
+    }
+    hello_ = job_->AttachedMessage(rank_);
+    hello_.mutable_attached()->set_ucx_address(ucx_plane_->address());
+    hello_.mutable_attached()->set_ucx_tag((*conn)->tag());
+    mailbox_ = box;
+    {
+      MutexLock lock(&mu_);
+      ucx_ = *std::move(conn);
+      hello_in_flight_ = true;
+    }
+    StartWrite(&hello_);
+    return absl::OkStatus();
+  }
+
   void RequestFinish(absl::Status s) {
     {
       MutexLock lock(&mu_);
@@ -311,7 +364,21 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
       finish_requested_ = true;
       finish_status_ = std::move(s);
     }
-    const bool in_flight = mailbox_ != nullptr && mailbox_->Detach(this);
+    std::shared_ptr<UcxDataPlane::Conn> ucx;
+    bool in_flight;
+    {
+      MutexLock lock(&mu_);
+      ucx = ucx_;
+      in_flight = hello_in_flight_;
+    }
+    if (ucx != nullptr) {
+      // The rank's lifeline ended: the data plane takes in what has arrived,
+      // then closes the connection (and detaches the mailbox).
+      ucx_plane_->Close(std::move(ucx));
+      if (!in_flight) MaybeFinish();
+      return;
+    }
+    in_flight = mailbox_ != nullptr && mailbox_->Detach(this);
     if (!in_flight) MaybeFinish();
     // else: OnWriteDone reports the end of the write and finishes.
   }
@@ -328,7 +395,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   }
 
   JobRegistry* const registry_;
+  UcxDataPlane* const ucx_plane_;
+  const std::string* const no_ucx_reason_;
   v1::UpMessage up_;
+  v1::DownMessage hello_;  // the greeting of a UCX stream
+  // Set once by the attach (reads are serialized); the UCX connection.
+  std::shared_ptr<UcxDataPlane::Conn> ucx_;
   // Set once by the first message (reads are serialized), then read-only.
   std::shared_ptr<Job> job_;
   std::shared_ptr<Mailbox> mailbox_;
@@ -337,6 +409,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   Mutex mu_;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool hello_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -349,7 +422,7 @@ grpc::ServerReadReactor<v1::UploadParametersRequest>* ZenFlowService::UploadPara
 
 grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>* ZenFlowService::Stream(
     grpc::CallbackServerContext*) {
-  return new StreamReactor(registry_);
+  return new StreamReactor(registry_, ucx_, &no_ucx_reason_);
 }
 
 // ---- Server -----------------------------------------------------------------
@@ -359,7 +432,20 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   RegistryOptions ro = options.registry;
   ro.max_message_bytes = options.max_message_bytes;
   s->registry_ = std::make_unique<JobRegistry>(ro);
-  s->service_ = std::make_unique<ZenFlowService>(s->registry_.get());
+  std::string no_ucx = "started with --ucx=false";
+  if (options.ucx) {
+    absl::StatusOr<std::unique_ptr<UcxDataPlane>> plane =
+        UcxDataPlane::Start(options.ucx_options, s->registry_.get());
+    if (plane.ok()) {
+      s->ucx_ = *std::move(plane);
+    } else {
+      s->ucx_status_ = plane.status();
+      no_ucx = absl::StrCat("UCX did not start: ", plane.status().message());
+    }
+  } else {
+    s->ucx_status_ = absl::FailedPreconditionError(no_ucx);
+  }
+  s->service_ = std::make_unique<ZenFlowService>(s->registry_.get(), s->ucx_.get(), no_ucx);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -388,6 +474,7 @@ ZenFlowServer::~ZenFlowServer() {
   Shutdown();
   server_.reset();
   service_.reset();
+  ucx_.reset();
   registry_.reset();
 }
 

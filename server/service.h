@@ -15,10 +15,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "common/ucx.h"
 #include "server/registry.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
 
 namespace zenflow {
+
+class UcxDataPlane;
 
 // Converts at the RPC boundary; the codes are the same numbers.
 grpc::Status ToGrpcStatus(const absl::Status& s);
@@ -26,7 +29,9 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 // Thread-safe (all state lives in the registry).
 class ZenFlowService final : public v1::ZenFlow::CallbackService {
  public:
-  explicit ZenFlowService(JobRegistry* registry) : registry_(registry) {}
+  // `ucx` may be null (no UCX data plane; `no_ucx_reason` says why).
+  ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason)
+      : registry_(registry), ucx_(ucx), no_ucx_reason_(std::move(no_ucx_reason)) {}
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
                                       const v1::CreateJobRequest* req,
@@ -67,12 +72,16 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
                                                          Store store);
 
   JobRegistry* registry_;
+  UcxDataPlane* ucx_;
+  std::string no_ucx_reason_;
 };
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
   RegistryOptions registry;
   int64_t max_message_bytes = int64_t{512} << 20;  // service limit (gRPC: 2x)
+  bool ucx = true;  // offer the UCX data plane (ranks choose it at attach)
+  UcxOptions ucx_options;
 };
 
 // Owns the registry, the service and the gRPC server. Thread-safe.
@@ -83,6 +92,9 @@ class ZenFlowServer {
   ~ZenFlowServer();
 
   int port() const { return port_; }
+  // Null when the UCX data plane is off or could not start (see ucx_status).
+  UcxDataPlane* ucx() { return ucx_.get(); }
+  const absl::Status& ucx_status() const { return ucx_status_; }
   JobRegistry* registry() { return registry_.get(); }
   void Wait() { server_->Wait(); }
   // Stops accepting calls and cancels the ones in flight (bounded by deadline).
@@ -91,6 +103,8 @@ class ZenFlowServer {
  private:
   ZenFlowServer() = default;
   std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<UcxDataPlane> ucx_;
+  absl::Status ucx_status_;
   std::unique_ptr<ZenFlowService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

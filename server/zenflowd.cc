@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "server/service.h"
+#include "server/ucx_plane.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve gRPC on; port 0 picks a free port (see --port_file)");
@@ -25,6 +26,12 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{512} << 20,
 ABSL_FLAG(int64_t, max_params, int64_t{1} << 34,
           "most parameters held over all jobs (20 bytes each); larger CreateJob calls get "
           "RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, ucx, true,
+          "offer the UCX data plane: ranks that attach with a UCX address send shards and get "
+          "deltas over UCX (gRPC stays the control channel)");
+ABSL_FLAG(std::string, ucx_tls, "sm,self",
+          "UCX transports for the data plane (UCX_TLS syntax); the default keeps data on this "
+          "host (shared memory); e.g. \"tcp,sm,self\" serves ranks on other hosts");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once serving (for scripts and tests)");
 
@@ -44,6 +51,8 @@ int main(int argc, char** argv) {
   opts.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   opts.registry.update_threads = absl::GetFlag(FLAGS_update_threads);
   opts.registry.max_params = absl::GetFlag(FLAGS_max_params);
+  opts.ucx = absl::GetFlag(FLAGS_ucx);
+  opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   if (opts.max_message_bytes < (1 << 16) || opts.max_message_bytes > (int64_t{1} << 31) - 1) {
     std::fprintf(stderr, "zenflowd: --max_message_bytes must be in [65536, 2^31)\n");
     return 2;
@@ -67,9 +76,12 @@ int main(int argc, char** argv) {
     }
     std::rename(tmp.c_str(), port_file.c_str());
   }
-  std::fprintf(stderr, "zenflowd: serving zenflow.v1 on port %d (simd=%s, update_threads=%d)\n",
+  std::fprintf(stderr,
+               "zenflowd: serving zenflow.v1 on port %d (simd=%s, update_threads=%d, ucx=%s)\n",
                (*server)->port(), zenflow::SimdLevelName((*server)->registry()->simd()),
-               (*server)->registry()->update_threads());
+               (*server)->registry()->update_threads(),
+               (*server)->ucx() != nullptr ? opts.ucx_options.tls.c_str()
+                                           : std::string((*server)->ucx_status().message()).c_str());
   sd_notify(0, "READY=1");
 
   int sig = 0;

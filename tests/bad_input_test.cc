@@ -2,12 +2,17 @@
 // specific status code and an actionable message, is counted, and leaves the
 // job untouched — proven by a following good round that still matches the
 // independent reference exactly as if the bad request had never been sent.
+#include <deque>
 #include <limits>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/mutex.h"
+#include "common/status_macros.h"
+#include "common/ucx.h"
+#include "common/ucx_frame.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/harness.h"
@@ -96,8 +101,7 @@ void ExpectStatus(const absl::Status& s, StatusCode code, const std::string& fra
 TEST_F(BadInputTest, UnknownJobIsNotFound) {
   auto h = MakeJob();
   ExpectStatus(h->client(0).GetJob("no-such-job").status(), StatusCode::kNotFound, "no job 'no-such-job'");
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
   ExpectStatus((*c)->JoinJob("no-such-job", 0).status(), StatusCode::kNotFound, "no job");
@@ -116,8 +120,7 @@ TEST_F(BadInputTest, UnknownTensorIsNotFound) {
 
 TEST_F(BadInputTest, UnknownRankIsRejected) {
   auto h = MakeJob();
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
   ExpectStatus((*c)->JoinJob(h->options().job_id, 5).status(), StatusCode::kOutOfRange,
@@ -142,8 +145,7 @@ TEST_F(BadInputTest, RankNotJoinedCannotAttach) {
 
 TEST_F(BadInputTest, RankJoiningTwiceIsAlreadyExists) {
   auto h = MakeJob();
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
   ExpectStatus((*c)->JoinJob(h->options().job_id, 1).status(), StatusCode::kAlreadyExists,
@@ -183,8 +185,7 @@ TEST_F(BadInputTest, UploadShapeMismatchIsInvalidAndStoresNothing) {
 }
 
 TEST_F(BadInputTest, CreateJobBadSpecsAreInvalidArgument) {
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
   v1::JobSpec spec;
@@ -388,19 +389,28 @@ TEST_F(BadInputTest, OversizedMessageIsResourceExhausted) {
                "exceeds the daemon's limit of 1048576 bytes (--max_message_bytes)");
   EXPECT_EQ(Rejected(*h, "RESOURCE_EXHAUSTED"), 1);
   ASSERT_OK(h->GoodRound(1e-2f));
-  // Beyond twice the limit gRPC itself refuses the message and ends the
-  // stream with RESOURCE_EXHAUSTED; the rank reattaches and carries on.
   s = Shard(*h, 8, {0});
   s.mutable_payload()->assign(3 << 20, '\0');
-  ASSERT_OK(h->client(0).PushShard(s));
-  absl::Status end = absl::OkStatus();
-  for (int i = 0; i < 1000 && end.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-    end = h->client(0).stream_status();
+  if (TestTransport() == Transport::kUcx) {
+    // UCX has no message limit of its own: the daemon rejects in-band at
+    // any size and the connection stays up.
+    ExpectStatus(Rejection(*h, 0, s), StatusCode::kResourceExhausted,
+                 "exceeds the daemon's limit of 1048576 bytes (--max_message_bytes)");
+    EXPECT_EQ(Rejected(*h, "RESOURCE_EXHAUSTED"), 2);
+    ASSERT_OK(h->GoodRound(1e-2f));
+  } else {
+    // Beyond twice the limit gRPC itself refuses the message and ends the
+    // stream with RESOURCE_EXHAUSTED; the rank reattaches and carries on.
+    ASSERT_OK(h->client(0).PushShard(s));
+    absl::Status end = absl::OkStatus();
+    for (int i = 0; i < 1000 && end.ok(); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+      end = h->client(0).stream_status();
+    }
+    EXPECT_EQ(end.code(), StatusCode::kResourceExhausted) << end;
+    ASSERT_OK(h->client(0).Attach(h->options().job_id, 0));
+    ASSERT_OK(h->GoodRound(1e-2f));
   }
-  EXPECT_EQ(end.code(), StatusCode::kResourceExhausted) << end;
-  ASSERT_OK(h->client(0).Attach(h->options().job_id, 0));
-  ASSERT_OK(h->GoodRound(1e-2f));
   // Unary requests over the limit too.
   v1::JobSpec spec = h->spec();
   spec.set_job_id("huge");
@@ -415,8 +425,7 @@ TEST_F(BadInputTest, OversizedMessageIsResourceExhausted) {
 }
 
 TEST_F(BadInputTest, TooManyParametersIsResourceExhausted) {
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
   v1::JobSpec spec;
@@ -426,6 +435,196 @@ TEST_F(BadInputTest, TooManyParametersIsResourceExhausted) {
   t->add_shape(int64_t{1} << 20);
   t->add_shape(int64_t{1} << 20);
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kResourceExhausted, "--max_params");
+}
+
+// ---- The UCX data plane, driven by hand ----
+
+// A rank's side of a UCX connection without the client library: its own UCX
+// worker, a raw gRPC stream for the attach, and the frames it receives.
+class RawUcxRank {
+ public:
+  absl::Status Start() {
+    ZF_ASSIGN_OR_RETURN(worker_, UcxWorker::Create({}, [this](uint64_t tag, std::string f) {
+                          MutexLock lock(&mu_);
+                          got_.push_back({tag, std::move(f)});
+                        }));
+    return absl::OkStatus();
+  }
+  // Attaches over gRPC asking for UCX; returns the stream's end status if
+  // the daemon refused.
+  absl::Status Attach(v1::ZenFlow::Stub* stub, const std::string& job, int32_t rank, uint64_t tag,
+                      std::string address) {
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub->Stream(ctx_.get());
+    v1::UpMessage hello;
+    hello.mutable_attach()->set_job_id(job);
+    hello.mutable_attach()->set_rank(rank);
+    hello.mutable_attach()->set_ucx_address(address);
+    hello.mutable_attach()->set_ucx_tag(tag);
+    stream_->Write(hello);
+    v1::DownMessage greeting;
+    if (!stream_->Read(&greeting)) {
+      grpc::Status st = stream_->Finish();
+      stream_.reset();
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+    }
+    if (greeting.attached().ucx_address().empty()) {
+      return absl::InternalError("greeting without the daemon's UCX address");
+    }
+    tag_ = tag;
+    ZF_ASSIGN_OR_RETURN(ep_, worker_->Connect(greeting.attached().ucx_address(), nullptr));
+    return absl::OkStatus();
+  }
+  void SendRaw(std::string frame) {
+    frames_.push_back(std::make_unique<std::string>(std::move(frame)));
+    worker_->Send(ep_, tag_, {*frames_.back()}, nullptr);
+  }
+  void Send(v1::UpMessage m) {
+    std::string payload, header;
+    SplitFrame(&m, &payload, &header);
+    SendRaw(payload + header);
+  }
+  // The next down message (parsed), or an error after 30 s.
+  absl::StatusOr<v1::DownMessage> Next() {
+    MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !got_.empty(); },
+                              absl::Seconds(30))) {
+      return absl::DeadlineExceededError("no UCX message from the daemon");
+    }
+    auto [tag, frame] = std::move(got_.front());
+    got_.pop_front();
+    if (tag != tag_) return absl::InternalError("UCX message with another connection's tag");
+    v1::DownMessage m;
+    ZF_RETURN_IF_ERROR(ParseFrame(std::move(frame), &m));
+    return m;
+  }
+  void Close() {
+    if (stream_ == nullptr) return;
+    (void)worker_->Flush(ep_, absl::Seconds(10));
+    stream_->WritesDone();
+    (void)stream_->Finish();
+    stream_.reset();
+  }
+  const std::string& address() const { return worker_->address(); }
+
+ private:
+  std::unique_ptr<UcxWorker> worker_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
+  uint64_t tag_ = 0, ep_ = 0;
+  std::vector<std::unique_ptr<std::string>> frames_;
+  Mutex mu_;
+  std::deque<std::pair<uint64_t, std::string>> got_ ABSL_GUARDED_BY(mu_);
+};
+
+// A one-rank job whose rank 0 is joined but not attached.
+std::unique_ptr<Harness> JoinedNotAttached(const std::string& target) {
+  JobOptions o;
+  o.job_id = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  o.world = 1;
+  auto h = std::make_unique<Harness>(target, o);
+  absl::Status s = h->Connect();
+  if (s.ok()) s = h->CreateJob();
+  if (s.ok()) s = h->Upload();
+  if (s.ok()) {
+    grpc::ClientContext ctx;
+    v1::JoinJobRequest req;
+    req.set_job_id(o.job_id);
+    req.set_rank(0);
+    v1::JoinJobResponse resp;
+    grpc::Status g = h->client(0).stub()->JoinJob(&ctx, req, &resp);
+    if (!g.ok()) s = absl::InternalError(g.error_message());
+  }
+  EXPECT_TRUE(s.ok()) << s;
+  return h;
+}
+
+TEST_F(BadInputTest, UcxAttachWithBadTagOrAddressIsInvalidArgument) {
+  std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
+  RawUcxRank raw;
+  ASSERT_OK(raw.Start());
+  const std::string job = h->options().job_id;
+  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, /*tag=*/0, raw.address()),
+               StatusCode::kInvalidArgument, "ucx_tag must be nonzero");
+  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, 7, "abc"), StatusCode::kInvalidArgument,
+               "is not a UCX worker address");
+  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, 7, std::string(96, '\x01')),
+               StatusCode::kInvalidArgument, "cannot reach the rank's UCX worker");
+  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, 7,
+                          raw.address().substr(0, raw.address().size() / 2)),
+               StatusCode::kInvalidArgument, "cannot reach the rank's UCX worker");
+  ExpectStatus(raw.Attach(h->client(0).stub(), "no_such_job", 0, 7, raw.address()),
+               StatusCode::kNotFound, "no_such_job");
+  // The rank is still free: the library attaches it and a round is exact.
+  ASSERT_OK(h->client(0).Attach(job, 0));
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, UcxMalformedFramesAreRejectedInBand) {
+  std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
+  RawUcxRank raw;
+  ASSERT_OK(raw.Start());
+  const std::string job = h->options().job_id;
+  ASSERT_OK(raw.Attach(h->client(0).stub(), job, 0, 0x1234567887654321ull, raw.address()));
+  auto expect_error = [&](StatusCode code, const std::string& fragment) {
+    absl::StatusOr<v1::DownMessage> m = raw.Next();
+    ASSERT_OK(m.status());
+    ASSERT_EQ(m->kind_case(), v1::DownMessage::kError) << m->DebugString();
+    ExpectStatus(absl::Status(static_cast<StatusCode>(m->error().code()), m->error().message()),
+                 code, fragment);
+  };
+  raw.SendRaw("short");
+  expect_error(StatusCode::kInvalidArgument, "shorter than its trailer");
+  raw.SendRaw(std::string(64, 'x'));
+  expect_error(StatusCode::kInvalidArgument, "bad magic");
+  // A well-formed frame of a bad message is judged like one from gRPC.
+  v1::UpMessage up;
+  up.set_seq(5);
+  *up.mutable_shard() = Shard(*h, 0, {0});
+  up.mutable_shard()->set_tensor("nope");
+  raw.Send(up);
+  expect_error(StatusCode::kNotFound, "nope");
+  v1::UpMessage again;
+  again.mutable_attach()->set_job_id(job);
+  raw.Send(again);
+  expect_error(StatusCode::kFailedPrecondition, "attach travels over the gRPC stream");
+  raw.Close();
+  EXPECT_GE(Rejected(*h, "INVALID_ARGUMENT"), 2);
+  // Nothing changed: the library attaches the rank and a round is exact.
+  absl::Status s = absl::UnavailableError("not yet");
+  for (int i = 0; i < 100 && !s.ok(); ++i) {
+    // The daemon closes the raw connection asynchronously after its stream.
+    s = h->client(0).Attach(job, 0);
+    if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_OK(s);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+TEST_F(BadInputTest, UcxAttachToDaemonWithoutUcxIsFailedPrecondition) {
+  DaemonProcess plain;
+  ASSERT_OK(plain.Start({"--ucx=false"}));
+  ClientOptions co;
+  co.target = plain.target();
+  co.transport = Transport::kUcx;
+  JobOptions o;
+  o.job_id = "no_ucx";
+  o.world = 1;
+  Harness h(plain.target(), o);
+  ASSERT_OK(h.Connect());
+  ASSERT_OK(h.CreateJob());
+  ASSERT_OK(h.Upload());
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  ExpectStatus((*c)->JoinJob("no_ucx", 0).status(), StatusCode::kFailedPrecondition,
+               "--ucx=false");
+  // The same rank attaches over gRPC.
+  ClientOptions grpc_co;
+  grpc_co.target = plain.target();
+  auto g = Client::Connect(grpc_co);
+  ASSERT_OK(g.status());
+  ASSERT_OK((*g)->Attach("no_ucx", 0));
+  EXPECT_TRUE(plain.Stop().ok());
 }
 
 }  // namespace

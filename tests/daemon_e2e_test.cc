@@ -49,6 +49,16 @@ TEST_F(DaemonE2ETest, TwoRanksFourStepsFp32MatchReferenceAdamW) {
   EXPECT_EQ(stats->jobs(0).rounds_updated(), 3);
   EXPECT_EQ(stats->jobs(0).params(), 8 * 16 + 16);
   EXPECT_TRUE(stats->jobs(0).rejected().empty());
+  // The data went the way this target says (the daemon offers both).
+  EXPECT_TRUE(stats->ucx().enabled());
+  if (TestTransport() == Transport::kUcx) {
+    EXPECT_GE(stats->ucx().frames_received(), stats->jobs(0).shards_received());
+    EXPECT_GT(stats->ucx().messages_sent(), 0);
+    EXPECT_EQ(stats->ucx().connections(), 2);
+  } else {
+    EXPECT_EQ(stats->ucx().frames_received(), 0);
+    EXPECT_EQ(stats->ucx().connections(), 0);
+  }
 }
 
 TEST_F(DaemonE2ETest, TwoRanksFourStepsBf16MatchReferenceOnBf16Inputs) {
@@ -226,8 +236,7 @@ TEST_F(DaemonE2ETest, DeltasQueuedWhileDetachedArriveAfterReattach) {
   ASSERT_OK(h.GoodRound(1e-2f));
   // A second client attaches to the same joined rank only after the first
   // one's stream is gone.
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   absl::StatusOr<std::unique_ptr<Client>> other = Client::Connect(co);
   ASSERT_OK(other.status());
   absl::Status busy = (*other)->Attach("reattach", 0);

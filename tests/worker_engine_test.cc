@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_driver.h"
+#include "tests/testing/harness.h"
 #include "tests/testing/status_macros.h"
 
 namespace zenflow::testing {
@@ -276,8 +277,7 @@ TEST_F(WorkerEngineTest, BadCallerInputIsRejected) {
   std::unique_ptr<worker::Backend> be = worker::MakeCpuBackend(1);
   EngineJob j = Job("bad-caller");
   j.cfg.world = 1;
-  ClientOptions co;
-  co.target = daemon_->target();
+  ClientOptions co = TestClientOptions(daemon_->target());
   auto client = Client::Connect(co);
   ASSERT_OK(client.status());
   std::vector<worker::DeviceBuffer> bufs(6);

@@ -10,6 +10,7 @@
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "gpu_worker/zenflow_optimizer.h"
+#include "tests/testing/harness.h"
 
 namespace zenflow::testing {
 namespace {
@@ -115,8 +116,7 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
     params.push_back(std::move(p));
     grads.push_back(std::move(g));
   }
-  ClientOptions co;
-  co.target = job.target;
+  ClientOptions co = TestClientOptions(job.target);
   co.max_shard_bytes = 256;  // several shards per tensor
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec,

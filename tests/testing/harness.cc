@@ -3,12 +3,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace zenflow::testing {
+
+Transport TestTransport() {
+  const char* t = std::getenv("ZF_TEST_TRANSPORT");
+  return (t != nullptr && std::string(t) == "ucx") ? Transport::kUcx : Transport::kGrpc;
+}
+
+ClientOptions TestClientOptions(const std::string& target) {
+  ClientOptions co;
+  co.target = target;
+  co.transport = TestTransport();
+  return co;
+}
 
 float TestGrad(int rank, int64_t step, int ti, int64_t r, int64_t c) {
   const double x = 0.37 * r + 1.3 * c + 0.11 * step + 0.7 * rank + 0.5 * ti;
@@ -73,8 +86,7 @@ v1::JobSpec Harness::spec() const {
 
 absl::Status Harness::Connect() {
   for (int r = 0; r < opts_.world; ++r) {
-    ClientOptions co;
-    co.target = target_;
+    ClientOptions co = TestClientOptions(target_);
     co.max_shard_bytes = 1024;  // several shards per step even for small tensors
     ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Connect(co));
     clients_.push_back(std::move(c));

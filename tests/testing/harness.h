@@ -41,6 +41,12 @@ struct JobOptions {
   bool handoff_per_tensor = false;  // one HandOff call per tensor
 };
 
+// The data transport the tests use: ZF_TEST_TRANSPORT=ucx selects UCX (the
+// *_ucx_test targets set it); anything else, gRPC.
+Transport TestTransport();
+// Client options for the test daemon with the test transport.
+ClientOptions TestClientOptions(const std::string& target);
+
 // Deterministic gradient of element (r, c) of tensor ti at (rank, step).
 float TestGrad(int rank, int64_t step, int ti, int64_t r, int64_t c);
 // Deterministic initial parameter value.

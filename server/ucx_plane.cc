@@ -1,0 +1,203 @@
+// zenflowd's UCX data plane; see ucx_plane.h.
+#include "server/ucx_plane.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/ucx_frame.h"
+
+namespace zenflow {
+
+void UcxDataPlane::Conn::Write(v1::DownMessage* msg) {
+  msg_ = msg;
+  SplitFrame(msg, &payload_, &header_);
+  std::shared_ptr<Conn> self = shared_from_this();
+  worker_->Send(ep_, tag_, {payload_, header_}, [self](absl::Status s) {
+    RestorePayload(self->msg_, &self->payload_);
+    self->msg_ = nullptr;
+    self->box_->WriteDone(self.get(), s.ok());
+  });
+}
+
+absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptions& options,
+                                                                   JobRegistry* registry) {
+  std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(registry, options.tls));
+  UcxDataPlane* raw = p.get();
+  ZF_ASSIGN_OR_RETURN(p->worker_,
+                      UcxWorker::Create(options, [raw](uint64_t tag, std::string frame) {
+                        raw->OnFrame(tag, std::move(frame));
+                      }));
+  p->dispatcher_ = std::thread([raw] { raw->DispatchLoop(); });
+  return p;
+}
+
+UcxDataPlane::~UcxDataPlane() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (dispatcher_.joinable()) dispatcher_.join();
+  std::map<uint64_t, std::shared_ptr<Conn>> conns;
+  {
+    MutexLock lock(&mu_);
+    conns.swap(conns_);
+  }
+  for (auto& [tag, c] : conns) c->box()->Detach(c.get());
+  // Closes every endpoint; sends in flight fail and go back to their mailbox.
+  worker_.reset();
+}
+
+void UcxDataPlane::OnFrame(uint64_t tag, std::string frame) {
+  MutexLock lock(&mu_);
+  Item item;
+  item.tag = tag;
+  item.frame = std::move(frame);
+  queue_.push_back(std::move(item));
+}
+
+absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
+    std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
+    const std::string& peer_address, uint64_t tag) {
+  if (tag == 0) {
+    return absl::InvalidArgumentError("attach.ucx_tag must be nonzero (pick one at random)");
+  }
+  {
+    MutexLock lock(&mu_);
+    if (conns_.count(tag) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("attach.ucx_tag ", tag, " is in use by another connection; pick another"));
+    }
+  }
+  if (peer_address.size() < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attach.ucx_address of ", peer_address.size(),
+        " bytes is not a UCX worker address (pass ucp_worker_get_address's bytes)"));
+  }
+  absl::StatusOr<uint64_t> ep = worker_->Connect(peer_address, nullptr);
+  if (!ep.ok()) {
+    return absl::Status(ep.status().code(),
+                        absl::StrCat("cannot reach the rank's UCX worker: ", ep.status().message(),
+                                     " (are both on one host for shared memory, or is "
+                                     "--ucx_tls set for the network?)"));
+  }
+  std::shared_ptr<Conn> conn;
+  {
+    MutexLock lock(&mu_);
+    if (conns_.count(tag) != 0) {
+      worker_->Disconnect(*ep, /*force=*/true);
+      return absl::AlreadyExistsError(
+          absl::StrCat("attach.ucx_tag ", tag, " is in use by another connection; pick another"));
+    }
+    conn = std::make_shared<Conn>(worker_.get(), *ep, tag, std::move(job), rank, box);
+    conns_[tag] = conn;
+  }
+  if (!box->Attach(conn.get())) {
+    {
+      MutexLock lock(&mu_);
+      conns_.erase(conn->tag());
+    }
+    worker_->Disconnect(*ep, /*force=*/true);
+    return absl::AlreadyExistsError("the rank already has a stream attached");
+  }
+  return conn;
+}
+
+void UcxDataPlane::Close(std::shared_ptr<Conn> conn) {
+  MutexLock lock(&mu_);
+  Item item;
+  item.kind = Item::kCloseRequest;
+  item.conn = std::move(conn);
+  queue_.push_back(std::move(item));
+}
+
+void UcxDataPlane::FillStats(v1::UcxStats* out) {
+  const UcxWorker::Stats w = worker_->stats();
+  MutexLock lock(&mu_);
+  out->set_enabled(true);
+  out->set_transports(tls_.empty() ? "(UCX default)" : tls_);
+  out->set_connections(static_cast<int64_t>(conns_.size()));
+  out->set_frames_received(stats_.frames);
+  out->set_frames_dropped(stats_.dropped);
+  out->set_bytes_received(w.bytes_received);
+  out->set_messages_sent(w.messages_sent);
+  out->set_bytes_sent(w.bytes_sent);
+}
+
+void UcxDataPlane::DispatchLoop() {
+  for (;;) {
+    Item item;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    switch (item.kind) {
+      case Item::kFrame:
+        Handle(item.tag, std::move(item.frame));
+        break;
+      case Item::kCloseRequest: {
+        // Whatever the rank sent before its stream ended has arrived once
+        // its last sends completed; take it in, then close behind it.
+        (void)worker_->Drain(absl::Seconds(5));
+        MutexLock lock(&mu_);
+        item.kind = Item::kCloseFinal;
+        queue_.push_back(std::move(item));
+        break;
+      }
+      case Item::kCloseFinal: {
+        const std::shared_ptr<Conn>& c = item.conn;
+        {
+          MutexLock lock(&mu_);
+          auto it = conns_.find(c->tag());
+          if (it != conns_.end() && it->second == c) conns_.erase(it);
+        }
+        c->box()->Detach(c.get());
+        worker_->Disconnect(c->ep(), /*force=*/true);
+        break;
+      }
+    }
+  }
+}
+
+void UcxDataPlane::Handle(uint64_t tag, std::string frame) {
+  std::shared_ptr<Conn> c;
+  {
+    MutexLock lock(&mu_);
+    auto it = conns_.find(tag);
+    if (it == conns_.end()) {
+      ++stats_.dropped;
+      return;
+    }
+    c = it->second;
+    ++stats_.frames;
+  }
+  v1::UpMessage up;
+  absl::Status s;
+  if (static_cast<int64_t>(frame.size()) > registry_->max_message_bytes()) {
+    s = absl::ResourceExhaustedError(
+        absl::StrCat("UCX frame of ", frame.size(), " bytes exceeds the daemon's limit of ",
+                     registry_->max_message_bytes(),
+                     " bytes (--max_message_bytes); split it (client max_shard_bytes)"));
+  } else {
+    s = ParseFrame(std::move(frame), &up);
+  }
+  if (s.ok() && up.kind_case() == v1::UpMessage::kAttach) {
+    s = absl::FailedPreconditionError(
+        "attach travels over the gRPC stream, not over UCX; this connection is already attached");
+  }
+  if (s.ok()) s = c->job()->HandleUp(c->rank(), up);
+  if (!s.ok()) {
+    registry_->CountRejection(s.code());
+    c->job()->CountRejection(s.code());
+    v1::DownMessage err;
+    err.mutable_error()->set_seq(up.seq());
+    err.mutable_error()->set_code(static_cast<int32_t>(s.code()));
+    err.mutable_error()->set_message(std::string(s.message()));
+    c->box()->Push(std::move(err));
+  }
+}
+
+}  // namespace zenflow
