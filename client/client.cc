@@ -678,6 +678,10 @@ std::optional<RoundUpdate> Client::PollRound() {
   return u;
 }
 
+void Client::Recycle(std::string buffer) {
+  if (ucx_ != nullptr) ucx_->Recycle(std::move(buffer));
+}
+
 std::vector<absl::Status> Client::TakeErrors() {
   MutexLock lock(&mu_);
   std::vector<absl::Status> out;

@@ -141,6 +141,9 @@ class Client {
   void SetRoundCallback(std::function<void(RoundUpdate)> cb);
   absl::StatusOr<RoundUpdate> WaitRound(int64_t round, absl::Duration timeout);
   std::optional<RoundUpdate> PollRound();
+  // Gives a delta's payload buffer back once it has been applied; with the
+  // UCX transport later receives reuse it (no allocation or zero-fill).
+  void Recycle(std::string buffer);
   // Errors the daemon reported for rejected up messages, oldest first
   // (each carries the daemon's status code and message); clears them.
   std::vector<absl::Status> TakeErrors();

@@ -2,6 +2,7 @@
 #include "common/ucx.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -83,7 +84,6 @@ struct UcxWorker::Impl {
 
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  int efd = -1;
   int wake_fd = -1;
   RecvFn on_recv;
   std::thread thread;
@@ -92,11 +92,41 @@ struct UcxWorker::Impl {
   std::deque<std::function<void()>> commands ABSL_GUARDED_BY(mu);
   bool stop ABSL_GUARDED_BY(mu) = false;
   Stats stats ABSL_GUARDED_BY(mu);
+  // Recycled receive buffers (bounded).
+  std::vector<std::string> pool ABSL_GUARDED_BY(mu);
+  size_t pool_bytes ABSL_GUARDED_BY(mu) = 0;
+  static constexpr size_t kPoolMaxBuffers = 128;
+  static constexpr size_t kPoolMaxBytes = size_t{1} << 30;
+
+  // A buffer of exactly n bytes (contents unspecified).
+  std::string TakeBuffer(size_t n) {
+    std::string b;
+    {
+      MutexLock lock(&mu);
+      for (size_t i = 0; i < pool.size(); ++i) {
+        if (pool[i].capacity() >= n) {
+          b = std::move(pool[i]);
+          pool[i] = std::move(pool.back());
+          pool.pop_back();
+          pool_bytes -= b.capacity();
+          break;
+        }
+      }
+    }
+    if (b.capacity() < n) {
+      // Frames of one kind differ by a few header bytes: leave room so that
+      // a recycled buffer fits the next one.
+      b.reserve((n + (n >> 6) + 4095) & ~size_t{4095});
+    }
+    b.resize(n);  // fills only beyond the buffer's old size
+    return b;
+  }
 
   // Progress-thread state.
   std::map<uint64_t, std::unique_ptr<Ep>> eps;
   uint64_t next_ep = 1;
   std::deque<std::unique_ptr<Recv>> recvs;  // in matching order
+  int64_t sends_pending = 0;
   std::vector<Closing> closing;
   std::vector<std::shared_ptr<SyncResult>> drains;
 
@@ -130,6 +160,7 @@ struct UcxWorker::Impl {
   }
 
   void FinishSend(SendOp* op, ucs_status_t status) {
+    --sends_pending;
     {
       MutexLock lock(&mu);
       if (status == UCS_OK) {
@@ -195,6 +226,7 @@ struct UcxWorker::Impl {
       return;
     }
     auto* op = new SendOp();
+    ++sends_pending;
     op->impl = this;
     op->done = std::move(done);
     for (absl::string_view part : parts) {
@@ -276,7 +308,7 @@ struct UcxWorker::Impl {
   void PostRecv(ucp_tag_message_h msg, const ucp_tag_recv_info_t& info) {
     auto r = std::make_unique<Recv>();
     r->tag = info.sender_tag;
-    r->data.resize(info.length);
+    r->data = TakeBuffer(info.length);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = &Impl::OnRecv;
@@ -334,6 +366,7 @@ struct UcxWorker::Impl {
 
   void Loop() {
     int idle = 0;
+    auto last_activity = std::chrono::steady_clock::now();
     for (;;) {
       const bool busy = Pass();
       {
@@ -342,6 +375,7 @@ struct UcxWorker::Impl {
       }
       if (busy) {
         idle = 0;
+        last_activity = std::chrono::steady_clock::now();
         continue;
       }
       if (!drains.empty()) {
@@ -352,11 +386,19 @@ struct UcxWorker::Impl {
         }
         continue;
       }
-      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{efd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-      // The timeout only bounds the cost of a missed wake-up.
-      poll(fds, 2, (recvs.empty() && closing.empty()) ? 100 : 1);
-      if (fds[1].revents & POLLIN) {
+      // Nothing happened. Right after activity keep polling (a transfer's
+      // next step is usually microseconds away); then sleep in short naps,
+      // woken early by a command. The nap bounds the latency of a message
+      // that arrives while idle.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_activity < std::chrono::microseconds(200)) {
+        sched_yield();
+        continue;
+      }
+      const bool ops = !recvs.empty() || !closing.empty() || sends_pending > 0;
+      pollfd fd = {wake_fd, POLLIN, 0};
+      const timespec nap = {0, ops ? 50'000 : 1'000'000};
+      if (ppoll(&fd, 1, &nap, nullptr) > 0 && (fd.revents & POLLIN)) {
         uint64_t v;
         ssize_t n = read(wake_fd, &v, sizeof(v));
         (void)n;
@@ -409,7 +451,10 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  // No UCP_FEATURE_WAKEUP: it restricts UCX to transports with event
+  // support, which excludes CMA, so large messages would be copied twice
+  // through the shared-memory FIFO. The progress thread polls instead.
+  params.features = UCP_FEATURE_TAG;
   s = ucp_init(&params, config, &impl->context);
   ucp_config_release(config);
   if (s != UCS_OK) {
@@ -420,8 +465,6 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
   s = ucp_worker_create(impl->context, &wp, &impl->worker);
   if (s != UCS_OK) return FromUcs(s, "cannot create a UCX worker");
-  s = ucp_worker_get_efd(impl->worker, &impl->efd);
-  if (s != UCS_OK) return FromUcs(s, "UCX worker has no event fd");
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return absl::InternalError("eventfd failed");
   ucp_address_t* addr = nullptr;
@@ -485,6 +528,17 @@ absl::Status UcxWorker::Drain(absl::Duration timeout) {
   if (!res->Wait(timeout)) return absl::DeadlineExceededError("UCX drain timed out");
   MutexLock lock(&res->mu);
   return res->status;
+}
+
+void UcxWorker::Recycle(std::string buffer) {
+  if (buffer.capacity() < 4096) return;
+  MutexLock lock(&impl_->mu);
+  if (impl_->pool.size() >= Impl::kPoolMaxBuffers ||
+      impl_->pool_bytes + buffer.capacity() > Impl::kPoolMaxBytes) {
+    return;
+  }
+  impl_->pool_bytes += buffer.capacity();
+  impl_->pool.push_back(std::move(buffer));
 }
 
 UcxWorker::Stats UcxWorker::stats() {

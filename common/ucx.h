@@ -80,6 +80,10 @@ class UcxWorker {
   // progress.
   absl::Status Drain(absl::Duration timeout);
 
+  // Gives a received message's buffer back for reuse by later receives
+  // (saves the allocation, page faults and zero-fill of a fresh one).
+  void Recycle(std::string buffer);
+
   struct Stats {
     int64_t messages_received = 0;
     int64_t bytes_received = 0;

@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -52,6 +53,9 @@
 #include "gpu_worker/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
+ABSL_FLAG(std::string, transport, "grpc",
+          "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
+          "reaches others)");
 ABSL_FLAG(int, device_ms, 60, "emulated device (forward + backward) time per step, ms");
 ABSL_FLAG(std::string, zenflow_wire, "bf16",
           "zenflow mode's gradient wire: bf16 or int8 (zero_offload always uses bf16)");
@@ -129,6 +133,8 @@ struct ModeResult {
   double mean_optimizer_ms = 0;  // Step() alone
   double stall_ms_per_step = 0;
   double send_blocked_ms_per_step = 0;
+  // Step() broken down (ms per step): important columns, pack, push, apply.
+  double important_ms = 0, pack_ms = 0, push_ms = 0, apply_ms = 0;
   double wire_bytes_per_step = 0;
   double bytes_up_per_step = 0;
   double bytes_down_per_step = 0;
@@ -180,6 +186,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   const double t_setup = Now();
   ClientOptions co;
   co.target = absl::GetFlag(FLAGS_target);
+  ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, 0, be, specs));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
@@ -191,6 +198,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   const int device_ms = absl::GetFlag(FLAGS_device_ms);
   double sum_step = 0, sum_opt = 0, sum_stall = 0, sum_blocked = 0;
   double sum_up = 0, sum_down = 0;
+  double sum_imp = 0, sum_pack = 0, sum_push = 0, sum_apply = 0;
   r.min_step_ms = 1e300;
   for (int t = 0; t < steps; ++t) {
     const double t0 = Now();
@@ -203,8 +211,10 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
     const StepStats& st = opt->last_step();
     const double step_ms = (t2 - t0) * 1e3;
     std::fprintf(stderr,
-                 "  %-12s step %3d  %8.1f ms  (optimizer %7.1f, stall %7.1f)  wire %7.1f MiB%s\n",
-                 mode.c_str(), t, step_ms, (t2 - t1) * 1e3, st.stall_seconds * 1e3,
+                 "  %-12s step %3d  %8.1f ms  (optimizer %7.1f: pack %6.1f push %6.1f apply %6.1f "
+                 "stall %7.1f)  wire %7.1f MiB%s\n",
+                 mode.c_str(), t, step_ms, (t2 - t1) * 1e3, st.pack_seconds * 1e3,
+                 st.push_seconds * 1e3, st.apply_seconds * 1e3, st.stall_seconds * 1e3,
                  static_cast<double>(st.bytes_sent + st.bytes_received) / (1 << 20),
                  t < r.warmup_steps ? "  [warm-up]" : "");
     if (t < r.warmup_steps) continue;
@@ -212,6 +222,10 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
     sum_opt += (t2 - t1) * 1e3;
     sum_stall += st.stall_seconds * 1e3;
     sum_blocked += st.send_blocked_seconds * 1e3;
+    sum_imp += st.important_seconds * 1e3;
+    sum_pack += st.pack_seconds * 1e3;
+    sum_push += st.push_seconds * 1e3;
+    sum_apply += st.apply_seconds * 1e3;
     sum_up += static_cast<double>(st.bytes_sent);
     sum_down += static_cast<double>(st.bytes_received);
     r.min_step_ms = std::min(r.min_step_ms, step_ms);
@@ -232,6 +246,10 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   r.mean_optimizer_ms = sum_opt / m;
   r.stall_ms_per_step = sum_stall / m;
   r.send_blocked_ms_per_step = sum_blocked / m;
+  r.important_ms = sum_imp / m;
+  r.pack_ms = sum_pack / m;
+  r.push_ms = sum_push / m;
+  r.apply_ms = sum_apply / m;
   r.bytes_up_per_step = sum_up / m;
   r.bytes_down_per_step = sum_down / m;
   r.wire_bytes_per_step = (sum_up + sum_down) / m;
@@ -247,11 +265,13 @@ std::string ModeJson(const ModeResult& r) {
       "\"mean_optimizer_ms\": %.3f, \"send_blocked_ms_per_step\": %.3f, "
       "\"bytes_up_per_step\": %.1f, \"bytes_down_per_step\": %.1f, \"min_step_ms\": %.3f, "
       "\"max_step_ms\": %.3f, \"finish_ms\": %.3f, \"setup_s\": %.3f, \"rounds_applied\": %d, "
-      "\"reselections\": %d}",
+      "\"reselections\": %d, \"step_breakdown_ms\": {\"important\": %.3f, \"pack\": %.3f, "
+      "\"push\": %.3f, \"apply\": %.3f}}",
       r.mean_step_ms, r.stall_ms_per_step, r.wire_bytes_per_step, r.steps, r.warmup_steps,
       r.measured_steps, r.interval, r.mean_optimizer_ms, r.send_blocked_ms_per_step,
       r.bytes_up_per_step, r.bytes_down_per_step, r.min_step_ms, r.max_step_ms, r.finish_ms,
-      r.setup_s, r.rounds_applied, r.reselections);
+      r.setup_s, r.rounds_applied, r.reselections, r.important_ms, r.pack_ms, r.push_ms,
+      r.apply_ms);
 }
 
 absl::Status Run() {
@@ -320,6 +340,7 @@ absl::Status Run() {
 
   std::string json = absl::StrFormat(
       "{\n  \"emulated\": true,\n  \"device_ms\": %d,\n  \"params\": %d,\n  \"threads\": %d,\n"
+      "  \"transport\": \"%s\",\n"
       "  \"gradients\": \"synthetic: one fixed random buffer per tensor, generated once, reused every step\",\n"
       "  \"warmup\": \"the first round of each mode (S steps; 1 for zero_offload) is left out of the averages\",\n"
       "  \"mean_step\": \"emulated device time + ZenFlowOptimizer::Step(); Finish() not included\",\n"
@@ -334,7 +355,7 @@ absl::Status Run() {
       "  \"goals\": {\"speedup\": 3, \"stall_fraction\": 0.05, \"wire_ratio\": 0.5},\n"
       "  \"goals_met\": {\"speedup\": %s, \"stall_fraction\": %s, \"wire_ratio\": %s},\n"
       "  \"runtime_s\": %.1f\n}\n",
-      device_ms, total, threads, absl::GetFlag(FLAGS_zenflow_wire), absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
+      device_ms, total, threads, absl::GetFlag(FLAGS_transport), absl::GetFlag(FLAGS_zenflow_wire), absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
       speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "true" : "false",
       speedup >= 3 ? "true" : "false", stall_fraction <= 0.05 ? "true" : "false",
       wire_ratio <= 0.5 ? "true" : "false", runtime_s);
@@ -373,6 +394,7 @@ absl::Status Run() {
 }  // namespace zenflow
 
 int main(int argc, char** argv) {
+  zenflow::TuneMallocForBulkBuffers();
   absl::SetProgramUsageMessage(
       "zero_offload vs zenflow step time, stall and wire bytes; emulated device time, real "
       "engine and daemon (see --target).");

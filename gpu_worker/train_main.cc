@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -37,6 +38,9 @@
 
 ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address (not used by local)");
+ABSL_FLAG(std::string, transport, "grpc",
+          "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
+          "reaches others)");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
 ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
 ABSL_FLAG(int, world, 1, "data-parallel ranks");
@@ -203,6 +207,7 @@ absl::Status Run() {
   } else {
     ClientOptions co;
     co.target = absl::GetFlag(FLAGS_target);
+    ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
     ZF_ASSIGN_OR_RETURN(client, Client::Connect(co));
     v1::JobSpec want;
     want.set_job_id(absl::GetFlag(FLAGS_job));
@@ -357,6 +362,7 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One rank of a ZenFlow fine-tuning run (see --mode).");
   absl::ParseCommandLine(argc, argv);
+  zenflow::TuneMallocForBulkBuffers();
   absl::Status s = zenflow::Run();
   if (!s.ok()) {
     std::fprintf(stderr, "zf_train: %s\n", s.ToString().c_str());

@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -295,7 +296,9 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
     last_.reselected = true;
     ++totals_.reselections;
   }
+  const double t_imp = Now();
   ZF_RETURN_IF_ERROR(UpdateImportant(step, lr));
+  last_.important_seconds = Now() - t_imp;
   ZF_RETURN_IF_ERROR(PushRemote(step));
   const int64_t round = step / interval_;
   if (step % interval_ == interval_ - 1) {
@@ -384,6 +387,8 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
   int buf = 0;
   const bool int8 = pack_wire_ == PackDType::kInt8;
   auto push = [&](const Chunk& c) -> absl::Status {
+    const double t0 = Now();
+    absl::Cleanup count = [&] { last_.push_seconds += Now() - t0; };
     if (int8) {
       return client_->PushInt8(step, c.t->name, version_, c.t->remote.data() + c.first, c.n,
                                static_cast<const int8_t*>(stage_host_[c.buf]),
@@ -399,6 +404,7 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
       const int64_t n = std::min<int64_t>(per, static_cast<int64_t>(t->remote.size()) - first);
       // Pack chunk i into one buffer while chunk i-1 (the other buffer) is
       // handed to the client: packing never waits for sending.
+      const double t_pack = Now();
       float* scales = nullptr;
       if (int8) {
         ZF_RETURN_IF_ERROR(scales_dev_[buf].Reserve(backend_, n * sizeof(float)));
@@ -413,8 +419,11 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
       if (int8) {
         ZF_RETURN_IF_ERROR(backend_->CopyToHost(scales_host_[buf].data(), scales, n * sizeof(float)));
       }
+      double pushed = last_.push_seconds;
       if (ready) ZF_RETURN_IF_ERROR(push(*ready));
       ZF_RETURN_IF_ERROR(backend_->Synchronize());
+      pushed = last_.push_seconds - pushed;
+      last_.pack_seconds += Now() - t_pack - pushed;
       ready = Chunk{t, first, n, buf};
       buf ^= 1;
     }
@@ -437,8 +446,11 @@ absl::Status ZenFlowOptimizer::ApplyDue(int64_t step, bool drain) {
 absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
   const double t0 = Now();
   ZF_ASSIGN_OR_RETURN(RoundUpdate u, client_->WaitRound(p.round, absl::Minutes(10)));
-  last_.stall_seconds += Now() - t0;
-  for (const v1::ParameterDelta& d : u.deltas) {
+  const double t_apply = Now();
+  last_.stall_seconds += t_apply - t0;
+  absl::Cleanup count = [&] { last_.apply_seconds += Now() - t_apply; };
+  const bool host_memory = backend_->name() == "cpu";
+  for (v1::ParameterDelta& d : u.deltas) {
     Tensor* t = nullptr;
     for (auto& x : tensors_) {
       if (x->name == d.tensor()) t = x.get();
@@ -450,14 +462,21 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
       return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' is not ", n,
                                               " fp32 columns"));
     }
-    ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
-    ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, d.payload().size()));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), d.columns().data(), n * 4));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_vals_.p(), d.payload().data(), d.payload().size()));
-    ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t->param, t->rows, t->cols, scratch_cols_.i32(), n,
-                                              PackDType::kF32, scratch_vals_.p(), nullptr,
+    const int32_t* cols = d.columns().data();
+    const void* vals = d.payload().data();
+    if (!host_memory) {  // stage through device scratch
+      ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
+      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, d.payload().size()));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), cols, n * 4));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_vals_.p(), vals, d.payload().size()));
+      cols = scratch_cols_.i32();
+      vals = scratch_vals_.p();
+    }
+    ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t->param, t->rows, t->cols, cols, n,
+                                              PackDType::kF32, vals, nullptr,
                                               d.kind() == v1::DELTA_ARITHMETIC));
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    client_->Recycle(std::move(*d.mutable_payload()));
   }
   last_close_to_done_ = u.done.close_to_done_seconds();
   last_round_interval_ = u.done.round_interval_seconds();

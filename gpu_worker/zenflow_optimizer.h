@@ -41,6 +41,11 @@ struct StepStats {
   double stall_seconds = 0;         // blocked waiting for deltas (the stall)
   double send_blocked_seconds = 0;  // blocked on the client's send window
   double step_seconds = 0;          // wall time inside Step()
+  // Where the rest of the step went (wall time, including waits inside).
+  double important_seconds = 0;  // important columns: reduce + AdamW on the device
+  double pack_seconds = 0;       // packing remote columns (device) and copying them out
+  double push_seconds = 0;       // handing packed chunks to the client (incl. send_blocked)
+  double apply_seconds = 0;      // applying arrived rounds (excl. the stall)
   int64_t bytes_sent = 0;           // data stream, up (since the previous step)
   int64_t bytes_received = 0;       // data stream, down (since the previous step)
   int64_t rounds_applied = 0;

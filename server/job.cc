@@ -868,8 +868,14 @@ void Job::RunUpdate(int64_t round) {
   for (const v1::DownMessage& d : deltas) {
     delta_bytes += static_cast<int64_t>(d.delta().payload().size());
   }
-  for (const auto& box : boxes) {
-    for (const v1::DownMessage& d : deltas) box->Push(d);
+  for (size_t b = 0; b < boxes.size(); ++b) {
+    for (v1::DownMessage& d : deltas) {
+      if (b + 1 == boxes.size()) {
+        boxes[b]->Push(std::move(d));  // the last rank takes the buffers
+      } else {
+        boxes[b]->Push(d);
+      }
+    }
   }
 
   const auto t1 = std::chrono::steady_clock::now();

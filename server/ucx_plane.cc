@@ -189,6 +189,9 @@ void UcxDataPlane::Handle(uint64_t tag, std::string frame) {
         "attach travels over the gRPC stream, not over UCX; this connection is already attached");
   }
   if (s.ok()) s = c->job()->HandleUp(c->rank(), up);
+  if (up.kind_case() == v1::UpMessage::kShard) {
+    worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
+  }
   if (!s.ok()) {
     registry_->CountRejection(s.code());
     c->job()->CountRejection(s.code());

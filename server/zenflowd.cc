@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -38,6 +39,7 @@ ABSL_FLAG(std::string, port_file, "",
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See README.md for the API.");
   absl::ParseCommandLine(argc, argv);
+  zenflow::TuneMallocForBulkBuffers();
 
   // Block the stop signals in every thread; one thread waits for them.
   sigset_t stop;

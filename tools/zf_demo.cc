@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -28,6 +29,9 @@
 #include "server/adamw.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address");
+ABSL_FLAG(std::string, transport, "grpc",
+          "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
+          "reaches others)");
 ABSL_FLAG(std::string, job, "demo", "job id (deleted first if it exists)");
 ABSL_FLAG(int, ranks, 2, "data-parallel ranks (threads, one connection each)");
 ABSL_FLAG(int, rounds, 12, "rounds after the warm-up round");
@@ -295,6 +299,7 @@ absl::Status RunDemo() {
   }
   ClientOptions co;
   co.target = target;
+  ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
   std::vector<std::unique_ptr<Client>> clients;
   for (int r = 0; r < ranks; ++r) {
     ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Connect(co));
@@ -393,6 +398,7 @@ absl::Status RunDemo() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Drives ranks of a ZenFlow job on a running zenflowd.");
   absl::ParseCommandLine(argc, argv);
+  zenflow::TuneMallocForBulkBuffers();
   absl::Status s = zenflow::RunDemo();
   if (!s.ok()) {
     std::fprintf(stderr, "zf_demo: %s\n", s.ToString().c_str());
