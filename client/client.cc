@@ -274,7 +274,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
       s = absl::FailedPreconditionError(
           "transport ucx: the daemon's greeting carries no UCX address (an older zenflowd?)");
     } else {
-      absl::StatusOr<uint64_t> ep = ucx_->Connect(peer, nullptr);
+      absl::StatusOr<uint64_t> ep = ucx_->Connect(peer);
       if (ep.ok()) {
         MutexLock lock(&mu_);
         ucx_ep_ = *ep;

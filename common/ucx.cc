@@ -62,8 +62,6 @@ struct UcxWorker::Impl {
     Impl* impl = nullptr;
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
-    ErrorFn on_error;
-    bool failed = false;
   };
   struct SendOp {
     Impl* impl = nullptr;
@@ -146,13 +144,6 @@ struct UcxWorker::Impl {
     (void)n;
   }
 
-  static void OnEpError(void* arg, ucp_ep_h, ucs_status_t status) {
-    Ep* e = static_cast<Ep*>(arg);
-    if (e->failed) return;
-    e->failed = true;
-    if (e->on_error) e->on_error(FromUcs(status, "UCX peer failed"));
-  }
-
   static void OnSend(void* request, ucs_status_t status, void* user_data) {
     auto* op = static_cast<SendOp*>(user_data);
     op->impl->FinishSend(op, status);
@@ -183,25 +174,17 @@ struct UcxWorker::Impl {
     ucp_request_free(request);
   }
 
-  void DoConnect(const std::string& address, ErrorFn on_error, std::shared_ptr<SyncResult> res) {
+  void DoConnect(const std::string& address, std::shared_ptr<SyncResult> res) {
     auto e = std::make_unique<Ep>();
     e->impl = this;
     e->id = next_ep++;
-    e->on_error = std::move(on_error);
+    // No peer-failure mode: shared-memory transports cannot detect a dead
+    // peer (UCX refuses them in that mode), and the owner learns of one from
+    // the control channel (the gRPC stream) anyway, then closes with force.
     ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     p.address = reinterpret_cast<const ucp_address_t*>(address.data());
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = &Impl::OnEpError;
-    p.err_handler.arg = e.get();
     ucs_status_t s = ucp_ep_create(worker, &p, &e->ep);
-    if (s == UCS_ERR_UNREACHABLE) {
-      // Shared-memory transports cannot detect a peer's failure; the owner
-      // learns of it from the control channel (the gRPC stream) instead.
-      p.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-      s = ucp_ep_create(worker, &p, &e->ep);
-    }
     if (s != UCS_OK) {
       res->Set(FromUcs(s, "cannot create a UCX endpoint to the peer's address"));
       return;
@@ -214,14 +197,13 @@ struct UcxWorker::Impl {
   void DoSend(uint64_t ep_id, uint64_t tag, const std::vector<absl::string_view>& parts,
               DoneFn done) {
     auto it = eps.find(ep_id);
-    if (it == eps.end() || it->second->failed) {
+    if (it == eps.end()) {
       {
         MutexLock lock(&mu);
         ++stats.send_errors;
       }
       if (done) {
-        done(absl::UnavailableError(it == eps.end() ? "UCX endpoint is closed"
-                                                    : "UCX endpoint failed"));
+        done(absl::UnavailableError("UCX endpoint is closed"));
       }
       return;
     }
@@ -260,8 +242,8 @@ struct UcxWorker::Impl {
 
   void DoFlush(uint64_t ep_id, std::shared_ptr<SyncResult> res) {
     auto it = eps.find(ep_id);
-    if (it == eps.end() || it->second->failed) {
-      res->Set(absl::UnavailableError("UCX endpoint is closed or failed"));
+    if (it == eps.end()) {
+      res->Set(absl::UnavailableError("UCX endpoint is closed"));
       return;
     }
     auto* holder = new std::shared_ptr<SyncResult>(res);
@@ -288,7 +270,7 @@ struct UcxWorker::Impl {
     eps.erase(it);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = (force || e->failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t r = ucp_ep_close_nbx(e->ep, &p);
     if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(Closing{std::move(e), r});
   }
@@ -488,12 +470,10 @@ UcxWorker::~UcxWorker() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-absl::StatusOr<uint64_t> UcxWorker::Connect(const std::string& peer_address, ErrorFn on_error) {
+absl::StatusOr<uint64_t> UcxWorker::Connect(const std::string& peer_address) {
   auto res = std::make_shared<SyncResult>();
   Impl* impl = impl_.get();
-  impl->Post([impl, peer_address, on_error = std::move(on_error), res]() mutable {
-    impl->DoConnect(peer_address, std::move(on_error), res);
-  });
+  impl->Post([impl, peer_address, res] { impl->DoConnect(peer_address, res); });
   if (!res->Wait(absl::Seconds(30))) return absl::DeadlineExceededError("UCX connect timed out");
   MutexLock lock(&res->mu);
   if (!res->status.ok()) return res->status;

@@ -5,7 +5,7 @@
 // to the other's.
 //
 //   ZF_ASSIGN_OR_RETURN(auto w, UcxWorker::Create(opts, [](uint64_t tag, std::string m) {...}));
-//   ZF_ASSIGN_OR_RETURN(uint64_t ep, w->Connect(peer_address, on_peer_error));
+//   ZF_ASSIGN_OR_RETURN(uint64_t ep, w->Connect(peer_address));
 //   w->Send(ep, tag, {payload, header}, [](absl::Status s) {...});
 //
 // Every UCX call runs on the progress thread: the public methods queue
@@ -46,8 +46,6 @@ class UcxWorker {
   using RecvFn = std::function<void(uint64_t tag, std::string message)>;
   // Called once (on the progress thread) when a send ends.
   using DoneFn = std::function<void(absl::Status)>;
-  // Called once (on the progress thread) when UCX reports a peer failure.
-  using ErrorFn = std::function<void(absl::Status)>;
 
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options,
                                                            RecvFn on_recv);
@@ -60,8 +58,10 @@ class UcxWorker {
   // This worker's address, to hand to peers.
   const std::string& address() const { return address_; }
 
-  // Creates an endpoint to a peer's address; returns its id.
-  absl::StatusOr<uint64_t> Connect(const std::string& peer_address, ErrorFn on_error);
+  // Creates an endpoint to a peer's address; returns its id. A dead peer is
+  // not detected here (shared memory cannot tell): the owner's control
+  // channel notices and calls Disconnect(force), which fails pending sends.
+  absl::StatusOr<uint64_t> Connect(const std::string& peer_address);
 
   // Sends the concatenation of `parts` as one tagged message. The parts must
   // stay valid until `done` runs. Sends on one endpoint are matched by the

@@ -79,7 +79,7 @@ TEST(UcxWorker, MessagesArriveWholeAndInOrder) {
   auto b = UcxWorker::Create({}, inbox_b.Fn());
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_FALSE((*a)->address().empty());
-  auto ep = (*a)->Connect((*b)->address(), nullptr);
+  auto ep = (*a)->Connect((*b)->address());
   ASSERT_TRUE(ep.ok()) << ep.status();
 
   // Sizes across the eager and rendezvous protocols, sent in two parts.
@@ -109,7 +109,7 @@ TEST(UcxWorker, MessagesArriveWholeAndInOrder) {
   EXPECT_EQ(st.messages_received, static_cast<int64_t>(heads.size()));
 
   // And back the other way.
-  auto back = (*b)->Connect((*a)->address(), nullptr);
+  auto back = (*b)->Connect((*a)->address());
   ASSERT_TRUE(back.ok()) << back.status();
   const std::string reply = Pattern(5 << 20, 7);
   Sends s2;
@@ -126,7 +126,7 @@ TEST(UcxWorker, FlushThenDrainDeliversEverything) {
   auto a = UcxWorker::Create({}, [](uint64_t, std::string) {});
   auto b = UcxWorker::Create({}, inbox_b.Fn());
   ASSERT_TRUE(a.ok() && b.ok());
-  auto ep = (*a)->Connect((*b)->address(), nullptr);
+  auto ep = (*a)->Connect((*b)->address());
   ASSERT_TRUE(ep.ok());
   std::vector<std::string> msgs;
   for (int i = 0; i < 50; ++i) msgs.push_back(Pattern(static_cast<size_t>(i) * 977, i));
@@ -148,7 +148,7 @@ TEST(UcxWorker, SendOnClosedOrUnknownEndpointFails) {
   ASSERT_EQ(st.size(), 1u);
   EXPECT_EQ(st[0].code(), absl::StatusCode::kUnavailable) << st[0];
 
-  auto ep = (*a)->Connect((*b)->address(), nullptr);
+  auto ep = (*a)->Connect((*b)->address());
   ASSERT_TRUE(ep.ok());
   (*a)->Disconnect(*ep, /*force=*/false);
   (*a)->Send(*ep, 1, {"y"}, sends.Fn());
@@ -158,7 +158,7 @@ TEST(UcxWorker, SendOnClosedOrUnknownEndpointFails) {
   EXPECT_GE((*a)->stats().send_errors, 2);
 
   // The worker still works: a new endpoint sends fine.
-  auto ep2 = (*a)->Connect((*b)->address(), nullptr);
+  auto ep2 = (*a)->Connect((*b)->address());
   ASSERT_TRUE(ep2.ok());
   (*a)->Send(*ep2, 9, {"z"}, sends.Fn());
   st = sends.WaitFor(3);

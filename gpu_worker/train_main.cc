@@ -349,10 +349,11 @@ absl::Status Run() {
   std::printf(
       "ZF_SUMMARY {\"mode\":\"%s\",\"rank\":%d,\"world\":%d,\"steps\":%d,\"params\":%zu,"
       "\"train_loss_ema\":%.6f,\"val_loss\":%.6f,\"mean_step_ms\":%.3f,\"stall_ms_per_step\":%.3f,"
-      "\"wire_bytes_per_step\":%.1f,\"emulated_device_ms\":%d}\n",
+      "\"wire_bytes_per_step\":%.1f,\"emulated_device_ms\":%d,\"transport\":\"%s\"}\n",
       mode.c_str(), rank, world, steps, num_params, last_loss_avg, val,
       sum_step / std::max(1, steps) * 1e3, sum_stall / std::max(1, steps) * 1e3,
-      static_cast<double>(sum_up + sum_down) / std::max(1, steps), emulate_ms);
+      static_cast<double>(sum_up + sum_down) / std::max(1, steps), emulate_ms,
+      mode == "local" ? "none" : absl::GetFlag(FLAGS_transport).c_str());
   return absl::OkStatus();
 }
 

@@ -74,7 +74,7 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
         "attach.ucx_address of ", peer_address.size(),
         " bytes is not a UCX worker address (pass ucp_worker_get_address's bytes)"));
   }
-  absl::StatusOr<uint64_t> ep = worker_->Connect(peer_address, nullptr);
+  absl::StatusOr<uint64_t> ep = worker_->Connect(peer_address);
   if (!ep.ok()) {
     return absl::Status(ep.status().code(),
                         absl::StrCat("cannot reach the rank's UCX worker: ", ep.status().message(),

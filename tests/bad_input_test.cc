@@ -472,7 +472,7 @@ class RawUcxRank {
       return absl::InternalError("greeting without the daemon's UCX address");
     }
     tag_ = tag;
-    ZF_ASSIGN_OR_RETURN(ep_, worker_->Connect(greeting.attached().ucx_address(), nullptr));
+    ZF_ASSIGN_OR_RETURN(ep_, worker_->Connect(greeting.attached().ucx_address()));
     return absl::OkStatus();
   }
   void SendRaw(std::string frame) {

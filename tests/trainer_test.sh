@@ -3,7 +3,9 @@
 #  - zero_offload with an fp32 wire equals local AdamW bit for bit;
 #  - zenflow (default settings) fine-tuning from a locally pretrained model
 #    ends within 2% of local's validation loss;
-#  - two zenflow ranks in two processes end bit-identical.
+#  - two zenflow ranks in two processes end bit-identical;
+#  - the data stream over UCX gives the same parameters, bit for bit, as over
+#    gRPC (zero_offload, and zenflow with a fixed apply delay).
 set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"
@@ -43,4 +45,15 @@ r0=$!
 wait $r0
 cmp "$dir/r0.params" "$dir/r1.params" || { echo "two zenflow ranks ended with different parameters"; exit 1; }
 cat "$dir/r0.out" "$dir/r1.out"
+
+zo_ucx=$("$TRAIN" --mode=zero_offload --wire=fp32 --job=zo_ucx --transport=ucx --target="$T" \
+  --save="$dir/zo_ucx.params" "${ft[@]}")
+echo "$zo_ucx"
+cmp "$dir/zo.params" "$dir/zo_ucx.params" || { echo "zero_offload over UCX differs from gRPC"; exit 1; }
+for t in grpc ucx; do
+  "$TRAIN" --mode=zenflow --delay=1 --job="zf1_$t" --transport=$t --target="$T" \
+    --save="$dir/zf1_$t.params" "${ft[@]}" > "$dir/zf1_$t.out"
+done
+cmp "$dir/zf1_grpc.params" "$dir/zf1_ucx.params" || { echo "zenflow over UCX differs from gRPC"; exit 1; }
+grep -q '"transport":"ucx"' "$dir/zf1_ucx.out" || { echo "the UCX run's summary does not say ucx"; cat "$dir/zf1_ucx.out"; exit 1; }
 echo "trainer test passed"

@@ -19,17 +19,18 @@ usage: ./zf demo [options]
   --interval=N           zenflow: update_interval S (default 4)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
   --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
+  --transport=ucx|grpc   data stream of both offloaded modes: UCX shared memory
+                         (default) or the gRPC stream; control calls use gRPC
   --emulate-device-ms=N  add N ms of emulated device time per step (default 0)
   --data=PATH            fine-tuning text (default /usr/share/common-licenses/Apache-2.0)
   --pretrain-data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
   --target=HOST:PORT     use a running zenflowd instead of starting one
   --out=DIR              where logs and the plot go (default demo-out/)
-Transports: gRPC only for now (UCX is not implemented yet).
 EOF
 }
 
 steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=4
-delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out"
+delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
 for a in "$@"; do
   case "$a" in
@@ -45,6 +46,7 @@ for a in "$@"; do
     --interval=*) interval="${a#*=}" ;;
     --delay=*) delay="${a#*=}" ;;
     --wire=*) wire="${a#*=}" ;;
+    --transport=*) transport="${a#*=}" ;;
     --emulate-device-ms=*) emulate="${a#*=}" ;;
     --data=*) data="${a#*=}" ;;
     --pretrain-data=*) pretrain_data="${a#*=}" ;;
@@ -53,6 +55,7 @@ for a in "$@"; do
     *) echo "unknown option $a" >&2; usage >&2; exit 2 ;;
   esac
 done
+case "$transport" in ucx|grpc) ;; *) echo "--transport must be ucx or grpc" >&2; exit 2 ;; esac
 mkdir -p "$out"
 TRAIN="$ROOT/bazel-bin/gpu_worker/zf_train"
 ZENFLOWD="$ROOT/bazel-bin/server/zenflowd"
@@ -62,6 +65,7 @@ pid=""
 cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; }
 trap cleanup EXIT
 if [ -z "$target" ]; then
+  rm -f "$out/port"  # a previous run's port is not this daemon's
   "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$out/port" 2>"$out/zenflowd.log" &
   pid=$!
   for _ in $(seq 1 300); do [ -s "$out/port" ] && break; sleep 0.1; done
@@ -90,12 +94,13 @@ field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
 
 two_ranks() {  # mode job extra...
   local mode=$1 job=$2; shift 2
-  echo "== $mode: 2 ranks (processes) through zenflowd"
+  echo "== $mode: 2 ranks (processes) through zenflowd, data over $transport"
   "$TRAIN" --mode="$mode" --job="$job" --world=2 --rank=1 --target="$target" --batch="$batch" \
+    --transport="$transport" \
     --log="$out/$mode-rank1.csv" "${ft[@]}" "$@" > "$out/$mode-rank1.out" 2>&1 &
   local r1=$!
   "$TRAIN" --mode="$mode" --job="$job" --world=2 --rank=0 --target="$target" --batch="$batch" \
-    --log="$out/$mode.csv" --progress=true "${ft[@]}" "$@" | tee "$out/$mode.out" | grep -v '^ZF_SUMMARY' || true
+    --transport="$transport" --log="$out/$mode.csv" --progress=true "${ft[@]}" "$@" | tee "$out/$mode.out" | grep -v '^ZF_SUMMARY' || true
   wait "$r1" || { cat "$out/$mode-rank1.out" >&2; return 1; }
 }
 
