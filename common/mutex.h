@@ -30,9 +30,11 @@ class ABSL_LOCKABLE Mutex {
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    const bool wake = waiters_ > 0;
+    // Notify before unlocking: once unlocked, a woken waiter may return and
+    // destroy this Mutex (as absl::Mutex allows), so the condition variable
+    // must not be touched after that.
+    if (waiters_ > 0) cv_.notify_all();
     mu_.unlock();
-    if (wake) cv_.notify_all();
   }
 
   template <typename Pred>

@@ -4,7 +4,10 @@
 //
 // Device time is EMULATED: every step sleeps --device_ms to stand for the
 // forward and backward pass on a GPU, leaving the CPU free for the daemon as
-// it would be beside a real GPU. Gradients are SYNTHETIC: one fixed random
+// it would be beside a real GPU. The engine's own device kernels (importance,
+// top-k, the important columns' AdamW, pack, apply) do run, on the CPU
+// backend with --threads threads: unlike on a GPU they take CPU time from the
+// daemon, and the JSON's step_breakdown_ms reports them. Gradients are SYNTHETIC: one fixed random
 // buffer per tensor, generated once before the first mode and reused as the
 // gradient of every step (per-step scalar 1), so producing them costs no CPU
 // during the measured steps. The model is --params parameters split over
@@ -14,7 +17,8 @@
 // The modes run one after another in this process, against the same daemon,
 // each as its own job (deleted afterwards): zero_offload (every column on the
 // daemon, S = 1, sync) and zenflow (k = --topk, S = --interval, adaptive
-// apply delay), both with a bf16 gradient wire. Per mode: mean step time
+// apply delay), both with a bf16 gradient wire (zenflow: --zenflow_wire) and
+// the same --transport (default ucx). Per mode: mean step time
 // (emulated device time + Step()), stall per step (time Step() blocked
 // waiting for deltas) and wire bytes per step (data stream up + down, as the
 // engine counts them between steps). The first round (S steps) of each mode
@@ -53,9 +57,9 @@
 #include "gpu_worker/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
-ABSL_FLAG(std::string, transport, "grpc",
-          "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
-          "reaches others)");
+ABSL_FLAG(std::string, transport, "ucx",
+          "data stream transport of both modes: ucx (shared memory with a local zenflowd) or "
+          "grpc");
 ABSL_FLAG(int, device_ms, 60, "emulated device (forward + backward) time per step, ms");
 ABSL_FLAG(std::string, zenflow_wire, "bf16",
           "zenflow mode's gradient wire: bf16 or int8 (zero_offload always uses bf16)");
