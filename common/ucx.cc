@@ -373,13 +373,13 @@ struct UcxWorker::Impl {
       // woken early by a command. The nap bounds the latency of a message
       // that arrives while idle.
       const auto now = std::chrono::steady_clock::now();
-      if (now - last_activity < std::chrono::microseconds(200)) {
+      if (now - last_activity < std::chrono::microseconds(20)) {
         sched_yield();
         continue;
       }
       const bool ops = !recvs.empty() || !closing.empty() || sends_pending > 0;
       pollfd fd = {wake_fd, POLLIN, 0};
-      const timespec nap = {0, ops ? 50'000 : 1'000'000};
+      const timespec nap = {0, ops ? 100'000 : 1'000'000};
       if (ppoll(&fd, 1, &nap, nullptr) > 0 && (fd.revents & POLLIN)) {
         uint64_t v;
         ssize_t n = read(wake_fd, &v, sizeof(v));
