@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The device checks in one run (copied into .gpu_bundle/ by gpu_bundle.sh):
+# the CUDA kernels and model against their CPU references, the worker
+# benchmark with CUDA figures, and zf_train --device=cuda in each mode
+# against a real zenflowd (UCX and gRPC). Logs and JSON go to $OUT.
+set -uo pipefail
+B=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/zf-gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+export UCX_MODULE_DIR="$B/lib/ucx"
+status=0
+step() { echo; echo "=== $*"; }
+run() {  # name cmd...
+  local name=$1; shift
+  step "$name: $*"
+  local t0=$(date +%s.%N)
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -25 "$OUT/$name.log"
+  echo "--- $name: exit $rc after $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+step "machine"
+nvidia-smi -L 2>&1 || echo "no nvidia-smi"
+nproc
+run kernels_test "$B/bin/kernels_test"
+run transformer_cuda_test "$B/bin/transformer_cuda_test"
+if nvidia-smi -L >/dev/null 2>&1; then
+  # With a GPU the CUDA cases must run, not skip.
+  if grep -h '^\[  SKIPPED \] .*\(cuda\|Cuda\)' "$OUT/kernels_test.log" "$OUT/transformer_cuda_test.log"; then
+    echo "--- CUDA cases skipped although a GPU is present"; status=1
+  fi
+fi
+run worker_bench "$B/bin/worker_bench" --out="$OUT/worker.json" --threads=8
+
+dir=$(mktemp -d)
+"$B/bin/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port" --update_threads=8 2>"$OUT/zenflowd.log" &
+zpid=$!
+for _ in $(seq 1 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
+T="127.0.0.1:$(cat "$dir/port" 2>/dev/null)"
+model=(--width=256 --layers=4 --heads=8 --context=128 --batch=16 --threads=8 --progress=false)
+run pretrain_cuda "$B/bin/zf_train" --device=cuda --mode=local --steps=200 \
+  --data="$B/data/GPL-3" --save="$dir/pre.params" "${model[@]}"
+ft=(--steps=200 --init="$dir/pre.params" --data="$B/data/Apache-2.0" "${model[@]}")
+run local_cpu "$B/bin/zf_train" --device=cpu --mode=local "${ft[@]}" --steps=20
+run local_cuda "$B/bin/zf_train" --device=cuda --mode=local "${ft[@]}"
+run zero_offload_cuda_ucx "$B/bin/zf_train" --device=cuda --mode=zero_offload --transport=ucx \
+  --job=zo --target="$T" "${ft[@]}"
+run zenflow_cuda_ucx "$B/bin/zf_train" --device=cuda --mode=zenflow --transport=ucx \
+  --job=zf --target="$T" --log="$OUT/zenflow_cuda.csv" "${ft[@]}"
+run zenflow_cuda_grpc "$B/bin/zf_train" --device=cuda --mode=zenflow --transport=grpc \
+  --job=zfg --target="$T" "${ft[@]}"
+kill -TERM "$zpid" 2>/dev/null; wait "$zpid" 2>/dev/null
+step "summaries"
+grep -h '^ZF_SUMMARY' "$OUT"/*.log | tee "$OUT/summaries.txt"
+echo; echo "gpu_run: $( [ $status -eq 0 ] && echo all passed || echo SOME FAILED ) (logs in $OUT)"
+exit $status
