@@ -70,6 +70,9 @@ ABSL_FLAG(int, zero_offload_steps, -1, "zero_offload steps (-1: the same as --st
 ABSL_FLAG(double, topk, 0.1, "zenflow: k, fraction of columns updated on the worker");
 ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
 ABSL_FLAG(int, threads, 1, "worker CPU backend threads (the daemon keeps the other cores)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the engine's kernels run: cpu (the CPU backend, --threads) or cuda (GPU 0; "
+          "forward and backward are still the emulated --device_ms)");
 ABSL_FLAG(double, lr, 1e-3, "learning rate (constant)");
 ABSL_FLAG(std::string, job_prefix, "stall-bench", "job ids are <prefix>-<mode>-<pid>");
 ABSL_FLAG(std::string, out, "bench-results/stall.json", "JSON result file");
@@ -295,7 +298,15 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--params must be at least ", kRows * ntensors));
   }
   const double t_start = Now();
-  std::unique_ptr<worker::Backend> be = worker::MakeCpuBackend(threads);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  std::unique_ptr<worker::Backend> be;
+  if (device == "cuda") {
+    ZF_ASSIGN_OR_RETURN(be, worker::MakeCudaBackend(0));
+  } else if (device == "cpu") {
+    be = worker::MakeCpuBackend(threads);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--device must be cpu or cuda, not '", device, "'"));
+  }
   std::vector<Tensor> model(ntensors + 1);
   int64_t total = 0;
   for (int i = 0; i <= ntensors; ++i) {
@@ -316,10 +327,10 @@ absl::Status Run() {
   }
   std::fprintf(stderr,
                "stall_bench: %lld params (%d x [%lld, %lld] + [%lld]), EMULATED device time %d ms/step, "
-               "synthetic gradients, worker threads %d, daemon %s\n",
+               "synthetic gradients, kernels on %s (threads %d), daemon %s\n",
                static_cast<long long>(total), ntensors, static_cast<long long>(kRows),
-               static_cast<long long>(cols), static_cast<long long>(kVector), device_ms, threads,
-               absl::GetFlag(FLAGS_target).c_str());
+               static_cast<long long>(cols), static_cast<long long>(kVector), device_ms,
+               device.c_str(), threads, absl::GetFlag(FLAGS_target).c_str());
 
   std::vector<ModeResult> res;
   for (const auto& [mode, steps] : {std::pair<std::string, int>{"zero_offload", zo_steps},
@@ -344,6 +355,7 @@ absl::Status Run() {
 
   std::string json = absl::StrFormat(
       "{\n  \"emulated\": true,\n  \"device_ms\": %d,\n  \"params\": %d,\n  \"threads\": %d,\n"
+      "  \"device\": \"%s\",\n"
       "  \"transport\": \"%s\",\n"
       "  \"gradients\": \"synthetic: one fixed random buffer per tensor, generated once, reused every step\",\n"
       "  \"warmup\": \"the first round of each mode (S steps; 1 for zero_offload) is left out of the averages\",\n"
@@ -359,7 +371,7 @@ absl::Status Run() {
       "  \"goals\": {\"speedup\": 3, \"stall_fraction\": 0.05, \"wire_ratio\": 0.5},\n"
       "  \"goals_met\": {\"speedup\": %s, \"stall_fraction\": %s, \"wire_ratio\": %s},\n"
       "  \"runtime_s\": %.1f\n}\n",
-      device_ms, total, threads, absl::GetFlag(FLAGS_transport), absl::GetFlag(FLAGS_zenflow_wire), absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
+      device_ms, total, threads, device, absl::GetFlag(FLAGS_transport), absl::GetFlag(FLAGS_zenflow_wire), absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
       speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "true" : "false",
       speedup >= 3 ? "true" : "false", stall_fraction <= 0.05 ? "true" : "false",
       wire_ratio <= 0.5 ? "true" : "false", runtime_s);
@@ -375,9 +387,10 @@ absl::Status Run() {
   std::fputs(json.c_str(), f);
   if (std::fclose(f) != 0) return absl::InternalError(absl::StrCat("cannot write ", out.string()));
 
-  std::printf("\nstall_bench (EMULATED device %d ms/step, %lld params, worker threads %d; "
-              "first round is warm-up)\n",
-              device_ms, static_cast<long long>(total), threads);
+  std::printf("\nstall_bench (EMULATED device %d ms/step, %lld params, kernels on %s, worker "
+              "threads %d, %s; first round is warm-up)\n",
+              device_ms, static_cast<long long>(total), device.c_str(), threads,
+              absl::GetFlag(FLAGS_transport).c_str());
   std::printf("%-13s %6s %12s %12s %10s %16s\n", "mode", "steps", "step ms", "stall ms", "stall %",
               "wire MiB/step");
   for (const ModeResult& r : res) {

@@ -52,6 +52,14 @@ run zenflow_cuda_ucx "$B/bin/zf_train" --device=cuda --mode=zenflow --transport=
   --job=zf --target="$T" --log="$OUT/zenflow_cuda.csv" "${ft[@]}"
 run zenflow_cuda_grpc "$B/bin/zf_train" --device=cuda --mode=zenflow --transport=grpc \
   --job=zfg --target="$T" "${ft[@]}"
+# The stall benchmark with the kernels on the GPU and the daemon on this
+# machine's cores: the configuration the speedup goal is about.
+run stall_cuda_bf16 "$B/bin/stall_bench" --device=cuda --target="$T" --transport=ucx \
+  --out="$OUT/stall_cuda_bf16.json"
+run stall_cuda_int8 "$B/bin/stall_bench" --device=cuda --target="$T" --transport=ucx \
+  --zenflow_wire=int8 --out="$OUT/stall_cuda_int8.json"
+run stall_cpu_bf16 "$B/bin/stall_bench" --device=cpu --target="$T" --transport=ucx \
+  --out="$OUT/stall_cpu_bf16.json"
 kill -TERM "$zpid" 2>/dev/null; wait "$zpid" 2>/dev/null
 step "summaries"
 grep -h '^ZF_SUMMARY' "$OUT"/*.log | tee "$OUT/summaries.txt"
