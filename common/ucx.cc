@@ -126,7 +126,16 @@ struct UcxWorker::Impl {
   std::deque<std::unique_ptr<Recv>> recvs;  // in matching order
   int64_t sends_pending = 0;
   std::vector<Closing> closing;
-  std::vector<std::shared_ptr<SyncResult>> drains;
+  // A Drain waits for two passes (what had arrived is then matched), then
+  // for every receive posted until then to finish: other peers' traffic
+  // does not hold it up.
+  struct DrainWait {
+    std::shared_ptr<SyncResult> res;
+    int passes_left = 2;
+    uint64_t target = 0;
+  };
+  std::vector<DrainWait> drains;
+  uint64_t recvs_posted = 0, recvs_finished = 0;
 
   ~Impl() {
     if (worker != nullptr) ucp_worker_destroy(worker);
@@ -303,6 +312,7 @@ struct UcxWorker::Impl {
       r->status = UCS_PTR_STATUS(q);
     }
     recvs.push_back(std::move(r));
+    ++recvs_posted;
   }
 
   bool DeliverCompleted() {
@@ -310,6 +320,7 @@ struct UcxWorker::Impl {
     while (!recvs.empty() && recvs.front()->done) {
       std::unique_ptr<Recv> r = std::move(recvs.front());
       recvs.pop_front();
+      ++recvs_finished;
       any = true;
       if (r->status != UCS_OK) continue;  // the peer failed mid-message
       {
@@ -347,7 +358,6 @@ struct UcxWorker::Impl {
   }
 
   void Loop() {
-    int idle = 0;
     auto last_activity = std::chrono::steady_clock::now();
     for (;;) {
       const bool busy = Pass();
@@ -355,19 +365,22 @@ struct UcxWorker::Impl {
         MutexLock lock(&mu);
         if (stop) break;
       }
+      for (size_t i = 0; i < drains.size();) {
+        DrainWait& d = drains[i];
+        if (d.passes_left > 0 && --d.passes_left == 0) d.target = recvs_posted;
+        if (d.passes_left == 0 && recvs_finished >= d.target) {
+          d.res->Set(absl::OkStatus());
+          drains[i] = std::move(drains.back());
+          drains.pop_back();
+        } else {
+          ++i;
+        }
+      }
       if (busy) {
-        idle = 0;
         last_activity = std::chrono::steady_clock::now();
         continue;
       }
-      if (!drains.empty()) {
-        // Two quiet passes: whatever a peer completed before asking is here.
-        if (++idle >= 2 && recvs.empty()) {
-          for (auto& d : drains) d->Set(absl::OkStatus());
-          drains.clear();
-        }
-        continue;
-      }
+      if (!drains.empty()) continue;
       // Nothing happened. Right after activity keep polling (a transfer's
       // next step is usually microseconds away); then sleep in short naps,
       // woken early by a command. The nap bounds the latency of a message
@@ -403,7 +416,7 @@ struct UcxWorker::Impl {
       ucp_worker_progress(worker);
       ReapClosing();
     }
-    for (auto& d : drains) d->Set(absl::CancelledError("UCX worker stopped"));
+    for (auto& d : drains) d.res->Set(absl::CancelledError("UCX worker stopped"));
     drains.clear();
     std::deque<std::function<void()>> cmds;
     {
@@ -504,7 +517,7 @@ void UcxWorker::Disconnect(uint64_t ep, bool force) {
 absl::Status UcxWorker::Drain(absl::Duration timeout) {
   auto res = std::make_shared<SyncResult>();
   Impl* impl = impl_.get();
-  impl->Post([impl, res] { impl->drains.push_back(res); });
+  impl->Post([impl, res] { impl->drains.push_back({res}); });
   if (!res->Wait(timeout)) return absl::DeadlineExceededError("UCX drain timed out");
   MutexLock lock(&res->mu);
   return res->status;

@@ -76,8 +76,8 @@ class UcxWorker {
   void Disconnect(uint64_t ep, bool force);
 
   // Handles every message that has already arrived (RecvFn has run for
-  // each), then returns. Gives up after `timeout` on receives still in
-  // progress.
+  // each), then returns; traffic that keeps arriving from other peers does
+  // not delay it. Gives up after `timeout` on receives still in progress.
   absl::Status Drain(absl::Duration timeout);
 
   // Gives a received message's buffer back for reuse by later receives

@@ -2,7 +2,10 @@
 // process), and the zenflow.v1 frame format.
 #include "common/ucx.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -135,6 +138,38 @@ TEST(UcxWorker, FlushThenDrainDeliversEverything) {
   ASSERT_TRUE((*b)->Drain(absl::Seconds(30)).ok());
   // Drain returns only after the receive callback ran for each message.
   EXPECT_EQ(inbox_b.size(), msgs.size());
+}
+
+TEST(UcxWorker, DrainIsNotHeldUpByAnotherPeersTraffic) {
+  Inbox inbox_b;
+  auto b = UcxWorker::Create({}, inbox_b.Fn());
+  auto busy = UcxWorker::Create({}, [](uint64_t, std::string) {});
+  auto quiet = UcxWorker::Create({}, [](uint64_t, std::string) {});
+  ASSERT_TRUE(b.ok() && busy.ok() && quiet.ok());
+  auto ep_busy = (*busy)->Connect((*b)->address());
+  auto ep_quiet = (*quiet)->Connect((*b)->address());
+  ASSERT_TRUE(ep_busy.ok() && ep_quiet.ok());
+  // One peer never stops sending...
+  static const std::string kChatter(2048, 'c');
+  std::atomic<bool> stop{false};
+  std::thread chatter([&] {
+    while (!stop.load()) {
+      (*busy)->Send(*ep_busy, 1, {kChatter}, nullptr);
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  // ...while another sends ten messages, flushes, and asks for a drain.
+  std::vector<std::string> msgs;
+  for (int i = 0; i < 10; ++i) msgs.push_back(Pattern(100000 + i, i));
+  for (const auto& m : msgs) (*quiet)->Send(*ep_quiet, 2, {m}, nullptr);
+  ASSERT_TRUE((*quiet)->Flush(*ep_quiet, absl::Seconds(30)).ok());
+  const absl::Status drained = (*b)->Drain(absl::Seconds(30));
+  size_t quiet_got = 0;
+  for (const auto& [tag, m] : inbox_b.Take()) quiet_got += tag == 2 ? 1 : 0;
+  stop.store(true);
+  chatter.join();
+  EXPECT_TRUE(drained.ok()) << drained;
+  EXPECT_EQ(quiet_got, msgs.size());
 }
 
 TEST(UcxWorker, SendOnClosedOrUnknownEndpointFails) {
