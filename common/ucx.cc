@@ -444,6 +444,14 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
           absl::StrCat("UCX transports '", options.tls, "': ", ucs_status_string(s)));
     }
   }
+  if (!options.net_devices.empty()) {
+    s = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "UCX network devices '", options.net_devices, "': ", ucs_status_string(s)));
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   // No UCP_FEATURE_WAKEUP: it restricts UCX to transports with event

@@ -36,6 +36,9 @@ struct UcxOptions {
   // UCX transports (UCX_TLS). The default keeps data on this host (shared
   // memory: posix/sysv/cma); "tcp,sm,self" or "all" reach other hosts.
   std::string tls = "sm,self";
+  // Network devices for network transports (UCX_NET_DEVICES), e.g. "lo" or
+  // "eth0"; empty: UCX's default (all).
+  std::string net_devices;
 };
 
 class UcxWorker {

@@ -33,6 +33,9 @@ ABSL_FLAG(bool, ucx, true,
 ABSL_FLAG(std::string, ucx_tls, "sm,self",
           "UCX transports for the data plane (UCX_TLS syntax); the default keeps data on this "
           "host (shared memory); e.g. \"tcp,sm,self\" serves ranks on other hosts");
+ABSL_FLAG(std::string, ucx_net_devices, "",
+          "network devices for UCX's network transports (UCX_NET_DEVICES syntax, e.g. \"lo\" or "
+          "\"eth0\"); empty: all");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once serving (for scripts and tests)");
 
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
   opts.registry.max_params = absl::GetFlag(FLAGS_max_params);
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
+  opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
   if (opts.max_message_bytes < (1 << 16) || opts.max_message_bytes > (int64_t{1} << 31) - 1) {
     std::fprintf(stderr, "zenflowd: --max_message_bytes must be in [65536, 2^31)\n");
     return 2;

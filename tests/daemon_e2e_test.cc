@@ -285,6 +285,27 @@ TEST_F(DaemonE2ETest, AllReduceReturnsTheSameMeanToEveryRank) {
   ASSERT_OK(h.GoodRound(1e-2f));
 }
 
+// UCX's TCP transport on the loopback device: the path ranks on other hosts
+// take (shared memory is off on both sides).
+TEST_F(DaemonE2ETest, UcxOverTcpLoopbackMatchesReference) {
+  DaemonProcess tcp;
+  ASSERT_OK(tcp.Start({"--ucx_tls=tcp,self", "--ucx_net_devices=lo"}));
+  JobOptions o;
+  o.job_id = "ucx_tcp";
+  o.wire = DType::kBF16;
+  o.ucx = UcxOptions{"tcp,self", "lo"};
+  Harness h(tcp.target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.GoodRound(5e-3f));
+  absl::StatusOr<v1::GetStatsResponse> stats = h.client(0).GetStats("ucx_tcp");
+  ASSERT_OK(stats.status());
+  EXPECT_EQ(stats->ucx().transports(), "tcp,self");
+  EXPECT_EQ(stats->ucx().connections(), 2);
+  EXPECT_GT(stats->ucx().frames_received(), 0);
+  EXPECT_TRUE(tcp.Stop().ok());
+}
+
 TEST_F(DaemonE2ETest, HealthServiceReportsServing) {
   auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);

@@ -87,6 +87,10 @@ v1::JobSpec Harness::spec() const {
 absl::Status Harness::Connect() {
   for (int r = 0; r < opts_.world; ++r) {
     ClientOptions co = TestClientOptions(target_);
+    if (opts_.ucx.has_value()) {
+      co.transport = Transport::kUcx;
+      co.ucx = *opts_.ucx;
+    }
     co.max_shard_bytes = 1024;  // several shards per step even for small tensors
     ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Connect(co));
     clients_.push_back(std::move(c));

@@ -9,6 +9,7 @@
 #define ZENFLOW_TESTS_TESTING_HARNESS_H_
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 #include <string>
@@ -39,6 +40,9 @@ struct JobOptions {
   float max_grad_norm = 0;
   v1::DeltaKind delta_kind = v1::DELTA_VALUES;
   bool handoff_per_tensor = false;  // one HandOff call per tensor
+  // Set: every rank uses the UCX transport with these options (else the
+  // test transport, TestTransport()).
+  std::optional<UcxOptions> ucx;
 };
 
 // The data transport the tests use: ZF_TEST_TRANSPORT=ucx selects UCX (the
