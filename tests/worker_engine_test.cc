@@ -211,44 +211,68 @@ TEST_F(WorkerEngineTest, AdaptiveDelayIsIdenticalOnAllRanks) {
   }
 }
 
-TEST_F(WorkerEngineTest, TwoRanksInTwoProcessesEndBitIdentical) {
+std::string WorkerRankBinary() {
   const char* srcdir = getenv("TEST_SRCDIR");
   const char* ws = getenv("TEST_WORKSPACE");
-  ASSERT_NE(srcdir, nullptr);
-  const std::string binary = absl::StrCat(srcdir, "/", ws != nullptr ? ws : "zenflow", "/tests/worker_rank");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/", ws != nullptr ? ws : "zenflow",
+                      "/tests/worker_rank");
+}
+
+std::string TestDir() {
   const char* tmp = getenv("TEST_TMPDIR");
-  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// Starts tests/worker_rank as its own process (fork, then exec at once).
+pid_t SpawnRank(const std::string& target, const std::string& job, int rank, int world,
+                int steps) {
+  const std::string binary = WorkerRankBinary();
+  std::vector<std::string> args = {binary, "--target=" + target, "--job=" + job,
+                                   absl::StrCat("--rank=", rank), absl::StrCat("--world=", world),
+                                   absl::StrCat("--steps=", steps),
+                                   absl::StrCat("--out=", TestDir(), "/", job, rank, ".bin")};
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for `pid` to exit; kills it after `seconds`. Returns its wait status
+// (-1 if it had to be killed).
+int WaitRank(pid_t pid, int seconds) {
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+TEST_F(WorkerEngineTest, TwoRanksInTwoProcessesEndBitIdentical) {
+  const std::string dir = TestDir();
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> args = {binary, "--target=" + daemon_->target(), "--job=procs",
-                                     absl::StrCat("--rank=", r), "--world=2", "--steps=16",
-                                     absl::StrCat("--out=", dir, "/rank", r, ".bin")};
-    pid_t pid = fork();
+    pid_t pid = SpawnRank(daemon_->target(), "procs", r, 2, 16);
     ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
     pids.push_back(pid);
   }
   for (pid_t pid : pids) {
-    int status = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (waitpid(pid, &status, WNOHANG) != pid) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        FAIL() << "a rank process did not finish within 120 s";
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    const int status = WaitRank(pid, 120);
+    ASSERT_NE(status, -1) << "a rank process did not finish within 120 s";
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank process failed: " << status;
   }
   auto read = [&](int r) {
-    std::ifstream in(absl::StrCat(dir, "/rank", r, ".bin"), std::ios::binary);
+    std::ifstream in(absl::StrCat(dir, "/procs", r, ".bin"), std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   const std::string a = read(0), b = read(1);
@@ -321,6 +345,47 @@ TEST_F(WorkerEngineTest, BadCallerInputIsRejected) {
   ASSERT_OK((*opt)->Step(3, 1e-3f));
   ASSERT_OK((*opt)->Finish());
   EXPECT_EQ((*opt)->totals().steps, 4);
+}
+
+// Fault injection: both ranks of a job are killed (SIGKILL) while they
+// stream; the daemon must carry on — stats answer, the job can be deleted,
+// and a new two-process job still ends bit-identical.
+TEST_F(WorkerEngineTest, DaemonSurvivesRanksKilledMidRun) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pid_t pid = SpawnRank(daemon_->target(), "killed", r, 2, 1000000);
+    ASSERT_GE(pid, 0);
+    pids.push_back(pid);
+  }
+  ClientOptions co = TestClientOptions(daemon_->target());
+  auto admin = Client::Connect(co);
+  ASSERT_OK(admin.status());
+  int64_t rounds = 0;
+  for (int i = 0; i < 3000 && rounds < 3; ++i) {
+    absl::StatusOr<v1::GetStatsResponse> st = (*admin)->GetStats("killed");
+    if (st.ok() && st->jobs_size() == 1) rounds = st->jobs(0).rounds_updated();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(rounds, 3) << "the ranks never got going";
+  for (pid_t pid : pids) kill(pid, SIGKILL);
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  absl::StatusOr<v1::GetStatsResponse> after = (*admin)->GetStats("killed");
+  ASSERT_OK(after.status());
+  ASSERT_OK((*admin)->DeleteJob("killed"));
+
+  std::vector<pid_t> again;
+  for (int r = 0; r < 2; ++r) again.push_back(SpawnRank(daemon_->target(), "after_kill", r, 2, 16));
+  for (pid_t pid : again) {
+    const int status = WaitRank(pid, 120);
+    ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a rank of the job after the kill failed: " << status;
+  }
+  auto read = [&](int r) {
+    std::ifstream in(absl::StrCat(TestDir(), "/after_kill", r, ".bin"), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_FALSE(read(0).empty());
+  EXPECT_EQ(read(0), read(1));
 }
 
 }  // namespace
