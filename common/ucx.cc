@@ -59,7 +59,6 @@ struct SyncResult {
 
 struct UcxWorker::Impl {
   struct Ep {
-    Impl* impl = nullptr;
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
   };
@@ -185,7 +184,6 @@ struct UcxWorker::Impl {
 
   void DoConnect(const std::string& address, std::shared_ptr<SyncResult> res) {
     auto e = std::make_unique<Ep>();
-    e->impl = this;
     e->id = next_ep++;
     // No peer-failure mode: shared-memory transports cannot detect a dead
     // peer (UCX refuses them in that mode), and the owner learns of one from
@@ -408,9 +406,7 @@ struct UcxWorker::Impl {
     std::vector<uint64_t> ids;
     for (auto& [id, e] : eps) ids.push_back(id);
     for (uint64_t id : ids) DoDisconnect(id, /*force=*/true);
-    for (auto& r : recvs) {
-      (void)r;  // receives in progress are cancelled with the worker
-    }
+    // Receives still in progress end with the worker (ucp_worker_destroy).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while ((!closing.empty()) && std::chrono::steady_clock::now() < deadline) {
       ucp_worker_progress(worker);
