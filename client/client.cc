@@ -405,25 +405,34 @@ void Client::ReaderLoop() {
 
 void Client::WriterLoop() {
   for (;;) {
-    v1::UpMessage msg;
+    Outgoing out;
     {
       MutexLock lock(&mu_);
       mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
             return !outq_.empty() || closing_ || !stream_open_;
           });
       if (outq_.empty() || !stream_open_) {
+        // A broken stream sends nothing more: let go of borrowed payloads now.
+        if (!stream_open_) {
+          outq_.clear();
+          inflight_bytes_ = 0;
+        }
         break;
       }
-      msg = std::move(outq_.front());
+      out = std::move(outq_.front());
       outq_.pop_front();
       writing_ = true;
     }
-    const int64_t size = static_cast<int64_t>(msg.ByteSizeLong());
+    const int64_t size = out.size;
     if (ucx_tag_for_writer_ != 0) {
-      SendUcx(std::move(msg), size);
+      SendUcx(std::move(out));
       continue;
     }
-    const bool ok = stream_->Write(msg);
+    if (!out.borrowed.empty()) {  // not made over gRPC; kept correct anyway
+      out.msg.mutable_shard()->set_payload(out.borrowed.data(), out.borrowed.size());
+      out.hold.reset();
+    }
+    const bool ok = stream_->Write(out.msg);
     MutexLock lock(&mu_);
     writing_ = false;
     inflight_bytes_ -= size;
@@ -454,14 +463,20 @@ void Client::WriterLoop() {
   writer_running_ = false;
 }
 
-void Client::SendUcx(v1::UpMessage msg, int64_t size) {
+void Client::SendUcx(Outgoing out) {
   struct Frame {
     v1::UpMessage msg;
     std::string payload, header;
+    absl::string_view borrowed;
+    std::shared_ptr<void> hold;  // released with the frame
   };
+  const int64_t size = out.size;
   auto f = std::make_shared<Frame>();
-  f->msg = std::move(msg);
+  f->msg = std::move(out.msg);
+  f->borrowed = out.borrowed;
+  f->hold = std::move(out.hold);
   SplitFrame(&f->msg, &f->payload, &f->header);
+  const absl::string_view body = f->borrowed.empty() ? absl::string_view(f->payload) : f->borrowed;
   uint64_t ep = 0;
   {
     MutexLock lock(&mu_);
@@ -469,7 +484,7 @@ void Client::SendUcx(v1::UpMessage msg, int64_t size) {
     ++ucx_sending_;
     ep = ucx_ep_;
   }
-  ucx_->Send(ep, ucx_tag_for_writer_, {f->payload, f->header}, [this, f, size](absl::Status s) {
+  ucx_->Send(ep, ucx_tag_for_writer_, {body, f->header}, [this, f, size](absl::Status s) {
     bool cancel = false;
     {
       MutexLock lock(&mu_);
@@ -490,8 +505,9 @@ void Client::SendUcx(v1::UpMessage msg, int64_t size) {
   });
 }
 
-absl::Status Client::Enqueue(v1::UpMessage msg) {
-  const int64_t size = static_cast<int64_t>(msg.ByteSizeLong());
+absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
+                             std::shared_ptr<void> hold) {
+  const int64_t size = static_cast<int64_t>(msg.ByteSizeLong() + borrowed.size());
   if (size > options_.max_message_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("message of ", size,
                                                    " bytes exceeds max_message_bytes ",
@@ -513,7 +529,12 @@ absl::Status Client::Enqueue(v1::UpMessage msg) {
   if (!stream_open_) return EndStatusLocked();
   msg.set_seq(next_seq_++);
   inflight_bytes_ += size;
-  outq_.push_back(std::move(msg));
+  Outgoing out;
+  out.msg = std::move(msg);
+  out.borrowed = borrowed;
+  out.hold = std::move(hold);
+  out.size = size;
+  outq_.push_back(std::move(out));
   return absl::OkStatus();
 }
 
@@ -579,6 +600,80 @@ absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t v
     shard.mutable_scales()->Add(scales + i, scales + i + n);
     shard.set_payload(reinterpret_cast<const char*>(payload) + i * rows, n * rows);
     ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Runs a function when the last shard that borrows a payload lets go.
+struct Releaser {
+  explicit Releaser(std::function<void()> f) : fn(std::move(f)) {}
+  ~Releaser() {
+    if (fn) fn();
+  }
+  std::function<void()> fn;
+};
+
+}  // namespace
+
+absl::Status Client::PushBorrowed(v1::GradientShard shard, absl::string_view payload,
+                                  std::shared_ptr<void> hold) {
+  v1::UpMessage msg;
+  *msg.mutable_shard() = std::move(shard);
+  return Enqueue(std::move(msg), payload, std::move(hold));
+}
+
+absl::Status Client::PushEncodedBorrowed(int64_t step, const std::string& tensor, int64_t version,
+                                         const int32_t* columns, int64_t ncols,
+                                         const char* payload, int64_t rows, DType dtype,
+                                         std::function<void()> release) {
+  if (options_.transport != Transport::kUcx) {
+    absl::Status s = PushEncoded(step, tensor, version, columns, ncols, payload, rows, dtype);
+    if (release) release();
+    return s;
+  }
+  auto hold = std::make_shared<Releaser>(std::move(release));
+  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
+  const int64_t per =
+      std::max<int64_t>(1, static_cast<int64_t>(options_.max_shard_bytes / col_bytes));
+  for (int64_t i = 0; i < ncols; i += per) {
+    const int64_t n = std::min(per, ncols - i);
+    v1::GradientShard shard;
+    shard.set_step(step);
+    shard.set_tensor(tensor);
+    shard.set_selection_version(version);
+    shard.set_dtype(ToProto(dtype));
+    shard.mutable_columns()->Add(columns + i, columns + i + n);
+    ZF_RETURN_IF_ERROR(
+        PushBorrowed(std::move(shard), absl::string_view(payload + i * col_bytes, n * col_bytes), hold));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::PushInt8Borrowed(int64_t step, const std::string& tensor, int64_t version,
+                                      const int32_t* columns, int64_t ncols, const int8_t* payload,
+                                      const float* scales, int64_t rows,
+                                      std::function<void()> release) {
+  if (options_.transport != Transport::kUcx) {
+    absl::Status s = PushInt8(step, tensor, version, columns, ncols, payload, scales, rows);
+    if (release) release();
+    return s;
+  }
+  auto hold = std::make_shared<Releaser>(std::move(release));
+  const int64_t per = std::max<int64_t>(1, options_.max_shard_bytes / std::max<int64_t>(rows, 1));
+  for (int64_t i = 0; i < ncols; i += per) {
+    const int64_t n = std::min(per, ncols - i);
+    v1::GradientShard shard;
+    shard.set_step(step);
+    shard.set_tensor(tensor);
+    shard.set_selection_version(version);
+    shard.set_dtype(v1::DTYPE_INT8);
+    shard.mutable_columns()->Add(columns + i, columns + i + n);
+    shard.mutable_scales()->Add(scales + i, scales + i + n);
+    ZF_RETURN_IF_ERROR(PushBorrowed(
+        std::move(shard),
+        absl::string_view(reinterpret_cast<const char*>(payload) + i * rows, n * rows), hold));
   }
   return absl::OkStatus();
 }

@@ -132,6 +132,17 @@ class Client {
   absl::Status PushInt8(int64_t step, const std::string& tensor, int64_t version,
                         const int32_t* columns, int64_t ncols, const int8_t* payload,
                         const float* scales, int64_t rows);
+  // The same two without copying the payload when the stream is UCX: the
+  // client sends straight from `payload` and runs `release` once (on any
+  // thread, possibly before returning) when it no longer reads it — after
+  // the last shard's send completed, or failed, or the stream broke. Over
+  // gRPC the bytes are copied and `release` runs before returning.
+  absl::Status PushEncodedBorrowed(int64_t step, const std::string& tensor, int64_t version,
+                                   const int32_t* columns, int64_t ncols, const char* payload,
+                                   int64_t rows, DType dtype, std::function<void()> release);
+  absl::Status PushInt8Borrowed(int64_t step, const std::string& tensor, int64_t version,
+                                const int32_t* columns, int64_t ncols, const int8_t* payload,
+                                const float* scales, int64_t rows, std::function<void()> release);
   absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
   // Blocks until everything queued was handed to the transport.
   absl::Status Flush(absl::Duration timeout);
@@ -162,13 +173,24 @@ class Client {
   void CloseStream();
   void ReaderLoop();
   void WriterLoop();
+  // An up message waiting to be written, with a payload it may borrow
+  // (UCX only) and what keeps that payload's owner waiting.
+  struct Outgoing {
+    v1::UpMessage msg;
+    absl::string_view borrowed;
+    std::shared_ptr<void> hold;
+    int64_t size = 0;
+  };
   // Sends one up message over UCX (asynchronously; the window accounts it).
-  void SendUcx(v1::UpMessage msg, int64_t size);
+  void SendUcx(Outgoing out);
+  absl::Status PushBorrowed(v1::GradientShard shard, absl::string_view payload,
+                            std::shared_ptr<void> hold);
   // A down message from either transport.
   void Dispatch(v1::DownMessage msg, int64_t bytes);
   void OnUcxFrame(uint64_t tag, std::string frame);
   std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout) const;
-  absl::Status Enqueue(v1::UpMessage msg) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Enqueue(v1::UpMessage msg, absl::string_view borrowed = {},
+                       std::shared_ptr<void> hold = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // The stream's final status, once the reader has finished it.
   absl::Status EndStatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -190,7 +212,7 @@ class Client {
   bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::UpMessage> outq_ ABSL_GUARDED_BY(mu_);
+  std::deque<Outgoing> outq_ ABSL_GUARDED_BY(mu_);
   int64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_running_ ABSL_GUARDED_BY(mu_) = false;

@@ -99,9 +99,24 @@ ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::J
       zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD) {}
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
-  for (int i = 0; i < 2; ++i) {
+  // The client may still be sending from the host buffers: wait for it to
+  // let go. It does once its sends end, fail or its stream breaks; if that
+  // somehow takes a minute, leak the buffers rather than free them under it.
+  bool released;
+  {
+    MutexLock lock(&ring_->mu);
+    released = ring_->mu.AwaitWithTimeout(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          for (bool b : ring_->busy) {
+            if (b) return false;
+          }
+          return true;
+        },
+        absl::Minutes(1));
+  }
+  for (size_t i = 0; i < stage_dev_.size(); ++i) {
     if (stage_dev_[i] != nullptr && stage_dev_[i] != stage_host_[i]) backend_->Free(stage_dev_[i]);
-    if (stage_host_[i] != nullptr) {
+    if (stage_host_[i] != nullptr && released) {
       if (backend_->name() == "cpu") {
         backend_->Free(stage_host_[i]);
       } else {
@@ -199,7 +214,14 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
   for (const auto& t : tensors_) {
     stage_bytes_ = std::max<size_t>(stage_bytes_, t->rows * 4);  // at least one column
   }
-  for (int i = 0; i < 2; ++i) {
+  stage_dev_.assign(kStages, nullptr);
+  stage_host_.assign(kStages, nullptr);
+  scales_host_.resize(kStages);
+  {
+    MutexLock lock(&ring_->mu);
+    ring_->busy.assign(kStages, false);
+  }
+  for (int i = 0; i < kStages; ++i) {
     if (backend_->name() == "cpu") {
       ZF_ASSIGN_OR_RETURN(stage_host_[i], backend_->Alloc(stage_bytes_));
       stage_dev_[i] = stage_host_[i];  // host memory already: pack in place
@@ -378,32 +400,23 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
 
 absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
   const size_t esize = worker::PackDTypeSize(pack_wire_);
-  struct Chunk {
-    Tensor* t;
-    int64_t first, n;
-    int buf;
-  };
-  std::optional<Chunk> ready;  // packed and copied, waiting to be pushed
-  int buf = 0;
   const bool int8 = pack_wire_ == PackDType::kInt8;
-  auto push = [&](const Chunk& c) -> absl::Status {
-    const double t0 = Now();
-    absl::Cleanup count = [&] { last_.push_seconds += Now() - t0; };
-    if (int8) {
-      return client_->PushInt8(step, c.t->name, version_, c.t->remote.data() + c.first, c.n,
-                               static_cast<const int8_t*>(stage_host_[c.buf]),
-                               scales_host_[c.buf].data(), c.t->rows);
-    }
-    return client_->PushEncoded(step, c.t->name, version_, c.t->remote.data() + c.first, c.n,
-                                static_cast<const char*>(stage_host_[c.buf]), c.t->rows, wire_);
-  };
+  std::shared_ptr<StageRing> ring = ring_;
   for (auto& tp : tensors_) {
     Tensor* t = tp.get();
     const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(stage_bytes_ / (t->rows * esize)));
     for (int64_t first = 0; first < static_cast<int64_t>(t->remote.size()); first += per) {
       const int64_t n = std::min<int64_t>(per, static_cast<int64_t>(t->remote.size()) - first);
-      // Pack chunk i into one buffer while chunk i-1 (the other buffer) is
-      // handed to the client: packing never waits for sending.
+      const int buf = next_stage_;
+      next_stage_ = (next_stage_ + 1) % kStages;
+      {
+        // The client still sends from this buffer: wait (that is send
+        // backpressure, counted with the push).
+        const double t0 = Now();
+        MutexLock lock(&ring->mu);
+        ring->mu.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !ring->busy[buf]; });
+        last_.push_seconds += Now() - t0;
+      }
       const double t_pack = Now();
       float* scales = nullptr;
       if (int8) {
@@ -419,16 +432,28 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
       if (int8) {
         ZF_RETURN_IF_ERROR(backend_->CopyToHost(scales_host_[buf].data(), scales, n * sizeof(float)));
       }
-      double pushed = last_.push_seconds;
-      if (ready) ZF_RETURN_IF_ERROR(push(*ready));
       ZF_RETURN_IF_ERROR(backend_->Synchronize());
-      pushed = last_.push_seconds - pushed;
-      last_.pack_seconds += Now() - t_pack - pushed;
-      ready = Chunk{t, first, n, buf};
-      buf ^= 1;
+      const double t_push = Now();
+      last_.pack_seconds += t_push - t_pack;
+      {
+        MutexLock lock(&ring->mu);
+        ring->busy[buf] = true;
+      }
+      auto release = [ring, buf] {
+        MutexLock lock(&ring->mu);
+        ring->busy[buf] = false;
+      };
+      absl::Status s =
+          int8 ? client_->PushInt8Borrowed(step, t->name, version_, t->remote.data() + first, n,
+                                           static_cast<const int8_t*>(stage_host_[buf]),
+                                           scales_host_[buf].data(), t->rows, release)
+               : client_->PushEncodedBorrowed(step, t->name, version_, t->remote.data() + first, n,
+                                              static_cast<const char*>(stage_host_[buf]), t->rows,
+                                              wire_, release);
+      last_.push_seconds += Now() - t_push;
+      ZF_RETURN_IF_ERROR(s);
     }
   }
-  if (ready) ZF_RETURN_IF_ERROR(push(*ready));
   return absl::OkStatus();
 }
 

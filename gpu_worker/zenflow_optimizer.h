@@ -11,6 +11,7 @@
 #ifndef ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
 #define ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "common/mutex.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "zenflow/v1/zenflow.pb.h"
@@ -134,13 +136,21 @@ class ZenFlowOptimizer {
   double last_round_interval_ = 0;
   int64_t last_done_round_ = -1;
   std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent
-  // Staging for packed shards: two device buffers and two host buffers.
-  void* stage_dev_[2] = {nullptr, nullptr};
-  void* stage_host_[2] = {nullptr, nullptr};
+  // Staging for packed shards: a ring of device and host buffers. The client
+  // sends straight from a host buffer (UCX) and releases it when done; a
+  // buffer is packed again only once released.
+  struct StageRing {
+    Mutex mu;
+    std::vector<bool> busy ABSL_GUARDED_BY(mu);
+  };
+  static constexpr int kStages = 8;
+  std::vector<void*> stage_dev_, stage_host_;
+  std::shared_ptr<StageRing> ring_ = std::make_shared<StageRing>();
+  int next_stage_ = 0;
   size_t stage_bytes_ = 0;
   worker::DeviceBuffer scratch_cols_, scratch_vals_;
-  worker::DeviceBuffer scales_dev_[2];         // int8 wire: per-column scales
-  std::vector<float> scales_host_[2];
+  std::array<worker::DeviceBuffer, kStages> scales_dev_;  // int8 wire: per-column scales
+  std::vector<std::vector<float>> scales_host_;
   float last_lr_ = 0;
   ClientStats snapshot_;  // client stats at the end of the last step
   bool have_snapshot_ = false;

@@ -2,6 +2,7 @@
 // specific status code and an actionable message, is counted, and leaves the
 // job untouched — proven by a following good round that still matches the
 // independent reference exactly as if the bad request had never been sent.
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <string>
@@ -435,6 +436,25 @@ TEST_F(BadInputTest, TooManyParametersIsResourceExhausted) {
   t->add_shape(int64_t{1} << 20);
   t->add_shape(int64_t{1} << 20);
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kResourceExhausted, "--max_params");
+}
+
+// A borrowed payload (sent without a copy over UCX) is released exactly
+// once, and a bad shard sent that way is judged like any other.
+TEST_F(BadInputTest, BorrowedShardIsReleasedOnceAndRejectedLikeACopy) {
+  std::unique_ptr<Harness> h = MakeJob();
+  Client& c = h->client(0);
+  c.TakeErrors();
+  std::vector<float> payload(8 * 3, 0.25f);
+  const std::vector<int32_t> cols = {1, 2, 3};
+  std::atomic<int> released{0};
+  ASSERT_OK(c.PushEncodedBorrowed(4, "nope", h->version(), cols.data(), 3,
+                                  reinterpret_cast<const char*>(payload.data()), 8, DType::kF32,
+                                  [&] { released.fetch_add(1); }));
+  ASSERT_OK(c.Flush(absl::Seconds(30)));
+  ASSERT_TRUE(c.WaitForErrors(1, absl::Seconds(30)));
+  ExpectStatus(c.TakeErrors().front(), StatusCode::kNotFound, "nope");
+  EXPECT_EQ(released.load(), 1);
+  ASSERT_OK(h->GoodRound(1e-2f));
 }
 
 // ---- The UCX data plane, driven by hand ----
