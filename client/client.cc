@@ -205,7 +205,9 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   if (writer_.joinable()) writer_.join();
   {
     // Sends of the previous stream end quickly once its endpoint is closed.
+    // Its late UCX frames are dropped from here on.
     MutexLock lock(&mu_);
+    ucx_tag_ = 0;
     mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return ucx_sending_ == 0; },
                          absl::Seconds(30));
   }
@@ -251,7 +253,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
     ucx_ep_ = 0;
     ucx_peer_.clear();
     ucx_sending_ = 0;
-    ucx_error_ = absl::OkStatus();
+    cancel_reason_ = absl::OkStatus();
   }
   const bool wrote = stream_->Write(hello);
   reader_ = std::thread([this] { ReaderLoop(); });
@@ -335,6 +337,16 @@ void Client::Dispatch(v1::DownMessage msg, int64_t bytes) {
       }
       case v1::DownMessage::kError:
         ++stats_.stream_errors;
+        if (msg.error().fatal()) {
+          // The daemon ends this stream (the job is gone); so do we, now.
+          // (Under mu_: Attach clears the tag under it before it replaces
+          // the context, so this is the current stream's.)
+          if (cancel_reason_.ok()) {
+            cancel_reason_ = absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
+                                          msg.error().message());
+          }
+          stream_ctx_->TryCancel();
+        }
         errors_.push_back(absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
                                        absl::StrCat(msg.error().message(), " (message #",
                                                     msg.error().seq(), ")")));
@@ -399,7 +411,7 @@ void Client::ReaderLoop() {
   MutexLock lock(&mu_);
   stream_status_ = st.ok() ? absl::CancelledError("stream closed by the daemon") : FromGrpc(st);
   if (st.ok() && closing_) stream_status_ = absl::OkStatus();
-  if (!ucx_error_.ok()) stream_status_ = ucx_error_;  // why we cancelled
+  if (!cancel_reason_.ok()) stream_status_ = cancel_reason_;  // why we cancelled
   stream_finished_ = true;
 }
 
@@ -491,8 +503,8 @@ void Client::SendUcx(Outgoing out) {
       if (s.ok()) {
         ++stats_.messages_sent;
         stats_.bytes_sent += size;
-      } else if (ucx_error_.ok() && !closing_ && stream_open_) {
-        ucx_error_ = absl::Status(s.code(), absl::StrCat("transport ucx: ", s.message()));
+      } else if (cancel_reason_.ok() && !closing_ && stream_open_) {
+        cancel_reason_ = absl::Status(s.code(), absl::StrCat("transport ucx: ", s.message()));
         cancel = true;
       }
     }

@@ -223,7 +223,9 @@ class Client {
   uint64_t ucx_ep_ ABSL_GUARDED_BY(mu_) = 0;
   std::string ucx_peer_ ABSL_GUARDED_BY(mu_);
   int64_t ucx_sending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not yet completed
-  absl::Status ucx_error_ ABSL_GUARDED_BY(mu_);    // a failed UCX send ends the stream
+  // Why this client cancelled its stream (a failed UCX send, or the daemon's
+  // fatal error); reported as the stream's status.
+  absl::Status cancel_reason_ ABSL_GUARDED_BY(mu_);
   // The writer thread's copy of the stream's tag (0: gRPC); set before it starts.
   uint64_t ucx_tag_for_writer_ = 0;
   std::map<int64_t, RoundUpdate> partial_ ABSL_GUARDED_BY(mu_);

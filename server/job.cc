@@ -457,9 +457,13 @@ v1::DownMessage Job::AttachedMessage(int32_t rank) {
 void Job::Shutdown() {
   std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
   std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> reduce_waiters;
+  std::vector<std::shared_ptr<Mailbox>> boxes;
   {
     MutexLock lock(&mu_);
     deleted_ = true;
+    for (const RankState& r : ranks_) {
+      if (r.joined) boxes.push_back(r.mailbox);
+    }
     for (auto& w : pending_.waiters) {
       if (w) waiters.push_back(std::move(w));
     }
@@ -474,6 +478,14 @@ void Job::Shutdown() {
   const absl::Status gone = absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted"));
   for (auto& w : waiters) w(gone);
   for (auto& w : reduce_waiters) w(gone);
+  // Attached ranks hear it at once, and their streams end.
+  for (const auto& box : boxes) {
+    v1::DownMessage end;
+    end.mutable_error()->set_code(static_cast<int32_t>(gone.code()));
+    end.mutable_error()->set_message(std::string(gone.message()));
+    end.mutable_error()->set_fatal(true);
+    box->Push(std::move(end));
+  }
 }
 
 // ---- Data ------------------------------------------------------------------

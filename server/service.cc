@@ -273,7 +273,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
     StartRead(&up_);
   }
 
-  void Write(v1::DownMessage* msg) override { StartWrite(msg); }
+  void Write(v1::DownMessage* msg) override {
+    if (msg->kind_case() == v1::DownMessage::kError && msg->error().fatal()) {
+      MutexLock lock(&mu_);
+      fatal_ = absl::Status(static_cast<absl::StatusCode>(msg->error().code()),
+                            msg->error().message());
+    }
+    StartWrite(msg);
+  }
 
   void OnWriteDone(bool ok) override {
     if (ucx_ != nullptr) {
@@ -284,7 +291,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
       }
       return MaybeFinish();
     }
+    absl::Status fatal;
+    {
+      MutexLock lock(&mu_);
+      fatal = fatal_;
+    }
     if (mailbox_->WriteDone(this, ok)) MaybeFinish();
+    // The job is gone: end the stream with its status.
+    if (!fatal.ok()) RequestFinish(fatal);
   }
 
   void OnCancel() override { RequestFinish(absl::CancelledError("stream cancelled")); }
@@ -410,6 +424,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool hello_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // a fatal error was written
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 

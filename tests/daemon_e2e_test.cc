@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/selection.h"
@@ -304,6 +305,30 @@ TEST_F(DaemonE2ETest, UcxOverTcpLoopbackMatchesReference) {
   EXPECT_EQ(stats->ucx().connections(), 2);
   EXPECT_GT(stats->ucx().frames_received(), 0);
   EXPECT_TRUE(tcp.Stop().ok());
+}
+
+TEST_F(DaemonE2ETest, DeleteJobEndsAttachedStreams) {
+  JobOptions o;
+  o.job_id = "deleted";
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.client(0).DeleteJob("deleted"));
+  for (int r = 0; r < o.world; ++r) {
+    absl::Status s = absl::OkStatus();
+    for (int i = 0; i < 3000 && s.ok(); ++i) {
+      s = h.client(r).stream_status();
+      if (s.ok()) absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << "rank " << r << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'deleted' was deleted")) << s;
+  }
+  // The daemon goes on: a new job runs exact rounds.
+  JobOptions o2;
+  o2.job_id = "after_delete";
+  Harness h2(daemon_->target(), o2);
+  ASSERT_OK(h2.Setup());
+  ASSERT_OK(h2.GoodRound(1e-2f));
 }
 
 TEST_F(DaemonE2ETest, HealthServiceReportsServing) {
