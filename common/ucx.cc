@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "ucp/api/ucp.h"
 
 namespace zenflow {
@@ -56,6 +57,8 @@ struct SyncResult {
 };
 
 }  // namespace
+
+constexpr size_t kAddressPadding = 64 << 10;
 
 struct UcxWorker::Impl {
   struct Ep {
@@ -188,9 +191,15 @@ struct UcxWorker::Impl {
     // No peer-failure mode: shared-memory transports cannot detect a dead
     // peer (UCX refuses them in that mode), and the owner learns of one from
     // the control channel (the gRPC stream) anyway, then closes with force.
+    // The address comes from a peer. UCX parses it without a length, so a
+    // malformed one can make it read past the end: give it a copy followed
+    // by zeros, which end every field it could be reading, so that what it
+    // reads is ours and the same every time.
+    std::string padded = address;
+    padded.resize(address.size() + kAddressPadding, '\0');
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    p.address = reinterpret_cast<const ucp_address_t*>(padded.data());
     ucs_status_t s = ucp_ep_create(worker, &p, &e->ep);
     if (s != UCS_OK) {
       res->Set(FromUcs(s, "cannot create a UCX endpoint to the peer's address"));
@@ -488,6 +497,20 @@ UcxWorker::~UcxWorker() {
 }
 
 absl::StatusOr<uint64_t> UcxWorker::Connect(const std::string& peer_address) {
+  // UCX trusts an address to be well-formed, and some malformed ones crash
+  // it. Every address this UCX build and configuration packs starts with the
+  // same header byte (format version and flags), so one that does not was
+  // not made by a compatible peer: refuse it before UCX parses it.
+  if (peer_address.size() < 9 || peer_address.size() > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a UCX worker address of ", peer_address.size(), " bytes is not plausible"));
+  }
+  if (peer_address[0] != address_[0]) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "not a UCX worker address of this UCX version and configuration (header byte 0x%02x, "
+        "expected 0x%02x)",
+        static_cast<unsigned char>(peer_address[0]), static_cast<unsigned char>(address_[0])));
+  }
   auto res = std::make_shared<SyncResult>();
   Impl* impl = impl_.get();
   impl->Post([impl, peer_address, res] { impl->DoConnect(peer_address, res); });

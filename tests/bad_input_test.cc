@@ -568,8 +568,24 @@ TEST_F(BadInputTest, UcxAttachWithBadTagOrAddressIsInvalidArgument) {
                StatusCode::kInvalidArgument, "ucx_tag must be nonzero");
   ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, 7, "abc"), StatusCode::kInvalidArgument,
                "is not a UCX worker address");
-  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, 7, std::string(96, '\x01')),
-               StatusCode::kInvalidArgument, "cannot reach the rank's UCX worker");
+  // Junk where the address should be: refused, the same way every time, and
+  // the daemon stays up.
+  std::string noise(200, '\0');
+  uint32_t x = 12345;
+  for (char& ch : noise) {
+    x = x * 1664525u + 1013904223u;
+    ch = static_cast<char>(x >> 24);
+  }
+  // Also junk behind a genuine header byte (what a corrupted address looks like).
+  std::string tail_ff = raw.address().substr(0, 1) + std::string(95, '\xff');
+  std::string tail_noise = raw.address().substr(0, 1) + noise;
+  std::string tail_zero = raw.address().substr(0, 1) + std::string(95, '\0');
+  for (const std::string& junk : {std::string(96, '\x01'), std::string(96, '\xff'), noise, tail_ff,
+                                  tail_noise, tail_zero}) {
+    absl::Status st = raw.Attach(h->client(0).stub(), job, 0, 7, junk);
+    EXPECT_FALSE(st.ok());
+    EXPECT_TRUE(absl::StrContains(st.message(), "cannot reach the rank's UCX worker")) << st;
+  }
   ExpectStatus(raw.Attach(h->client(0).stub(), "no_such_job", 0, 7, raw.address()),
                StatusCode::kNotFound, "no_such_job");
   // The rank is still free: the library attaches it and a round is exact.
