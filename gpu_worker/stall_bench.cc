@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
 ABSL_FLAG(std::string, transport, "ucx",
           "data stream transport of both modes: ucx (shared memory with a local zenflowd) or "
           "grpc");
+ABSL_FLAG(std::string, ucx_tls, "sm,self",
+          "with --transport=ucx: UCX transports (UCX_TLS syntax); they must overlap the "
+          "daemon's --ucx_tls (e.g. tcp,self for a daemon on another host)");
 ABSL_FLAG(int, device_ms, 60, "emulated device (forward + backward) time per step, ms");
 ABSL_FLAG(std::string, zenflow_wire, "bf16",
           "zenflow mode's gradient wire: bf16 or int8 (zero_offload always uses bf16)");
@@ -194,6 +197,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   ClientOptions co;
   co.target = absl::GetFlag(FLAGS_target);
   ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
+  co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, 0, be, specs));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,

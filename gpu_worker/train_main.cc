@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address (not used by
 ABSL_FLAG(std::string, transport, "grpc",
           "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
           "reaches others)");
+ABSL_FLAG(std::string, ucx_tls, "sm,self",
+          "with --transport=ucx: UCX transports (UCX_TLS syntax); they must overlap the "
+          "daemon's --ucx_tls (e.g. tcp,self for a daemon on another host)");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
 ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
 ABSL_FLAG(int, world, 1, "data-parallel ranks");
@@ -208,6 +211,7 @@ absl::Status Run() {
     ClientOptions co;
     co.target = absl::GetFlag(FLAGS_target);
     ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
+    co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
     ZF_ASSIGN_OR_RETURN(client, Client::Connect(co));
     v1::JobSpec want;
     want.set_job_id(absl::GetFlag(FLAGS_job));
