@@ -34,8 +34,6 @@ v1::DType ToProto(DType d) {
 
 }  // namespace
 
-const char* TransportName(Transport t) { return t == Transport::kUcx ? "ucx" : "grpc"; }
-
 absl::StatusOr<Transport> ParseTransport(const std::string& name) {
   if (name == "grpc") return Transport::kGrpc;
   if (name == "ucx") return Transport::kUcx;
@@ -556,67 +554,19 @@ absl::Status Client::PushShard(v1::GradientShard shard) {
   return Enqueue(std::move(msg));
 }
 
-absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_t version,
-                                 const std::vector<int32_t>& columns, const float* col_major,
-                                 int64_t rows, DType dtype) {
-  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
-  const size_t per = std::max<size_t>(1, static_cast<size_t>(options_.max_shard_bytes) / col_bytes);
-  for (size_t i = 0; i < columns.size(); i += per) {
-    const size_t n = std::min(per, columns.size() - i);
-    v1::GradientShard shard;
-    shard.set_step(step);
-    shard.set_tensor(tensor);
-    shard.set_selection_version(version);
-    shard.set_dtype(ToProto(dtype));
-    shard.mutable_columns()->Add(columns.begin() + i, columns.begin() + i + n);
-    std::string* payload = shard.mutable_payload();
-    payload->resize(n * col_bytes);
-    Encode(dtype, col_major + i * rows, n * rows, payload->data());
-    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_t version,
-                                 const int32_t* columns, int64_t ncols, const char* payload,
-                                 int64_t rows, DType dtype) {
-  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
-  const int64_t per =
-      std::max<int64_t>(1, static_cast<int64_t>(options_.max_shard_bytes / col_bytes));
-  for (int64_t i = 0; i < ncols; i += per) {
-    const int64_t n = std::min(per, ncols - i);
-    v1::GradientShard shard;
-    shard.set_step(step);
-    shard.set_tensor(tensor);
-    shard.set_selection_version(version);
-    shard.set_dtype(ToProto(dtype));
-    shard.mutable_columns()->Add(columns + i, columns + i + n);
-    shard.set_payload(payload + i * col_bytes, n * col_bytes);
-    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t version,
-                              const int32_t* columns, int64_t ncols, const int8_t* payload,
-                              const float* scales, int64_t rows) {
-  const int64_t per = std::max<int64_t>(1, options_.max_shard_bytes / std::max<int64_t>(rows, 1));
-  for (int64_t i = 0; i < ncols; i += per) {
-    const int64_t n = std::min(per, ncols - i);
-    v1::GradientShard shard;
-    shard.set_step(step);
-    shard.set_tensor(tensor);
-    shard.set_selection_version(version);
-    shard.set_dtype(v1::DTYPE_INT8);
-    shard.mutable_columns()->Add(columns + i, columns + i + n);
-    shard.mutable_scales()->Add(scales + i, scales + i + n);
-    shard.set_payload(reinterpret_cast<const char*>(payload) + i * rows, n * rows);
-    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
-  }
-  return absl::OkStatus();
-}
-
 namespace {
+
+// A shard of `n` columns without its payload.
+v1::GradientShard ShardHeader(int64_t step, const std::string& tensor, int64_t version,
+                              v1::DType dtype, const int32_t* columns, int64_t n) {
+  v1::GradientShard shard;
+  shard.set_step(step);
+  shard.set_tensor(tensor);
+  shard.set_selection_version(version);
+  shard.set_dtype(dtype);
+  shard.mutable_columns()->Add(columns, columns + n);
+  return shard;
+}
 
 // Runs a function when the last shard that borrows a payload lets go.
 struct Releaser {
@@ -629,65 +579,90 @@ struct Releaser {
 
 }  // namespace
 
-absl::Status Client::PushBorrowed(v1::GradientShard shard, absl::string_view payload,
-                                  std::shared_ptr<void> hold) {
-  v1::UpMessage msg;
-  *msg.mutable_shard() = std::move(shard);
-  return Enqueue(std::move(msg), payload, std::move(hold));
+absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_t version,
+                                 const std::vector<int32_t>& columns, const float* col_major,
+                                 int64_t rows, DType dtype) {
+  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
+  const size_t per = std::max<size_t>(1, static_cast<size_t>(options_.max_shard_bytes) / col_bytes);
+  for (size_t i = 0; i < columns.size(); i += per) {
+    const size_t n = std::min(per, columns.size() - i);
+    v1::GradientShard shard = ShardHeader(step, tensor, version, ToProto(dtype),
+                                          columns.data() + i, static_cast<int64_t>(n));
+    std::string* payload = shard.mutable_payload();
+    payload->resize(n * col_bytes);
+    Encode(dtype, col_major + i * rows, n * rows, payload->data());
+    ZF_RETURN_IF_ERROR(PushShard(std::move(shard)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::PushSplit(int64_t step, const std::string& tensor, int64_t version,
+                               const int32_t* columns, int64_t ncols, const char* payload,
+                               int64_t col_bytes, v1::DType dtype, const float* scales,
+                               std::shared_ptr<void> hold) {
+  const int64_t per =
+      std::max<int64_t>(1, options_.max_shard_bytes / std::max<int64_t>(col_bytes, 1));
+  for (int64_t i = 0; i < ncols; i += per) {
+    const int64_t n = std::min(per, ncols - i);
+    v1::UpMessage msg;
+    v1::GradientShard* shard = msg.mutable_shard();
+    *shard = ShardHeader(step, tensor, version, dtype, columns + i, n);
+    if (scales != nullptr) shard->mutable_scales()->Add(scales + i, scales + i + n);
+    const absl::string_view bytes(payload + i * col_bytes, n * col_bytes);
+    if (hold == nullptr) {
+      shard->set_payload(bytes.data(), bytes.size());
+      ZF_RETURN_IF_ERROR(Enqueue(std::move(msg)));
+    } else {
+      ZF_RETURN_IF_ERROR(Enqueue(std::move(msg), bytes, hold));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_t version,
+                                 const int32_t* columns, int64_t ncols, const char* payload,
+                                 int64_t rows, DType dtype) {
+  return PushSplit(step, tensor, version, columns, ncols, payload,
+                   rows * static_cast<int64_t>(DTypeSize(dtype)), ToProto(dtype), nullptr, nullptr);
+}
+
+absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t version,
+                              const int32_t* columns, int64_t ncols, const int8_t* payload,
+                              const float* scales, int64_t rows) {
+  return PushSplit(step, tensor, version, columns, ncols, reinterpret_cast<const char*>(payload),
+                   rows, v1::DTYPE_INT8, scales, nullptr);
 }
 
 absl::Status Client::PushEncodedBorrowed(int64_t step, const std::string& tensor, int64_t version,
                                          const int32_t* columns, int64_t ncols,
                                          const char* payload, int64_t rows, DType dtype,
                                          std::function<void()> release) {
-  if (options_.transport != Transport::kUcx) {
-    absl::Status s = PushEncoded(step, tensor, version, columns, ncols, payload, rows, dtype);
-    if (release) release();
-    return s;
-  }
-  auto hold = std::make_shared<Releaser>(std::move(release));
-  const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
-  const int64_t per =
-      std::max<int64_t>(1, static_cast<int64_t>(options_.max_shard_bytes / col_bytes));
-  for (int64_t i = 0; i < ncols; i += per) {
-    const int64_t n = std::min(per, ncols - i);
-    v1::GradientShard shard;
-    shard.set_step(step);
-    shard.set_tensor(tensor);
-    shard.set_selection_version(version);
-    shard.set_dtype(ToProto(dtype));
-    shard.mutable_columns()->Add(columns + i, columns + i + n);
-    ZF_RETURN_IF_ERROR(
-        PushBorrowed(std::move(shard), absl::string_view(payload + i * col_bytes, n * col_bytes), hold));
-  }
-  return absl::OkStatus();
+  return PushMaybeBorrowed(step, tensor, version, columns, ncols, payload,
+                           rows * static_cast<int64_t>(DTypeSize(dtype)), ToProto(dtype), nullptr,
+                           std::move(release));
 }
 
 absl::Status Client::PushInt8Borrowed(int64_t step, const std::string& tensor, int64_t version,
                                       const int32_t* columns, int64_t ncols, const int8_t* payload,
                                       const float* scales, int64_t rows,
                                       std::function<void()> release) {
-  if (options_.transport != Transport::kUcx) {
-    absl::Status s = PushInt8(step, tensor, version, columns, ncols, payload, scales, rows);
+  return PushMaybeBorrowed(step, tensor, version, columns, ncols,
+                           reinterpret_cast<const char*>(payload), rows, v1::DTYPE_INT8, scales,
+                           std::move(release));
+}
+
+absl::Status Client::PushMaybeBorrowed(int64_t step, const std::string& tensor, int64_t version,
+                                       const int32_t* columns, int64_t ncols, const char* payload,
+                                       int64_t col_bytes, v1::DType dtype, const float* scales,
+                                       std::function<void()> release) {
+  if (options_.transport != Transport::kUcx) {  // gRPC copies: release at once
+    absl::Status s = PushSplit(step, tensor, version, columns, ncols, payload, col_bytes, dtype,
+                               scales, nullptr);
     if (release) release();
     return s;
   }
-  auto hold = std::make_shared<Releaser>(std::move(release));
-  const int64_t per = std::max<int64_t>(1, options_.max_shard_bytes / std::max<int64_t>(rows, 1));
-  for (int64_t i = 0; i < ncols; i += per) {
-    const int64_t n = std::min(per, ncols - i);
-    v1::GradientShard shard;
-    shard.set_step(step);
-    shard.set_tensor(tensor);
-    shard.set_selection_version(version);
-    shard.set_dtype(v1::DTYPE_INT8);
-    shard.mutable_columns()->Add(columns + i, columns + i + n);
-    shard.mutable_scales()->Add(scales + i, scales + i + n);
-    ZF_RETURN_IF_ERROR(PushBorrowed(
-        std::move(shard),
-        absl::string_view(reinterpret_cast<const char*>(payload) + i * rows, n * rows), hold));
-  }
-  return absl::OkStatus();
+  return PushSplit(step, tensor, version, columns, ncols, payload, col_bytes, dtype, scales,
+                   std::make_shared<Releaser>(std::move(release)));
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(

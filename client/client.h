@@ -38,7 +38,6 @@ enum class Transport {
   kGrpc,  // shards and deltas on the gRPC stream
   kUcx,   // shards and deltas as UCX messages; the gRPC stream is the lifeline
 };
-const char* TransportName(Transport t);
 // "grpc" or "ucx"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
@@ -183,8 +182,18 @@ class Client {
   };
   // Sends one up message over UCX (asynchronously; the window accounts it).
   void SendUcx(Outgoing out);
-  absl::Status PushBorrowed(v1::GradientShard shard, absl::string_view payload,
-                            std::shared_ptr<void> hold);
+  // Pushes `ncols` encoded columns (col_bytes each) as shards of at most
+  // max_shard_bytes: copied into the messages, or, with `hold`, borrowed
+  // (UCX; `hold` is released when the last shard lets go).
+  absl::Status PushSplit(int64_t step, const std::string& tensor, int64_t version,
+                         const int32_t* columns, int64_t ncols, const char* payload,
+                         int64_t col_bytes, v1::DType dtype, const float* scales,
+                         std::shared_ptr<void> hold);
+  // PushSplit borrowing over UCX, copying (then releasing) over gRPC.
+  absl::Status PushMaybeBorrowed(int64_t step, const std::string& tensor, int64_t version,
+                                 const int32_t* columns, int64_t ncols, const char* payload,
+                                 int64_t col_bytes, v1::DType dtype, const float* scales,
+                                 std::function<void()> release);
   // A down message from either transport.
   void Dispatch(v1::DownMessage msg, int64_t bytes);
   void OnUcxFrame(uint64_t tag, std::string frame);

@@ -75,6 +75,14 @@ absl::Status JobRegistry::DeleteJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+absl::Status JobRegistry::CheckMessageSize(size_t bytes) const {
+  if (static_cast<int64_t>(bytes) <= options_.max_message_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("request of ", bytes, " bytes exceeds the daemon's limit of ",
+                   options_.max_message_bytes,
+                   " bytes (--max_message_bytes); split it (client max_shard_bytes)"));
+}
+
 absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_id) {
   v1::GetStatsResponse resp;
   std::vector<std::shared_ptr<Job>> jobs;

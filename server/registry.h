@@ -46,6 +46,8 @@ class JobRegistry {
 
   SimdLevel simd() const { return ctx_.simd; }
   int64_t max_message_bytes() const { return options_.max_message_bytes; }
+  // RESOURCE_EXHAUSTED, saying what to do, for a request over that limit.
+  absl::Status CheckMessageSize(size_t bytes) const;
   int update_threads() const { return pool_.num_threads(); }
 
  private:

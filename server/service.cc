@@ -20,14 +20,7 @@ namespace {
 // Requests between the service's limit and gRPC's (twice as large) are
 // rejected here, so that they are counted and a stream survives them.
 absl::Status CheckSize(const google::protobuf::Message& m, JobRegistry* registry) {
-  const size_t size = m.ByteSizeLong();
-  if (static_cast<int64_t>(size) > registry->max_message_bytes()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request of ", size, " bytes exceeds the daemon's limit of ",
-                     registry->max_message_bytes(),
-                     " bytes (--max_message_bytes); split it (client max_shard_bytes)"));
-  }
-  return absl::OkStatus();
+  return registry->CheckMessageSize(m.ByteSizeLong());
 }
 
 }  // namespace

@@ -175,15 +175,8 @@ void UcxDataPlane::Handle(uint64_t tag, std::string frame) {
     ++stats_.frames;
   }
   v1::UpMessage up;
-  absl::Status s;
-  if (static_cast<int64_t>(frame.size()) > registry_->max_message_bytes()) {
-    s = absl::ResourceExhaustedError(
-        absl::StrCat("UCX frame of ", frame.size(), " bytes exceeds the daemon's limit of ",
-                     registry_->max_message_bytes(),
-                     " bytes (--max_message_bytes); split it (client max_shard_bytes)"));
-  } else {
-    s = ParseFrame(std::move(frame), &up);
-  }
+  absl::Status s = registry_->CheckMessageSize(frame.size());
+  if (s.ok()) s = ParseFrame(std::move(frame), &up);
   if (s.ok() && up.kind_case() == v1::UpMessage::kAttach) {
     s = absl::FailedPreconditionError(
         "attach travels over the gRPC stream, not over UCX; this connection is already attached");

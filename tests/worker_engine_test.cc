@@ -226,20 +226,10 @@ std::string TestDir() {
 // Starts tests/worker_rank as its own process (fork, then exec at once).
 pid_t SpawnRank(const std::string& target, const std::string& job, int rank, int world,
                 int steps) {
-  const std::string binary = WorkerRankBinary();
-  std::vector<std::string> args = {binary, "--target=" + target, "--job=" + job,
-                                   absl::StrCat("--rank=", rank), absl::StrCat("--world=", world),
-                                   absl::StrCat("--steps=", steps),
-                                   absl::StrCat("--out=", TestDir(), "/", job, rank, ".bin")};
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
+  return SpawnProcess({WorkerRankBinary(), "--target=" + target, "--job=" + job,
+                       absl::StrCat("--rank=", rank), absl::StrCat("--world=", world),
+                       absl::StrCat("--steps=", steps),
+                       absl::StrCat("--out=", TestDir(), "/", job, rank, ".bin")});
 }
 
 // Waits for `pid` to exit; kills it after `seconds`. Returns its wait status

@@ -24,6 +24,18 @@ std::string DaemonProcess::BinaryPath() {
   return "bazel-bin/server/zenflowd";
 }
 
+pid_t SpawnProcess(std::vector<std::string> args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 absl::Status DaemonProcess::Start(const std::vector<std::string>& extra_flags) {
   const char* tmp = getenv("TEST_TMPDIR");
   std::string templ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/zenflowd.XXXXXX");
@@ -33,15 +45,8 @@ absl::Status DaemonProcess::Start(const std::vector<std::string>& extra_flags) {
   const std::string binary = BinaryPath();
   std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--port_file=" + port_file};
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
-  pid_ = fork();
+  pid_ = SpawnProcess(args);
   if (pid_ < 0) return absl::InternalError("fork failed");
-  if (pid_ == 0) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(port_file);

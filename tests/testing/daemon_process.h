@@ -17,6 +17,10 @@
 namespace zenflow::testing {
 
 // Not thread-safe. The destructor stops the daemon if it still runs.
+// Starts args[0] with args as its argv (fork, then exec at once: safe in a
+// threaded test). Returns the child's pid, or -1 if fork failed.
+pid_t SpawnProcess(std::vector<std::string> args);
+
 class DaemonProcess {
  public:
   DaemonProcess() = default;
