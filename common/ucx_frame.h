@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
@@ -46,6 +47,36 @@ void SplitFrame(Message* m, std::string* payload, std::string* header) {
   std::memcpy(trailer, &size, 4);
   std::memcpy(trailer + 4, &kUcxFrameMagic, 4);
   header->append(trailer, kUcxFrameTrailer);
+}
+
+// For a message that must stay untouched (shared by several ranks'
+// outboxes): the frame's header and trailer into `*header`; returns a view of
+// the payload inside `m` (the frame is that view + header). Every field of
+// ParameterDelta but its payload is copied here: a field added to
+// ParameterDelta must be added below (ucx_test checks the round trip).
+inline absl::string_view SplitFrameShared(const v1::DownMessage& m, std::string* header) {
+  absl::string_view payload;
+  header->clear();
+  if (m.kind_case() == v1::DownMessage::kDelta) {
+    const v1::ParameterDelta& d = m.delta();
+    v1::DownMessage h;
+    v1::ParameterDelta* o = h.mutable_delta();
+    o->set_round(d.round());
+    o->set_tensor(d.tensor());
+    *o->mutable_columns() = d.columns();
+    o->set_dtype(d.dtype());
+    o->set_kind(d.kind());
+    h.AppendToString(header);
+    payload = d.payload();
+  } else {
+    m.AppendToString(header);
+  }
+  const uint32_t size = static_cast<uint32_t>(header->size());
+  char trailer[kUcxFrameTrailer];
+  std::memcpy(trailer, &size, 4);
+  std::memcpy(trailer + 4, &kUcxFrameMagic, 4);
+  header->append(trailer, kUcxFrameTrailer);
+  return payload;
 }
 
 template <typename Message>

@@ -264,6 +264,39 @@ TEST(UcxFrame, RoundTripsEveryKind) {
   EXPECT_EQ(got_done.SerializeAsString(), done.SerializeAsString());
 }
 
+// A shared (const) message is framed without touching it; the receiver
+// parses exactly the original.
+TEST(UcxFrame, SharedMessageRoundTripsUntouched) {
+  // SplitFrameShared copies ParameterDelta field by field: a new field must
+  // be added there (and here).
+  EXPECT_EQ(v1::ParameterDelta::descriptor()->field_count(), 6);
+  v1::DownMessage down;
+  v1::ParameterDelta* d = down.mutable_delta();
+  d->set_round(9);
+  d->set_tensor("layers.0.w");
+  d->add_columns(3);
+  d->add_columns(7);
+  d->set_dtype(v1::DTYPE_FP16);
+  d->set_kind(v1::DELTA_ARITHMETIC);
+  d->set_payload(Pattern(256, 3));
+  const std::string want = down.SerializeAsString();
+  std::string header;
+  const absl::string_view payload = SplitFrameShared(down, &header);
+  EXPECT_EQ(payload.size(), 256u);
+  EXPECT_EQ(down.SerializeAsString(), want);
+  v1::DownMessage got;
+  ASSERT_TRUE(ParseFrame(std::string(payload) + header, &got).ok());
+  EXPECT_EQ(got.SerializeAsString(), want);
+
+  v1::DownMessage err;
+  err.mutable_error()->set_code(3);
+  err.mutable_error()->set_message("bad");
+  EXPECT_TRUE(SplitFrameShared(err, &header).empty());
+  v1::DownMessage got_err;
+  ASSERT_TRUE(ParseFrame(header, &got_err).ok());
+  EXPECT_EQ(got_err.SerializeAsString(), err.SerializeAsString());
+}
+
 TEST(UcxFrame, RejectsMalformedFrames) {
   v1::UpMessage m;
   EXPECT_EQ(ParseFrame(std::string("abc"), &m).code(), absl::StatusCode::kInvalidArgument);

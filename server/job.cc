@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/quote.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
 
@@ -34,8 +35,10 @@ absl::StatusOr<DType> WireDType(v1::DType d, const char* what) {
   }
 }
 
-bool ValidJobId(const std::string& id) {
-  if (id.empty() || id.size() > 128) return false;
+}  // namespace
+
+bool ValidJobId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxJobIdBytes) return false;
   for (char c : id) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                      (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
@@ -43,6 +46,8 @@ bool ValidJobId(const std::string& id) {
   }
   return true;
 }
+
+namespace {
 
 std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
@@ -75,18 +80,27 @@ void RejectionCounter::Export(google::protobuf::Map<std::string, int64_t>* out) 
 
 absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
   if (!ValidJobId(spec->job_id())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job_id '", spec->job_id(),
-        "' is invalid: use 1-128 characters from [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id ", Quote(spec->job_id()), " is invalid: use 1-", kMaxJobIdBytes,
+                     " characters from [A-Za-z0-9._-]"));
   }
   if (spec->tensors_size() == 0) {
     return absl::InvalidArgumentError("job has no tensors");
+  }
+  if (spec->tensors_size() > kMaxTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("job has ", spec->tensors_size(),
+                                                   " tensors; at most ", kMaxTensors));
   }
   std::map<std::string, int> seen;
   for (int i = 0; i < spec->tensors_size(); ++i) {
     v1::TensorSpec* t = spec->mutable_tensors(i);
     if (t->name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor #", i, " has no name"));
+    }
+    if (t->name().size() > kMaxTensorNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor #", i, " name ", Quote(t->name()), " is longer than ",
+                       kMaxTensorNameBytes, " bytes"));
     }
     if (!seen.emplace(t->name(), i).second) {
       return absl::InvalidArgumentError(
@@ -205,15 +219,59 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
 
 // ---------------------------------------------------------------------------
 
-std::shared_ptr<Job> Job::Create(const v1::JobSpec& spec, JobContext ctx) {
-  return std::shared_ptr<Job>(new Job(spec, ctx));
+absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
+  JobFootprint f;
+  bool overflow = false;
+  auto mul = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&](int64_t* acc, int64_t b) { overflow |= __builtin_add_overflow(*acc, b, acc); };
+  const bool arithmetic = spec.delta_kind() == v1::DELTA_ARITHMETIC;
+  int64_t delta_round = 0;
+  for (const v1::TensorSpec& t : spec.tensors()) {
+    const int64_t rows = t.shape_size() == 2 ? t.shape(0) : 1;
+    const int64_t cols = t.shape_size() == 2 ? t.shape(1) : t.shape(0);
+    const int64_t n = mul(rows, cols);
+    add(&f.params, n);
+    add(&f.state_bytes, mul(n, 5 * sizeof(float)));
+    add(&f.bookkeeping_bytes, mul(cols, sizeof(int64_t) + 1 + 2 * sizeof(int32_t)));
+    add(&f.bookkeeping_bytes,
+        mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
+    const int64_t out = arithmetic ? 2 * 4 : (t.dtype() == v1::DTYPE_FP32 ? 4 : 2);
+    add(&delta_round, mul(n, out));
+  }
+  f.delta_bytes = mul(delta_round, 2);
+  int64_t total = f.state_bytes;
+  add(&total, f.bookkeeping_bytes);
+  add(&total, f.delta_bytes);
+  if (overflow) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", Quote(spec.job_id()), " is too large: its size in bytes overflows 64 bits"));
+  }
+  return f;
 }
 
-Job::Job(const v1::JobSpec& spec, JobContext ctx)
+absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::JobSpec& spec, JobContext ctx) {
+  ZF_ASSIGN_OR_RETURN(JobFootprint f, ComputeJobFootprint(spec));
+  try {
+    return std::shared_ptr<Job>(new Job(spec, ctx, f));
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "job '%s': allocating %d bytes for %d parameters failed (out of memory); "
+      "nothing was kept",
+      spec.job_id(), f.total(), f.params));
+}
+
+Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
     : spec_(spec),
       ctx_(ctx),
       world_(spec.world_size()),
-      interval_(spec.zenflow().update_interval()) {
+      interval_(spec.zenflow().update_interval()),
+      footprint_(footprint) {
   const bool zenflow = spec.mode() == v1::MODE_ZENFLOW;
   tensors_.resize(spec.tensors_size());
   for (int i = 0; i < spec.tensors_size(); ++i) {
@@ -237,7 +295,10 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx)
     t.round_hits.assign(world_, std::vector<int32_t>(t.cols, 0));
   }
   ranks_.resize(world_);
-  for (RankState& r : ranks_) r.tensor_handed_off.assign(tensors_.size(), 0);
+  for (RankState& r : ranks_) {
+    r.tensor_handed_off.assign(tensors_.size(), 0);
+    r.mailbox = std::make_shared<Mailbox>(ctx_.outbox_limit_bytes);
+  }
   handoff_applied_version_.assign(tensors_.size(), 0);
 }
 
@@ -253,7 +314,7 @@ absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
     if (tensors_[i].name == name) return static_cast<int>(i);
   }
   return absl::NotFoundError(
-      absl::StrCat("job '", spec_.job_id(), "' has no tensor '", name, "'"));
+      absl::StrCat("job '", spec_.job_id(), "' has no tensor ", Quote(name)));
 }
 
 absl::Status Job::CheckRank(int32_t rank) const {
@@ -281,7 +342,37 @@ absl::Status Job::CheckRoundBuffer(int64_t round) const {
 // ---- Upload ----------------------------------------------------------------
 
 Job::Upload::Upload(std::shared_ptr<Job> job)
-    : job_(std::move(job)), staged_(job_->tensors_.size()), filled_(job_->tensors_.size(), 0) {}
+    : job_(std::move(job)), filled_(job_->tensors_.size(), 0) {}
+
+absl::StatusOr<std::unique_ptr<Job::Upload>> Job::Upload::Begin(std::shared_ptr<Job> job) {
+  MutexLock lock(&job->mu_);
+  ZF_RETURN_IF_ERROR(job->CheckLive());
+  if (job->uploaded_) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "parameters of job '", job->spec_.job_id(),
+        "' were already uploaded; they can be uploaded once (delete and recreate the job to "
+        "start over)"));
+  }
+  if (job->uploading_) {
+    return absl::AbortedError(absl::StrCat(
+        "another UploadParameters stream of job '", job->spec_.job_id(),
+        "' is in progress; one upload runs at a time (retry once it has ended)"));
+  }
+  job->uploading_ = true;
+  return std::unique_ptr<Upload>(new Upload(job));
+}
+
+Job::Upload::~Upload() {
+  MutexLock lock(&job_->mu_);
+  if (!committed_) {
+    // Clear what was staged: the buffer accumulates odd rounds later.
+    for (size_t i = 0; i < job_->tensors_.size(); ++i) {
+      std::vector<float>& staged = job_->tensors_[i].acc[1];
+      std::fill(staged.begin(), staged.begin() + filled_[i], 0.0f);
+    }
+  }
+  job_->uploading_ = false;
+}
 
 absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
   {
@@ -336,8 +427,9 @@ absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
                                                    "': non-finite value at element ",
                                                    chunk.offset() + static_cast<int64_t>(bad)));
   }
-  if (staged_[ti].empty()) staged_[ti].resize(numel);
-  Decode(dt, chunk.payload().data(), n, staged_[ti].data() + chunk.offset());
+  // Only this upload touches acc[1] before the parameters are in.
+  float* staged = job_->tensors_[ti].acc[1].data();
+  Decode(dt, chunk.payload().data(), n, staged + chunk.offset());
   filled_[ti] += n;
   return absl::OkStatus();
 }
@@ -360,7 +452,7 @@ absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
   int64_t total = 0;
   for (size_t i = 0; i < job_->tensors_.size(); ++i) {
     TensorState& t = job_->tensors_[i];
-    const std::vector<float>& src = staged_[i];  // row-major [rows][cols]
+    std::vector<float>& src = t.acc[1];  // staged, row-major [rows][cols]
     constexpr int64_t kBlock = 64;
     for (int64_t r0 = 0; r0 < t.rows; r0 += kBlock) {
       for (int64_t c0 = 0; c0 < t.cols; c0 += kBlock) {
@@ -371,10 +463,10 @@ absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
       }
     }
     total += t.rows * t.cols;
-    staged_[i].clear();
-    staged_[i].shrink_to_fit();
+    std::fill(src.begin(), src.end(), 0.0f);
   }
   job_->uploaded_ = true;
+  committed_ = true;
   v1::UploadParametersResponse resp;
   resp.set_elements(total);
   resp.set_tensors(static_cast<int64_t>(job_->tensors_.size()));
@@ -437,6 +529,22 @@ void Job::Stats(v1::JobStats* out) {
   out->set_last_update_seconds(last_update_seconds_);
   out->set_params(params_);
   rejected_.Export(out->mutable_rejected());
+  out->set_memory_bytes(footprint_.total());
+  out->set_state_bytes(footprint_.state_bytes);
+  out->set_bookkeeping_bytes(footprint_.bookkeeping_bytes);
+  out->set_delta_bytes(footprint_.delta_bytes);
+  out->set_pending_rendezvous_bytes(pending_bytes_);
+  out->set_rounds_overflowed(rounds_overflowed_);
+  for (int r = 0; r < world_; ++r) {
+    const RankState& rs = ranks_[r];
+    if (!rs.joined) continue;
+    v1::RankStats* o = out->add_ranks();
+    o->set_rank(r);
+    o->set_next_round(rs.next_round);
+    o->set_outbox_bytes(rs.mailbox->bytes());
+    o->set_outbox_messages(static_cast<int64_t>(rs.mailbox->queued()));
+    o->set_reading_paused(rs.mailbox->paused());
+  }
 }
 
 absl::StatusOr<std::shared_ptr<Mailbox>> Job::MailboxFor(int32_t rank) {
@@ -474,6 +582,7 @@ void Job::Shutdown() {
       }
     }
     reduces_.clear();
+    pending_bytes_ = 0;
   }
   const absl::Status gone = absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted"));
   for (auto& w : waiters) w(gone);
@@ -605,11 +714,35 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   const char* payload = shard.payload().data();
   const size_t col_bytes = static_cast<size_t>(t.rows) * esize;
   size_t bad = 0;
-  const bool finite = int8 || AllFinite(dt, payload, ncols * t.rows, &bad);
+  bool finite = true;
+  std::string why;
+  if (int8) {
+    // value = q * scale, as decoded below: each column's largest |q| decides.
+    for (size_t i = 0; i < ncols && finite; ++i) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
+      int biggest = 0;
+      int64_t at = 0;
+      for (int64_t r = 0; r < t.rows; ++r) {
+        const int a = q[r] < 0 ? -q[r] : q[r];
+        if (a > biggest) {
+          biggest = a;
+          at = r;
+        }
+      }
+      const float scale = shard.scales(static_cast<int>(i));
+      if (!std::isfinite(static_cast<float>(q[at]) * scale)) {
+        finite = false;
+        bad = i * static_cast<size_t>(t.rows) + static_cast<size_t>(at);
+        why = absl::StrCat(" (int8 ", static_cast<int>(q[at]), " x scale ", scale, ")");
+      }
+    }
+  } else {
+    finite = AllFinite(dt, payload, ncols * t.rows, &bad);
+  }
   if (!finite && !spec_.skip_nonfinite_rounds()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
-        " row ", bad % t.rows, " of step ", shard.step(),
+        " row ", bad % t.rows, " of step ", shard.step(), why,
         " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
   }
   // Everything checked: apply.
@@ -618,11 +751,13 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   for (size_t i = 0; i < ncols; ++i) {
     const int32_t c = shard.columns(static_cast<int>(i));
     float* dst = acc.data() + static_cast<size_t>(c) * t.rows;
-    if (int8) {
+    if (!finite) {
+      // The round is skipped: nothing to add.
+    } else if (int8) {
       const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
       const float scale = shard.scales(static_cast<int>(i));
       for (int64_t r = 0; r < t.rows; ++r) dst[r] += static_cast<float>(q[r]) * scale;
-    } else if (finite) {
+    } else {
       DecodeAdd(dt, payload + i * col_bytes, t.rows, dst);
     }
     t.last_step[rank][c] = shard.step();
@@ -766,27 +901,47 @@ void Job::RunUpdate(int64_t round) {
   float grad_norm = 0.0f;
   const double scale = rs.steps_sum > 0 ? 1.0 / static_cast<double>(rs.steps_sum) : 0.0;
   std::vector<std::vector<float>> old_values;
-  if (!rs.nonfinite) {
-    // Norm of the round's mean gradient: per-run partial sums, added in order.
-    std::vector<double> partial(runs.size(), 0.0);
+  bool skip = rs.nonfinite;
+  bool overflowed = false;
+  double norm = 0, clip = 1.0;
+  if (!skip) {
+    // Norm of the round's mean gradient: per-run partial sums, added in order;
+    // and the largest magnitude, to see whether the update can be finite.
+    std::vector<double> partial(runs.size(), 0.0), largest(runs.size(), 0.0);
     ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         const TensorState& t = tensors_[run.tensor];
         const float* g = t.acc[parity].data() + run.first_col * t.rows;
         double s = 0;
-        for (int64_t i = 0; i < run.ncols * t.rows; ++i) s += static_cast<double>(g[i]) * g[i];
+        float big = 0;
+        for (int64_t i = 0; i < run.ncols * t.rows; ++i) {
+          s += static_cast<double>(g[i]) * g[i];
+          big = std::max(big, std::fabs(g[i]));
+        }
         partial[k] = s;
+        largest[k] = big;
       }
     });
-    double sum = 0;
-    for (double p : partial) sum += p;
-    const double norm = std::sqrt(sum) * scale;
+    double sum = 0, big = 0;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      sum += partial[k];
+      big = std::max(big, largest[k]);
+    }
+    norm = std::sqrt(sum) * scale;
     grad_norm = static_cast<float>(norm);
-    double clip = 1.0;
     if (cfg.max_grad_norm() > 0 && norm > cfg.max_grad_norm()) {
       clip = cfg.max_grad_norm() / (norm + 1e-6);
     }
+    // Finite shards can still sum to Inf, or to a mean whose square (Adam's
+    // v) overflows fp32: such a round cannot update finitely and is skipped
+    // (after the fact: the shards were accepted), as a non-finite round is.
+    if (!std::isfinite(sum) || !(big * scale * clip < 1.8e19)) {
+      skip = true;
+      overflowed = true;
+    }
+  }
+  if (!skip) {
     const float grad_scale = static_cast<float>(scale * clip);
     if (arithmetic) {
       old_values.resize(tensors_.size());
@@ -827,7 +982,7 @@ void Job::RunUpdate(int64_t round) {
 
   // Deltas: chunks of columns of at most max_shard_bytes each.
   std::vector<v1::DownMessage> deltas;
-  if (!rs.nonfinite) {
+  if (!skip) {
     struct Chunk {
       int tensor;
       size_t begin, end;  // indices into remote[tensor]
@@ -880,14 +1035,14 @@ void Job::RunUpdate(int64_t round) {
   for (const v1::DownMessage& d : deltas) {
     delta_bytes += static_cast<int64_t>(d.delta().payload().size());
   }
-  for (size_t b = 0; b < boxes.size(); ++b) {
-    for (v1::DownMessage& d : deltas) {
-      if (b + 1 == boxes.size()) {
-        boxes[b]->Push(std::move(d));  // the last rank takes the buffers
-      } else {
-        boxes[b]->Push(d);
-      }
-    }
+  // One copy of each delta, shared by every rank's outbox.
+  std::vector<Mailbox::Message> shared;
+  shared.reserve(deltas.size());
+  for (v1::DownMessage& d : deltas) {
+    shared.push_back(std::make_shared<const v1::DownMessage>(std::move(d)));
+  }
+  for (const auto& box : boxes) {
+    for (const Mailbox::Message& d : shared) box->Push(d);
   }
 
   const auto t1 = std::chrono::steady_clock::now();
@@ -895,7 +1050,7 @@ void Job::RunUpdate(int64_t round) {
   v1::RoundDone* rd = done.mutable_done();
   rd->set_round(round);
   rd->set_delta_messages(static_cast<int32_t>(deltas.size()));
-  rd->set_skipped_nonfinite(rs.nonfinite);
+  rd->set_skipped_nonfinite(skip);
   rd->set_grad_norm(grad_norm);
   rd->set_close_to_done_seconds(Seconds(t1 - rs.last_close));
   rd->set_selection_version(version);
@@ -906,22 +1061,48 @@ void Job::RunUpdate(int64_t round) {
     MutexLock lock(&mu_);
     rounds_updated_ = round + 1;
     rounds_.erase(round);
-    if (rs.nonfinite) ++rounds_skipped_;
+    if (skip) ++rounds_skipped_;
+    if (overflowed) ++rounds_overflowed_;
     delta_messages_sent_ += static_cast<int64_t>(deltas.size() * boxes.size());
     delta_bytes_sent_ += delta_bytes * static_cast<int64_t>(boxes.size());
     last_update_seconds_ = Seconds(t1 - t0);
     update_seconds_total_ += last_update_seconds_;
     callbacks = MaybeFinishSelectionLocked();
   }
-  for (const auto& box : boxes) box->Push(done);
+  auto done_shared = std::make_shared<const v1::DownMessage>(std::move(done));
+  for (const auto& box : boxes) box->Push(done_shared);
   for (auto& cb : callbacks) cb();
 }
 
 // ---- Selection -------------------------------------------------------------
 
-void Job::SubmitImportance(const v1::SubmitImportanceRequest& req,
+namespace {
+
+int64_t ScoresBytes(const std::vector<std::vector<float>>& scores) {
+  int64_t n = 0;
+  for (const auto& s : scores) n += static_cast<int64_t>(s.size() * sizeof(float));
+  return n;
+}
+
+int64_t PartsBytes(const v1::AllReduceRequest& req) {
+  int64_t n = 0;
+  for (const v1::ReducePart& p : req.parts()) {
+    n += static_cast<int64_t>(p.payload().size() + p.name().size());
+  }
+  return n;
+}
+
+absl::Status Replaced(const char* what, int32_t rank, int64_t step) {
+  return absl::AbortedError(absl::StrCat(what, " of rank ", rank, " for step ", step,
+                                         " was replaced by a newer call for the same step"));
+}
+
+}  // namespace
+
+void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call,
                            std::function<void(absl::StatusOr<v1::Selection>)> done) {
   std::vector<std::function<void()>> callbacks;
+  std::function<void(absl::StatusOr<v1::Selection>)> replaced;
   absl::Status status = [&]() -> absl::Status {
     MutexLock lock(&mu_);
     ZF_RETURN_IF_ERROR(CheckLive());
@@ -953,10 +1134,6 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req,
       return absl::FailedPreconditionError(
           absl::StrCat("other ranks submitted importance for step ", pending_.step,
                        ", not step ", req.step()));
-    }
-    if (pending_.step >= 0 && pending_.submitted[req.rank()]) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rank ", req.rank(), " already submitted importance for step ", req.step()));
     }
     std::vector<std::vector<float>> scores(tensors_.size());
     std::vector<bool> given(tensors_.size(), false);
@@ -995,13 +1172,23 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req,
       pending_.submitted.assign(world_, false);
       pending_.scores.assign(world_, {});
       pending_.waiters.assign(world_, nullptr);
+      pending_.calls.assign(world_, 0);
+    }
+    if (pending_.submitted[req.rank()]) {
+      // A retry (the first answer was lost, or the call is still pending
+      // here while its client gave up): the newer call wins.
+      replaced = std::move(pending_.waiters[req.rank()]);
+      pending_bytes_ -= ScoresBytes(pending_.scores[req.rank()]);
     }
     pending_.submitted[req.rank()] = true;
+    pending_bytes_ += ScoresBytes(scores);
     pending_.scores[req.rank()] = std::move(scores);
     pending_.waiters[req.rank()] = std::move(done);
+    pending_.calls[req.rank()] = call;
     callbacks = MaybeFinishSelectionLocked();
     return absl::OkStatus();
   }();
+  if (replaced) replaced(Replaced("importance", req.rank(), req.step()));
   if (!status.ok()) {
     rejected_.Add(status.code());
     done(status);
@@ -1042,6 +1229,7 @@ std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
   }
   ++selection_version_;
   selection_step_ = pending_.step;
+  for (const auto& sc : pending_.scores) pending_bytes_ -= ScoresBytes(sc);
   const v1::Selection sel = SelectionLocked();
   std::vector<std::function<void()>> out;
   for (auto& w : pending_.waiters) {
@@ -1093,7 +1281,7 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
     ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(name));
     if (in_call[ti]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", name, "' is listed twice in one hand-off"));
+          absl::StrCat("tensor '", tensors_[ti].name, "' is listed twice in one hand-off"));
     }
     in_call[ti] = true;
   }
@@ -1102,11 +1290,11 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
     ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(cs.tensor()));
     if (given[ti] != nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("leaving state of tensor '", cs.tensor(), "' is given twice"));
+          absl::StrCat("leaving state of tensor '", tensors_[ti].name, "' is given twice"));
     }
     if (!in_call[ti]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "leaving state of tensor '", cs.tensor(), "' is not among this call's tensors"));
+          "leaving state of tensor '", tensors_[ti].name, "' is not among this call's tensors"));
     }
     given[ti] = &cs;
   }
@@ -1195,8 +1383,41 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
   return resp;
 }
 
-void Job::AllReduce(const v1::AllReduceRequest& req,
+void Job::WithdrawImportance(int32_t rank, uint64_t call) {
+  MutexLock lock(&mu_);
+  if (pending_.step < 0 || rank < 0 || rank >= world_ || !pending_.submitted[rank] ||
+      pending_.calls[rank] != call) {
+    return;  // completed, replaced or never entered
+  }
+  pending_bytes_ -= ScoresBytes(pending_.scores[rank]);
+  pending_.submitted[rank] = false;
+  pending_.scores[rank].clear();
+  pending_.scores[rank].shrink_to_fit();
+  pending_.waiters[rank] = nullptr;
+  pending_.calls[rank] = 0;
+  bool any = false;
+  for (bool b : pending_.submitted) any = any || b;
+  if (!any) pending_ = PendingSelection();  // nobody waits: another step may be chosen
+}
+
+void Job::WithdrawAllReduce(int32_t rank, uint64_t call) {
+  MutexLock lock(&mu_);
+  for (auto it = reduces_.begin(); it != reduces_.end(); ++it) {
+    PendingReduce& pr = it->second;
+    if (rank < 0 || rank >= world_ || !pr.submitted[rank] || pr.calls[rank] != call) continue;
+    pending_bytes_ -= PartsBytes(pr.parts[rank]);
+    pr.submitted[rank] = false;
+    pr.parts[rank] = v1::AllReduceRequest();
+    pr.waiters[rank] = nullptr;
+    pr.calls[rank] = 0;
+    if (--pr.count == 0) reduces_.erase(it);
+    return;
+  }
+}
+
+void Job::AllReduce(const v1::AllReduceRequest& req, uint64_t call,
                     std::function<void(absl::StatusOr<v1::AllReduceResponse>)> done) {
+  std::function<void(absl::StatusOr<v1::AllReduceResponse>)> replaced;
   std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> waiters;
   v1::AllReduceResponse result;
   absl::Status status = [&]() -> absl::Status {
@@ -1209,28 +1430,35 @@ void Job::AllReduce(const v1::AllReduceRequest& req,
     for (const v1::ReducePart& p : req.parts()) {
       if (p.payload().size() % 4 != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "all-reduce part '", p.name(), "': ", p.payload().size(), " bytes is not fp32 values"));
+            "all-reduce part ", Quote(p.name()), ": ", p.payload().size(), " bytes is not fp32 values"));
       }
       size_t bad = 0;
       if (!AllFinite(DType::kF32, p.payload().data(), p.payload().size() / 4, &bad)) {
-        return absl::InvalidArgumentError(absl::StrCat("all-reduce part '", p.name(),
-                                                       "': non-finite value at ", bad));
+        return absl::InvalidArgumentError(absl::StrCat("all-reduce part ", Quote(p.name()),
+                                                       ": non-finite value at ", bad));
       }
     }
+    // A rank waits on one all-reduce at a time: that bounds what pending
+    // calls hold to world_size messages.
+    for (const auto& [step, other] : reduces_) {
+      if (step != req.step() && other.submitted[req.rank()]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", req.rank(), " is still in the all-reduce of step ", step,
+            "; a rank takes part in one all-reduce at a time (cancel that call first)"));
+      }
+    }
+    auto found = reduces_.find(req.step());
+    const bool fresh = found == reduces_.end();
     PendingReduce& pr = reduces_[req.step()];
-    if (pr.submitted.empty()) {
+    if (fresh) {
       pr.submitted.assign(world_, false);
       pr.parts.resize(world_);
       pr.waiters.resize(world_);
-    }
-    if (pr.submitted[req.rank()]) {
-      return absl::AlreadyExistsError(absl::StrCat("rank ", req.rank(),
-                                                   " already sent its all-reduce for step ",
-                                                   req.step()));
+      pr.calls.assign(world_, 0);
     }
     // Every rank must send the same parts with the same sizes.
     for (int r = 0; r < world_; ++r) {
-      if (!pr.submitted[r]) continue;
+      if (!pr.submitted[r] || r == req.rank()) continue;
       const v1::AllReduceRequest& other = pr.parts[r];
       bool same = other.parts_size() == req.parts_size();
       for (int i = 0; same && i < req.parts_size(); ++i) {
@@ -1238,16 +1466,26 @@ void Job::AllReduce(const v1::AllReduceRequest& req,
                other.parts(i).payload().size() == req.parts(i).payload().size();
       }
       if (!same) {
+        if (fresh) reduces_.erase(req.step());
         return absl::InvalidArgumentError(absl::StrCat(
             "all-reduce for step ", req.step(), ": rank ", req.rank(),
             "'s parts differ in names or sizes from rank ", r, "'s"));
       }
       break;
     }
+    if (pr.submitted[req.rank()]) {
+      // A retry: the newer call wins.
+      replaced = std::move(pr.waiters[req.rank()]);
+      pending_bytes_ -= PartsBytes(pr.parts[req.rank()]);
+    } else {
+      ++pr.count;
+    }
     pr.submitted[req.rank()] = true;
     pr.parts[req.rank()] = req;
     pr.waiters[req.rank()] = std::move(done);
-    if (++pr.count < world_) return absl::OkStatus();
+    pr.calls[req.rank()] = call;
+    pending_bytes_ += PartsBytes(req);
+    if (pr.count < world_) return absl::OkStatus();
     // Everyone is in: the mean, summed in rank order.
     const float inv = 1.0f / static_cast<float>(world_);
     for (int i = 0; i < req.parts_size(); ++i) {
@@ -1262,9 +1500,11 @@ void Job::AllReduce(const v1::AllReduceRequest& req,
       out->set_payload(reinterpret_cast<const char*>(sum.data()), n * 4);
     }
     waiters = std::move(pr.waiters);
+    for (int r = 0; r < world_; ++r) pending_bytes_ -= PartsBytes(pr.parts[r]);
     reduces_.erase(req.step());
     return absl::OkStatus();
   }();
+  if (replaced) replaced(Replaced("all-reduce", req.rank(), req.step()));
   if (!status.ok()) {
     rejected_.Add(status.code());
     done(status);

@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "common/codec.h"
 #include "common/thread_pool.h"
@@ -32,12 +33,44 @@
 
 namespace zenflow {
 
+// Limits on what a client can name (documented in README "Limits").
+inline constexpr size_t kMaxJobIdBytes = 128;
+inline constexpr size_t kMaxTensorNameBytes = 256;
+inline constexpr int kMaxTensors = 1 << 16;
+
 // Daemon-wide resources a job uses. Not owned.
 struct JobContext {
   ThreadPool* pool = nullptr;          // AdamW and accumulation workers
   SerialExecutor* executor = nullptr;  // runs round updates in order
   SimdLevel simd = SimdLevel::kScalar;
+  // Per rank: the outbox size above which its stream stops reading (<= 0:
+  // unlimited).
+  int64_t outbox_limit_bytes = 0;
 };
+
+// What a job allocates, by part (README "Memory"). Every figure is what the
+// Job constructor and its round updates really allocate, so the registry can
+// refuse a job before allocating any of it.
+struct JobFootprint {
+  int64_t params = 0;
+  // fp32 master, m, v and two accumulation buffers: 20 B per parameter
+  // (the upload is staged in an accumulation buffer: nothing extra).
+  int64_t state_bytes = 0;
+  // Per column: update count, selection flag and lists (17 B); per rank and
+  // column: last step received and hits in the open round (12 B).
+  int64_t bookkeeping_bytes = 0;
+  // One round's deltas, held once for every rank (plus the old values for
+  // arithmetic deltas), for the two rounds that can be queued at a time.
+  int64_t delta_bytes = 0;
+  int64_t total() const { return state_bytes + bookkeeping_bytes + delta_bytes; }
+};
+
+// RESOURCE_EXHAUSTED when the sizes overflow 64-bit arithmetic. `spec` must
+// be normalized.
+absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec);
+
+// 1-128 characters from [A-Za-z0-9._-].
+bool ValidJobId(absl::string_view id);
 
 // Counts of rejected requests by status code. Thread-safe.
 class RejectionCounter {
@@ -58,29 +91,41 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes);
 // so a rejected request leaves the job exactly as it was.
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  // `spec` must already be normalized.
-  static std::shared_ptr<Job> Create(const v1::JobSpec& spec, JobContext ctx);
+  // `spec` must already be normalized. RESOURCE_EXHAUSTED (with the sizes)
+  // when the memory cannot be allocated; nothing stays allocated then.
+  static absl::StatusOr<std::shared_ptr<Job>> Create(const v1::JobSpec& spec, JobContext ctx);
 
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
   const v1::JobSpec& spec() const { return spec_; }
   int64_t params() const { return params_; }
+  const JobFootprint& footprint() const { return footprint_; }
 
-  // Staging area of one UploadParameters stream; commits atomically.
-  // Not thread-safe (one per stream).
+  // One UploadParameters stream; commits atomically. Values are staged,
+  // row-major, in the odd rounds' accumulation buffers (idle until the
+  // parameters are in), so an upload allocates nothing. One upload runs at a
+  // time. Not thread-safe (one per stream).
   class Upload {
    public:
-    explicit Upload(std::shared_ptr<Job> job);
+    // ALREADY_EXISTS once the parameters are in; ABORTED while another
+    // upload of the job runs.
+    static absl::StatusOr<std::unique_ptr<Upload>> Begin(std::shared_ptr<Job> job);
+    // An upload that did not commit clears what it staged.
+    ~Upload();
+    Upload(const Upload&) = delete;
+    Upload& operator=(const Upload&) = delete;
+
     absl::Status AddChunk(const v1::UploadParametersRequest& chunk);
     // Fails (and commits nothing) unless every tensor is complete;
     // ALREADY_EXISTS after another upload committed.
     absl::StatusOr<v1::UploadParametersResponse> Commit();
 
    private:
+    explicit Upload(std::shared_ptr<Job> job);
     std::shared_ptr<Job> job_;
-    std::vector<std::vector<float>> staged_;  // row-major, per tensor
     std::vector<int64_t> filled_;
+    bool committed_ = false;
   };
 
   absl::StatusOr<v1::JoinJobResponse> Join(int32_t rank);
@@ -97,15 +142,26 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // Calls `done` (possibly on another thread, possibly before returning)
   // once every rank has submitted importance for the same step and every
-  // closed round has been updated.
-  void SubmitImportance(const v1::SubmitImportanceRequest& req,
+  // closed round has been updated. `call` identifies the call for
+  // WithdrawImportance. A second call of a rank for the step it is already
+  // waiting on replaces the first (which gets ABORTED): a retry after a lost
+  // answer is safe.
+  void SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call,
                         std::function<void(absl::StatusOr<v1::Selection>)> done);
+  // The call was cancelled (deadline, client gone): its contribution is
+  // withdrawn, its memory released and `done` is never called. No-op if the
+  // rendezvous already completed or the call was replaced.
+  void WithdrawImportance(int32_t rank, uint64_t call);
 
   absl::StatusOr<v1::HandOffResponse> HandOff(const v1::HandOffRequest& req);
 
-  // Calls `done` once every rank has sent its parts for the same step.
-  void AllReduce(const v1::AllReduceRequest& req,
+  // Calls `done` once every rank has sent its parts for the same step. A
+  // rank has at most one all-reduce pending; a retry for the same step
+  // replaces it (the earlier call gets ABORTED).
+  void AllReduce(const v1::AllReduceRequest& req, uint64_t call,
                  std::function<void(absl::StatusOr<v1::AllReduceResponse>)> done);
+  // As WithdrawImportance, for an all-reduce.
+  void WithdrawAllReduce(int32_t rank, uint64_t call);
 
   // The job was deleted: fails waiters and all later calls with NOT_FOUND.
   void Shutdown();
@@ -134,13 +190,14 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<std::vector<int64_t>> last_step;
     std::vector<std::vector<int32_t>> round_hits;
   };
+  friend class Upload;
 
   struct RankState {
     bool joined = false;
     int64_t next_round = 0;          // first round this rank has not closed
     int64_t handed_off_version = 0;  // selection version whose state it has
     std::vector<int64_t> tensor_handed_off;  // per tensor, the version handed off
-    std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
+    std::shared_ptr<Mailbox> mailbox;
   };
 
   struct RoundState {
@@ -157,6 +214,7 @@ class Job : public std::enable_shared_from_this<Job> {
     int32_t count = 0;
     std::vector<v1::AllReduceRequest> parts;  // by rank
     std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> waiters;
+    std::vector<uint64_t> calls;  // by rank
   };
 
   struct PendingSelection {
@@ -165,9 +223,10 @@ class Job : public std::enable_shared_from_this<Job> {
     // [rank][tensor] -> scores (empty for tensors that are always important)
     std::vector<std::vector<std::vector<float>>> scores;
     std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
+    std::vector<uint64_t> calls;  // by rank
   };
 
-  Job(const v1::JobSpec& spec, JobContext ctx);
+  Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint);
 
   absl::Status CheckLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
@@ -191,11 +250,13 @@ class Job : public std::enable_shared_from_this<Job> {
   const JobContext ctx_;
   const int32_t world_;
   const int64_t interval_;  // S
+  const JobFootprint footprint_;
   int64_t params_ = 0;
 
   mutable Mutex mu_;
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
   bool uploaded_ ABSL_GUARDED_BY(mu_) = false;
+  bool uploading_ ABSL_GUARDED_BY(mu_) = false;  // an Upload is staging
   // Tensor buffers: metadata immutable; contents guarded by mu_, except that
   // the update of a round owns master/m/v/count of its columns and the
   // round's accumulation buffer while it runs (no other writer can exist
@@ -211,6 +272,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<int64_t> handoff_applied_version_ ABSL_GUARDED_BY(mu_);
   PendingSelection pending_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
+  // Payload bytes held by pending selections and all-reduces.
+  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last fully closed round closed (its last rank's close).
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
 
@@ -218,6 +281,8 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t shards_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t shard_bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rounds_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  // Of those, rounds whose accepted shards summed to a non-finite gradient.
+  int64_t rounds_overflowed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t delta_messages_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t delta_bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   double update_seconds_total_ ABSL_GUARDED_BY(mu_) = 0;

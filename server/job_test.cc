@@ -67,15 +67,29 @@ TEST(JobTest, OneRankTwoStepsEqualsHandComputedAdamW) {
   spec.mutable_adamw()->set_weight_decay(0.0f);
   ASSERT_TRUE(registry.CreateJob(spec).ok());
   auto job = *registry.Find("unit");
-  Job::Upload up(job);
   v1::UploadParametersRequest chunk;
   chunk.set_tensor("w");
   chunk.add_shape(2);
   chunk.add_shape(3);
+  {
+    // An upload that stages part of a tensor and is abandoned leaves nothing
+    // behind (its staging is the accumulation buffer of odd rounds).
+    absl::StatusOr<std::unique_ptr<Job::Upload>> junk = Job::Upload::Begin(job);
+    ASSERT_TRUE(junk.ok()) << junk.status();
+    EXPECT_EQ(Job::Upload::Begin(job).status().code(), absl::StatusCode::kAborted)
+        << "one upload at a time";
+    const float bad[3] = {100, 200, 300};
+    chunk.set_payload(reinterpret_cast<const char*>(bad), sizeof(bad));
+    ASSERT_TRUE((*junk)->AddChunk(chunk).ok());
+  }
+  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+  ASSERT_TRUE(up.ok()) << up.status();
   const float init[6] = {1, 2, 3, 4, 5, 6};  // row-major [[1,2,3],[4,5,6]]
   chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
-  ASSERT_TRUE(up.AddChunk(chunk).ok());
-  ASSERT_TRUE(up.Commit().ok());
+  ASSERT_TRUE((*up)->AddChunk(chunk).ok());
+  ASSERT_TRUE((*up)->Commit().ok());
+  up->reset();
+  EXPECT_EQ(Job::Upload::Begin(job).status().code(), absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(job->Join(0).ok());
   // Column 1 gets gradients (col-major: rows 0,1) 1,3 at step 0 and 3,5 at step 1.
   for (int step = 0; step < 2; ++step) {
@@ -111,7 +125,9 @@ TEST(JobTest, OneRankTwoStepsEqualsHandComputedAdamW) {
 TEST(MailboxTest, QueuesUntilAWriterAttachesThenWritesOneAtATime) {
   struct FakeWriter : Mailbox::Writer {
     std::vector<std::string> written;
-    void Write(v1::DownMessage* msg) override { written.push_back(msg->done().DebugString()); }
+    void Write(const v1::DownMessage* msg) override {
+      written.push_back(msg->done().DebugString());
+    }
   } w;
   Mailbox box;
   v1::DownMessage a, b;
@@ -132,6 +148,90 @@ TEST(MailboxTest, QueuesUntilAWriterAttachesThenWritesOneAtATime) {
   ASSERT_TRUE(box.Attach(&other));
   ASSERT_EQ(other.written.size(), 1u);
   EXPECT_NE(other.written[0].find("round: 2"), std::string::npos);
+}
+
+// Flow control: Full() once the queued bytes reach the limit; Resume() once
+// the writer has drained them below half of it.
+TEST(MailboxTest, FullUntilDrainedBelowHalfTheLimitThenResumes) {
+  struct FakeWriter : Mailbox::Writer {
+    int writes = 0, resumes = 0;
+    void Write(const v1::DownMessage*) override { ++writes; }
+    void Resume() override { ++resumes; }
+  } w;
+  v1::DownMessage m;
+  m.mutable_error()->set_message(std::string(100, 'x'));
+  const int64_t size = static_cast<int64_t>(m.ByteSizeLong());
+  Mailbox box(4 * size);
+  ASSERT_TRUE(box.Attach(&w));
+  for (int i = 0; i < 3; ++i) box.Push(m);
+  EXPECT_EQ(box.bytes(), 3 * size);
+  EXPECT_FALSE(box.Full(&w));
+  box.Push(m);
+  EXPECT_EQ(box.bytes(), 4 * size);
+  EXPECT_TRUE(box.Full(&w));
+  EXPECT_TRUE(box.paused());
+  EXPECT_FALSE(box.WriteDone(&w, true));  // 3 left: not below half yet
+  EXPECT_EQ(w.resumes, 0);
+  EXPECT_FALSE(box.WriteDone(&w, true));  // 2 left: still not below half
+  EXPECT_EQ(w.resumes, 0);
+  EXPECT_FALSE(box.WriteDone(&w, true));  // 1 left: below half
+  EXPECT_EQ(w.resumes, 1);
+  EXPECT_FALSE(box.paused());
+  EXPECT_FALSE(box.WriteDone(&w, true));
+  EXPECT_EQ(box.bytes(), 0);
+  EXPECT_EQ(w.writes, 4);
+  // Shared messages are counted per outbox, held once.
+  auto shared = std::make_shared<const v1::DownMessage>(m);
+  Mailbox other(0);
+  other.Push(shared);
+  box.Push(shared);
+  EXPECT_EQ(shared.use_count(), 3);
+  EXPECT_FALSE(other.Full(&w)) << "0 means unlimited";
+}
+
+TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
+  v1::JobSpec spec = OneTensorSpec(4, 1);
+  spec.mutable_tensors(0)->set_dtype(v1::DTYPE_BF16);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  absl::StatusOr<JobFootprint> f = ComputeJobFootprint(spec);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->params, 6);
+  EXPECT_EQ(f->state_bytes, 6 * 20);
+  EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
+  EXPECT_EQ(f->delta_bytes, 2 * 6 * 2);                   // two rounds of bf16 deltas
+  EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
+
+  v1::JobSpec huge = OneTensorSpec(1, 2);
+  for (int i = 0; i < 2; ++i) {
+    auto* t = huge.add_tensors();
+    t->set_name(i == 0 ? "a" : "b");
+    t->add_shape(int64_t{1} << 31);
+    t->add_shape(int64_t{1} << 31);
+  }
+  ASSERT_TRUE(NormalizeJobSpec(&huge, 64 << 20).ok());
+  EXPECT_EQ(ComputeJobFootprint(huge).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A job over the budget reserves nothing: the same id and a fitting job
+// are accepted right after.
+TEST(JobRegistryTest, OverBudgetJobReservesNothing) {
+  RegistryOptions o;
+  o.memory_budget_bytes = 1 << 20;
+  JobRegistry registry(o);
+  v1::JobSpec spec = OneTensorSpec(1, 2);
+  spec.mutable_tensors(0)->set_shape(0, 256);
+  spec.mutable_tensors(0)->set_shape(1, 256);  // 64K params x 28 B > 1 MiB
+  absl::StatusOr<v1::JobSpec> r = registry.CreateJob(spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("--memory_budget_bytes"), absl::string_view::npos);
+  EXPECT_EQ(registry.Find("unit").status().code(), absl::StatusCode::kNotFound);
+  spec.mutable_tensors(0)->set_shape(0, 16);
+  ASSERT_TRUE(registry.CreateJob(spec).ok());
+  absl::StatusOr<v1::GetStatsResponse> st = registry.Stats("");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->memory_reserved_bytes(), st->jobs(0).memory_bytes());
+  ASSERT_TRUE(registry.DeleteJob("unit").ok());
+  EXPECT_EQ(registry.Stats("")->memory_reserved_bytes(), 0);
 }
 
 }  // namespace

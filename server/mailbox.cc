@@ -16,60 +16,110 @@ Mailbox::Writer* Mailbox::NextWriteLocked() {
 }
 
 void Mailbox::Push(v1::DownMessage msg) {
+  Item item;
+  item.bytes = static_cast<int64_t>(msg.ByteSizeLong());
+  item.msg = std::make_shared<const v1::DownMessage>(std::move(msg));
+  PushItem(std::move(item));
+}
+
+void Mailbox::Push(Message msg) {
+  Item item;
+  item.bytes = static_cast<int64_t>(msg->ByteSizeLong());
+  item.msg = std::move(msg);
+  PushItem(std::move(item));
+}
+
+void Mailbox::PushItem(Item item) {
   Writer* w = nullptr;
+  const v1::DownMessage* m = nullptr;
   {
     MutexLock lock(&mu_);
-    queue_.push_back(std::move(msg));
+    bytes_ += item.bytes;
+    queue_.push_back(std::move(item));
     w = NextWriteLocked();
+    if (w != nullptr) m = current_.msg.get();
   }
   // The writer cannot go away here: it is in flight, so its stream will not
   // finish before WriteDone.
-  if (w != nullptr) w->Write(&current_);
+  if (w != nullptr) w->Write(m);
 }
 
 bool Mailbox::Attach(Writer* w) {
   Writer* start = nullptr;
+  const v1::DownMessage* m = nullptr;
   {
     MutexLock lock(&mu_);
     if (writer_ != nullptr) return false;
     writer_ = w;
     start = NextWriteLocked();
+    if (start != nullptr) m = current_.msg.get();
   }
-  if (start != nullptr) start->Write(&current_);
+  if (start != nullptr) start->Write(m);
   return true;
 }
 
 bool Mailbox::Detach(Writer* w) {
   MutexLock lock(&mu_);
   if (writer_ == w) writer_ = nullptr;
+  if (paused_ == w) paused_ = nullptr;
   return in_flight_on_ == w;
 }
 
 bool Mailbox::WriteDone(Writer* w, bool ok) {
   Writer* next = nullptr;
+  Writer* resume = nullptr;
+  const v1::DownMessage* m = nullptr;
   bool finished = false;
   {
     MutexLock lock(&mu_);
     if (in_flight_on_ == w) {
       in_flight_on_ = nullptr;
-      if (!ok) queue_.push_front(std::move(current_));
+      if (!ok) {
+        queue_.push_front(std::move(current_));
+      } else {
+        bytes_ -= current_.bytes;
+        current_ = Item();
+      }
     }
     if (writer_ == w && ok) {
       next = NextWriteLocked();
+      if (next != nullptr) m = current_.msg.get();
     } else if (writer_ == w) {
       writer_ = nullptr;  // a failed write: the stream is broken
       finished = true;
     } else {
       finished = true;
     }
+    if (paused_ != nullptr && paused_ == writer_ && bytes_ < limit_ / 2) {
+      resume = paused_;
+      paused_ = nullptr;
+    }
   }
-  if (next != nullptr) next->Write(&current_);
+  if (next != nullptr) next->Write(m);
+  if (resume != nullptr) resume->Resume();
   return finished;
+}
+
+bool Mailbox::Full(Writer* w) {
+  MutexLock lock(&mu_);
+  if (limit_ <= 0 || bytes_ < limit_) return false;
+  paused_ = w;
+  return true;
 }
 
 size_t Mailbox::queued() const {
   MutexLock lock(&mu_);
   return queue_.size();
+}
+
+bool Mailbox::paused() const {
+  MutexLock lock(&mu_);
+  return paused_ != nullptr;
+}
+
+int64_t Mailbox::bytes() const {
+  MutexLock lock(&mu_);
+  return bytes_;
 }
 
 }  // namespace zenflow

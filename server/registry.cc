@@ -3,16 +3,56 @@
 
 #include <utility>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 
 namespace zenflow {
 
+namespace {
+
+std::string Bytes(int64_t b) {
+  return absl::StrFormat("%d bytes (%.2f GiB)", b, static_cast<double>(b) / (1 << 30));
+}
+
+absl::Status CheckJobId(const std::string& job_id) {
+  if (ValidJobId(job_id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job_id ", Quote(job_id), " is invalid: use 1-",
+                                                 kMaxJobIdBytes,
+                                                 " characters from [A-Za-z0-9._-]"));
+}
+
+}  // namespace
+
+int64_t DefaultMemoryBudget() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{1} << 32;
+  std::ifstream cg("/sys/fs/cgroup/memory.max");
+  std::string v;
+  if (cg >> v && v != "max") {
+    int64_t c = 0;
+    if (absl::SimpleAtoi(v, &c) && c > 0) limit = std::min(limit, c);
+  }
+  return limit / 4 * 3;
+}
+
 JobRegistry::JobRegistry(const RegistryOptions& options)
-    : options_(options), pool_(std::max(1, options.update_threads)) {
+    : options_(options),
+      pool_(std::max(1, options.update_threads)),
+      budget_(options.memory_budget_bytes > 0 ? options.memory_budget_bytes
+                                              : DefaultMemoryBudget()) {
   ctx_.pool = &pool_;
   ctx_.executor = &executor_;
   ctx_.simd = BestSimdLevel();
+  ctx_.outbox_limit_bytes = options.max_outbox_bytes;
 }
 
 JobRegistry::~JobRegistry() {
@@ -23,34 +63,48 @@ JobRegistry::~JobRegistry() {
 
 absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
   ZF_RETURN_IF_ERROR(NormalizeJobSpec(&spec, options_.max_message_bytes));
-  int64_t params = 0;
-  for (const v1::TensorSpec& t : spec.tensors()) {
-    int64_t n = 1;
-    for (int64_t d : t.shape()) n *= d;
-    params += n;
-  }
+  ZF_ASSIGN_OR_RETURN(const JobFootprint f, ComputeJobFootprint(spec));
+  const int64_t bytes = f.total();
   {
     MutexLock lock(&mu_);
     if (jobs_.count(spec.job_id()) > 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           "job '", spec.job_id(), "' already exists (DeleteJob it first or pick another id)"));
     }
-    if (params_ + params > options_.max_params) {
+    // Compared without adding, so that nothing can overflow.
+    if (f.params > options_.max_params - params_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "job '", spec.job_id(), "' has ", params, " parameters; the daemon holds ", params_,
+          "job '", spec.job_id(), "' has ", f.params, " parameters; the daemon holds ", params_,
           " of at most ", options_.max_params, " (--max_params)"));
     }
-    params_ += params;
-    // Reserve the id; allocate outside the lock (20 bytes/param).
+    if (bytes > budget_ - bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job '", spec.job_id(), "' needs ", Bytes(bytes), " (", f.params,
+          " parameters: state ", f.state_bytes, ", per-column and per-rank bookkeeping ",
+          f.bookkeeping_bytes, ", deltas ", f.delta_bytes, "); the daemon's jobs hold ",
+          Bytes(bytes_), " of its memory budget of ", Bytes(budget_),
+          " (--memory_budget_bytes): shrink the job, delete others or use another daemon"));
+    }
+    // Reserve the id and the bytes; allocate outside the lock.
+    params_ += f.params;
+    bytes_ += bytes;
     jobs_[spec.job_id()] = nullptr;
   }
-  std::shared_ptr<Job> job = Job::Create(spec, ctx_);
+  absl::StatusOr<std::shared_ptr<Job>> job = Job::Create(spec, ctx_);
   MutexLock lock(&mu_);
-  jobs_[spec.job_id()] = std::move(job);
+  if (!job.ok()) {
+    // Nothing stays reserved.
+    jobs_.erase(spec.job_id());
+    params_ -= f.params;
+    bytes_ -= bytes;
+    return job.status();
+  }
+  jobs_[spec.job_id()] = *std::move(job);
   return spec;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& job_id) {
+  ZF_RETURN_IF_ERROR(CheckJobId(job_id));
   MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second == nullptr) {
@@ -60,6 +114,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& job_id
 }
 
 absl::Status JobRegistry::DeleteJob(const std::string& job_id) {
+  ZF_RETURN_IF_ERROR(CheckJobId(job_id));
   std::shared_ptr<Job> job;
   {
     MutexLock lock(&mu_);
@@ -70,6 +125,7 @@ absl::Status JobRegistry::DeleteJob(const std::string& job_id) {
     job = std::move(it->second);
     jobs_.erase(it);
     params_ -= job->params();
+    bytes_ -= job->footprint().total();
   }
   job->Shutdown();
   return absl::OkStatus();
@@ -86,8 +142,11 @@ absl::Status JobRegistry::CheckMessageSize(size_t bytes) const {
 absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_id) {
   v1::GetStatsResponse resp;
   std::vector<std::shared_ptr<Job>> jobs;
+  if (!job_id.empty()) ZF_RETURN_IF_ERROR(CheckJobId(job_id));
   {
     MutexLock lock(&mu_);
+    resp.set_memory_budget_bytes(budget_);
+    resp.set_memory_reserved_bytes(bytes_);
     if (!job_id.empty()) {
       auto it = jobs_.find(job_id);
       if (it == jobs_.end() || it->second == nullptr) {
@@ -104,6 +163,7 @@ absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_i
   rejected_.Export(resp.mutable_rejected());
   resp.set_simd(SimdLevelName(ctx_.simd));
   resp.set_update_threads(pool_.num_threads());
+  resp.set_max_outbox_bytes(options_.max_outbox_bytes);
   return resp;
 }
 

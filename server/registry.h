@@ -25,7 +25,15 @@ struct RegistryOptions {
   int update_threads = 2;                  // AdamW participants
   int64_t max_message_bytes = int64_t{512} << 20;  // the service's limit
   int64_t max_params = int64_t{1} << 34;   // all jobs together
+  // Bytes all jobs together may hold (their JobFootprint). 0: DefaultMemoryBudget().
+  int64_t memory_budget_bytes = 0;
+  // Per rank: outbox bytes above which its stream stops reading.
+  int64_t max_outbox_bytes = int64_t{256} << 20;
 };
+
+// 3/4 of the memory this process may use: physical memory, or the cgroup's
+// memory.max when that is lower.
+int64_t DefaultMemoryBudget();
 
 // Thread-safe.
 class JobRegistry {
@@ -49,6 +57,7 @@ class JobRegistry {
   // RESOURCE_EXHAUSTED, saying what to do, for a request over that limit.
   absl::Status CheckMessageSize(size_t bytes) const;
   int update_threads() const { return pool_.num_threads(); }
+  int64_t memory_budget_bytes() const { return budget_; }
 
  private:
   const RegistryOptions options_;
@@ -56,8 +65,11 @@ class JobRegistry {
   SerialExecutor executor_;
   JobContext ctx_;
   Mutex mu_;
+  const int64_t budget_;
+  // A null job is a reservation: CreateJob is allocating it.
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t params_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // footprints of jobs and reservations
   RejectionCounter rejected_;
 };
 

@@ -9,6 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
+#include "common/quote.h"
+#include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/ucx_plane.h"
@@ -114,28 +116,85 @@ std::shared_ptr<Job> ZenFlowService::JobFor(grpc::ServerUnaryReactor* reactor, c
   return *std::move(job);
 }
 
-// The completion of a rendezvous call (the job counts its own rejections).
-template <typename Result, typename Store>
-std::function<void(absl::StatusOr<Result>)> ZenFlowService::Completion(
-    grpc::ServerUnaryReactor* reactor, Store store) {
-  JobRegistry* registry = registry_;
-  return [reactor, store, registry](absl::StatusOr<Result> r) {
-    if (r.ok()) {
-      store(*std::move(r));
-    } else {
-      registry->CountRejection(r.status().code());
-    }
-    reactor->Finish(ToGrpcStatus(r.status()));
+// ---- Rendezvous calls (SubmitImportance, AllReduce) -------------------------
+
+namespace {
+
+std::atomic<uint64_t> next_call_id{1};
+
+// A call that waits for every rank. A cancelled call (its deadline passed,
+// its client went away) withdraws its contribution from the job at once, so
+// it holds no memory and a retry of the same step is welcome.
+class RendezvousReactor final : public grpc::ServerUnaryReactor {
+ public:
+  RendezvousReactor(JobRegistry* registry, std::function<void(uint64_t)> withdraw)
+      : state_(std::make_shared<State>()), withdraw_(std::move(withdraw)) {
+    state_->reactor = this;
+    state_->registry = registry;
+  }
+
+  uint64_t call_id() const { return call_id_; }
+
+  // The job's completion: answers the call unless it was cancelled.
+  template <typename Result, typename Store>
+  std::function<void(absl::StatusOr<Result>)> Completion(Store store) {
+    std::shared_ptr<State> st = state_;
+    return [st, store](absl::StatusOr<Result> r) {
+      MutexLock lock(&st->mu);
+      if (st->finished) return;
+      st->finished = true;
+      if (r.ok()) {
+        store(*std::move(r));
+      } else {
+        st->registry->CountRejection(r.status().code());
+      }
+      st->reactor->Finish(ToGrpcStatus(r.status()));
+    };
+  }
+
+  void OnCancel() override {
+    withdraw_(call_id_);  // the job drops the call's contribution and callback
+    std::shared_ptr<State> st = state_;
+    MutexLock lock(&st->mu);
+    if (st->finished) return;
+    st->finished = true;
+    st->reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                                     "call cancelled; its contribution was withdrawn"));
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct State {
+    Mutex mu;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    grpc::ServerUnaryReactor* reactor = nullptr;
+    JobRegistry* registry = nullptr;
   };
-}
+  const std::shared_ptr<State> state_;
+  const std::function<void(uint64_t)> withdraw_;
+  const uint64_t call_id_ = next_call_id.fetch_add(1);
+};
+
+}  // namespace
 
 grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerContext* ctx,
                                                            const v1::SubmitImportanceRequest* req,
                                                            v1::SubmitImportanceResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  std::shared_ptr<Job> job = JobFor(reactor, *req);
-  if (job == nullptr) return reactor;
-  job->SubmitImportance(*req, Completion<v1::Selection>(reactor, [resp](v1::Selection sel) {
+  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(req->job_id());
+  absl::Status s = found.status();
+  if (s.ok()) s = CheckSize(*req, registry_);
+  if (!s.ok()) {
+    auto* reactor = ctx->DefaultReactor();
+    Finish(reactor, s, found.ok() ? found->get() : nullptr);
+    return reactor;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  const int32_t rank = req->rank();
+  auto* reactor = new RendezvousReactor(
+      registry_, [job, rank](uint64_t call) { job->WithdrawImportance(rank, call); });
+  job->SubmitImportance(*req, reactor->call_id(),
+                        reactor->Completion<v1::Selection>([resp](v1::Selection sel) {
                           *resp->mutable_selection() = std::move(sel);
                         }));
   return reactor;
@@ -156,23 +215,51 @@ grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ZenFlowService::AllReduce(grpc::CallbackServerContext* ctx,
                                                     const v1::AllReduceRequest* req,
                                                     v1::AllReduceResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  std::shared_ptr<Job> job = JobFor(reactor, *req);
-  if (job == nullptr) return reactor;
-  job->AllReduce(*req, Completion<v1::AllReduceResponse>(
-                           reactor, [resp](v1::AllReduceResponse r) { *resp = std::move(r); }));
+  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(req->job_id());
+  absl::Status s = found.status();
+  if (s.ok()) s = CheckSize(*req, registry_);
+  if (!s.ok()) {
+    auto* reactor = ctx->DefaultReactor();
+    Finish(reactor, s, found.ok() ? found->get() : nullptr);
+    return reactor;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  const int32_t rank = req->rank();
+  auto* reactor = new RendezvousReactor(
+      registry_, [job, rank](uint64_t call) { job->WithdrawAllReduce(rank, call); });
+  job->AllReduce(*req, reactor->call_id(),
+                 reactor->Completion<v1::AllReduceResponse>(
+                     [resp](v1::AllReduceResponse r) { *resp = std::move(r); }));
   return reactor;
+}
+
+// ---- Raw messages -------------------------------------------------------------
+
+namespace {
+
+// Parses a raw request; INVALID_ARGUMENT (saying which message of the
+// stream) when the bytes are not a `Message`.
+template <typename Message>
+absl::Status ParseRaw(grpc::ByteBuffer* buf, int64_t index, Message* out,
+                      JobRegistry* registry) {
+  const size_t size = buf->Length();
+  ZF_RETURN_IF_ERROR(registry->CheckMessageSize(size));
+  grpc::Status g = grpc::SerializationTraits<Message>::Deserialize(buf, out);
+  if (!g.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message #", index, " of this stream (", size, " bytes) is not a valid ",
+        Message::descriptor()->full_name(), "; it was dropped"));
+  }
+  return absl::OkStatus();
 }
 
 // ---- UploadParameters ---------------------------------------------------------
 
-namespace {
-
-class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersRequest> {
+class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadReactor(JobRegistry* registry, v1::UploadParametersResponse* resp)
+  UploadReactor(JobRegistry* registry, grpc::ByteBuffer* resp)
       : registry_(registry), resp_(resp) {
-    StartRead(&chunk_);
+    StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
@@ -182,23 +269,32 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersR
         return Done(absl::InvalidArgumentError("upload stream carried no chunks"));
       }
       absl::StatusOr<v1::UploadParametersResponse> r = upload_->Commit();
-      if (r.ok()) *resp_ = *std::move(r);
+      if (r.ok()) {
+        bool own = false;
+        grpc::Status g = grpc::SerializationTraits<v1::UploadParametersResponse>::Serialize(
+            *r, resp_, &own);
+        if (!g.ok()) return Done(absl::InternalError("cannot serialize the upload's answer"));
+      }
       return Done(r.status());
     }
+    absl::Status s = ParseRaw(&in_, ++index_, &chunk_, registry_);
+    if (!s.ok()) return Done(s);
     if (upload_ == nullptr) {
       absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(chunk_.job_id());
       if (!job.ok()) return Done(job.status());
       job_ = *std::move(job);
       job_id_ = chunk_.job_id();
-      upload_ = std::make_unique<Job::Upload>(job_);
+      absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job_);
+      if (!up.ok()) return Done(up.status());
+      upload_ = *std::move(up);
     } else if (chunk_.job_id() != job_id_ && !chunk_.job_id().empty()) {
-      return Done(absl::InvalidArgumentError(absl::StrCat(
-          "chunk for job '", chunk_.job_id(), "' in an upload stream of job '", job_id_, "'")));
+      return Done(absl::InvalidArgumentError(absl::StrCat("chunk for job ", Quote(chunk_.job_id()),
+                                                          " in an upload stream of job '",
+                                                          job_id_, "'")));
     }
-    absl::Status s = CheckSize(chunk_, registry_);
-    if (s.ok()) s = upload_->AddChunk(chunk_);
+    s = upload_->AddChunk(chunk_);
     if (!s.ok()) return Done(s);
-    StartRead(&chunk_);
+    StartRead(&in_);
   }
 
   void OnCancel() override { cancelled_.store(true); }
@@ -210,11 +306,14 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersR
       registry_->CountRejection(s.code());
       if (job_ != nullptr) job_->CountRejection(s.code());
     }
+    upload_.reset();  // an upload that did not commit clears its staging now
     Finish(ToGrpcStatus(s));
   }
 
   JobRegistry* const registry_;
-  v1::UploadParametersResponse* const resp_;
+  grpc::ByteBuffer* const resp_;
+  grpc::ByteBuffer in_;
+  int64_t index_ = 0;
   v1::UploadParametersRequest chunk_;
   std::shared_ptr<Job> job_;
   std::string job_id_;
@@ -227,19 +326,25 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadParametersR
 // One read in flight (reads are handled in order on gRPC's threads); writes
 // are driven by the rank's Mailbox, one in flight. The stream finishes when
 // the client half-closes or cancels, after any in-flight write completes.
+// Flow control: while the rank's outbox holds more than --max_outbox_bytes
+// (the rank does not read what it is sent), no read is started, so gRPC's
+// own flow control stops the rank's sends; reading resumes once the outbox
+// has drained below half the limit.
 
-class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>,
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                             public Mailbox::Writer {
  public:
   StreamReactor(JobRegistry* registry, UcxDataPlane* ucx, const std::string* no_ucx_reason)
       : registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason) {
-    StartRead(&up_);
+    StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return RequestFinish(absl::OkStatus());
+    if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
+    absl::Status s = ParseRaw(&in_, ++index_, &up_, registry_);
+    const bool parsed = s.ok();
     if (job_ == nullptr) {
-      absl::Status s = Attach();
+      if (s.ok()) s = Attach();
       if (!s.ok()) {
         registry_->CountRejection(s.code());
         if (job_ != nullptr) job_->CountRejection(s.code());
@@ -247,32 +352,52 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
         return RequestFinish(s);
       }
     } else {
-      absl::Status s = CheckSize(up_, registry_);
       if (s.ok()) s = job_->HandleUp(rank_, up_);
       if (!s.ok()) {
+        // In-band: the stream stays up. A message that did not parse has no
+        // seq: the error carries 0.
         registry_->CountRejection(s.code());
         job_->CountRejection(s.code());
         v1::DownMessage err;
-        err.mutable_error()->set_seq(up_.seq());
+        err.mutable_error()->set_seq(parsed ? up_.seq() : 0);
         err.mutable_error()->set_code(static_cast<int32_t>(s.code()));
         err.mutable_error()->set_message(std::string(s.message()));
         mailbox_->Push(std::move(err));
       }
     }
+    up_.Clear();
     {
       MutexLock lock(&mu_);
       if (finish_requested_) return;
+      if (ucx_ == nullptr) read_paused_ = true;
     }
-    StartRead(&up_);
+    if (ucx_ == nullptr && mailbox_->Full(this)) return;  // Resume() reads again
+    {
+      MutexLock lock(&mu_);
+      read_paused_ = false;
+    }
+    StartRead(&in_);
   }
 
-  void Write(v1::DownMessage* msg) override {
+  void Resume() override {
+    {
+      MutexLock lock(&mu_);
+      if (!read_paused_ || finish_requested_) return;
+      read_paused_ = false;
+    }
+    StartRead(&in_);
+  }
+
+  void Write(const v1::DownMessage* msg) override {
     if (msg->kind_case() == v1::DownMessage::kError && msg->error().fatal()) {
       MutexLock lock(&mu_);
       fatal_ = absl::Status(static_cast<absl::StatusCode>(msg->error().code()),
                             msg->error().message());
     }
-    StartWrite(msg);
+    bool own = false;
+    out_.Clear();
+    (void)grpc::SerializationTraits<v1::DownMessage>::Serialize(*msg, &out_, &own);
+    StartWrite(&out_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -351,16 +476,18 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
       }
       return conn.status();
     }
-    hello_ = job_->AttachedMessage(rank_);
-    hello_.mutable_attached()->set_ucx_address(ucx_plane_->address());
-    hello_.mutable_attached()->set_ucx_tag((*conn)->tag());
+    v1::DownMessage hello = job_->AttachedMessage(rank_);
+    hello.mutable_attached()->set_ucx_address(ucx_plane_->address());
+    hello.mutable_attached()->set_ucx_tag((*conn)->tag());
+    bool own = false;
+    (void)grpc::SerializationTraits<v1::DownMessage>::Serialize(hello, &out_, &own);
     mailbox_ = box;
     {
       MutexLock lock(&mu_);
       ucx_ = *std::move(conn);
       hello_in_flight_ = true;
     }
-    StartWrite(&hello_);
+    StartWrite(&out_);
     return absl::OkStatus();
   }
 
@@ -404,8 +531,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   JobRegistry* const registry_;
   UcxDataPlane* const ucx_plane_;
   const std::string* const no_ucx_reason_;
+  grpc::ByteBuffer in_;   // the read in flight
+  grpc::ByteBuffer out_;  // the write in flight (the mailbox allows one)
+  int64_t index_ = 0;     // messages read (reads are serialized)
   v1::UpMessage up_;
-  v1::DownMessage hello_;  // the greeting of a UCX stream
   // Set once by the attach (reads are serialized); the UCX connection.
   std::shared_ptr<UcxDataPlane::Conn> ucx_;
   // Set once by the first message (reads are serialized), then read-only.
@@ -417,18 +546,19 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::UpMessage, v1::Do
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool hello_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // waits for Resume()
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // a fatal error was written
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::UploadParametersRequest>* ZenFlowService::UploadParameters(
-    grpc::CallbackServerContext*, v1::UploadParametersResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ZenFlowService::UploadParameters(
+    grpc::CallbackServerContext*, grpc::ByteBuffer* resp) {
   return new UploadReactor(registry_, resp);
 }
 
-grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>* ZenFlowService::Stream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ZenFlowService::Stream(
     grpc::CallbackServerContext*) {
   return new StreamReactor(registry_, ucx_, &no_ucx_reason_);
 }

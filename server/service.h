@@ -26,8 +26,18 @@ class UcxDataPlane;
 // Converts at the RPC boundary; the codes are the same numbers.
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
+// The callback service, with UploadParameters and Stream taking raw bytes:
+// the service parses them itself, so that an unparseable message gets a
+// precise answer instead of looking like the end of the stream.
+using ZenFlowServiceBase = v1::ZenFlow::WithCallbackMethod_CreateJob<
+    v1::ZenFlow::WithRawCallbackMethod_UploadParameters<v1::ZenFlow::WithCallbackMethod_JoinJob<
+        v1::ZenFlow::WithCallbackMethod_GetJob<v1::ZenFlow::WithCallbackMethod_DeleteJob<
+            v1::ZenFlow::WithCallbackMethod_GetStats<v1::ZenFlow::WithCallbackMethod_SubmitImportance<
+                v1::ZenFlow::WithCallbackMethod_HandOff<v1::ZenFlow::WithCallbackMethod_AllReduce<
+                    v1::ZenFlow::WithRawCallbackMethod_Stream<v1::ZenFlow::Service>>>>>>>>>>;
+
 // Thread-safe (all state lives in the registry).
-class ZenFlowService final : public v1::ZenFlow::CallbackService {
+class ZenFlowService final : public ZenFlowServiceBase {
  public:
   // `ucx` may be null (no UCX data plane; `no_ucx_reason` says why).
   ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason)
@@ -36,8 +46,8 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
                                       const v1::CreateJobRequest* req,
                                       v1::CreateJobResponse* resp) override;
-  grpc::ServerReadReactor<v1::UploadParametersRequest>* UploadParameters(
-      grpc::CallbackServerContext* ctx, v1::UploadParametersResponse* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadParameters(grpc::CallbackServerContext* ctx,
+                                                              grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
                                     const v1::JoinJobRequest* req,
                                     v1::JoinJobResponse* resp) override;
@@ -59,7 +69,7 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
   grpc::ServerUnaryReactor* AllReduce(grpc::CallbackServerContext* ctx,
                                       const v1::AllReduceRequest* req,
                                       v1::AllReduceResponse* resp) override;
-  grpc::ServerBidiReactor<v1::UpMessage, v1::DownMessage>* Stream(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* ctx) override;
 
  private:
@@ -67,9 +77,6 @@ class ZenFlowService final : public v1::ZenFlow::CallbackService {
   void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job);
   template <typename Request>
   std::shared_ptr<Job> JobFor(grpc::ServerUnaryReactor* reactor, const Request& req);
-  template <typename Result, typename Store>
-  std::function<void(absl::StatusOr<Result>)> Completion(grpc::ServerUnaryReactor* reactor,
-                                                         Store store);
 
   JobRegistry* registry_;
   UcxDataPlane* ucx_;

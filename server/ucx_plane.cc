@@ -9,13 +9,11 @@
 
 namespace zenflow {
 
-void UcxDataPlane::Conn::Write(v1::DownMessage* msg) {
-  msg_ = msg;
-  SplitFrame(msg, &payload_, &header_);
+void UcxDataPlane::Conn::Write(const v1::DownMessage* msg) {
+  // The mailbox keeps *msg alive until WriteDone.
+  const absl::string_view payload = SplitFrameShared(*msg, &header_);
   std::shared_ptr<Conn> self = shared_from_this();
-  worker_->Send(ep_, tag_, {payload_, header_}, [self](absl::Status s) {
-    RestorePayload(self->msg_, &self->payload_);
-    self->msg_ = nullptr;
+  worker_->Send(ep_, tag_, {payload, header_}, [self](absl::Status s) {
     self->box_->WriteDone(self.get(), s.ok());
   });
 }

@@ -86,7 +86,7 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
       : worker_(worker), ep_(ep), tag_(tag), job_(std::move(job)), rank_(rank),
         box_(std::move(box)) {}
 
-  void Write(v1::DownMessage* msg) override;
+  void Write(const v1::DownMessage* msg) override;
 
   uint64_t tag() const { return tag_; }
   uint64_t ep() const { return ep_; }
@@ -101,10 +101,8 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
   const std::shared_ptr<Job> job_;
   const int32_t rank_;
   const std::shared_ptr<Mailbox> box_;
-  // The one write in flight (the mailbox allows one): its message, and the
-  // payload moved out of it while UCX sends the frame.
-  v1::DownMessage* msg_ = nullptr;
-  std::string payload_, header_;
+  // The header of the one write in flight (the mailbox allows one).
+  std::string header_;
 };
 
 }  // namespace zenflow

@@ -25,8 +25,15 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{512} << 20,
           "largest message the service accepts or sends, bytes (selection hand-off and all-reduce "
           "are single messages: about 12 B x k x params for the first hand-off)");
 ABSL_FLAG(int64_t, max_params, int64_t{1} << 34,
-          "most parameters held over all jobs (20 bytes each); larger CreateJob calls get "
-          "RESOURCE_EXHAUSTED");
+          "most parameters held over all jobs; larger CreateJob calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "bytes all jobs together may hold: state (20 B/param), bookkeeping (per column, and "
+          "12 B per rank x column) and two rounds of deltas; see README \"Memory\". A CreateJob "
+          "over it gets RESOURCE_EXHAUSTED before anything is allocated. 0: 3/4 of physical "
+          "memory (or of the cgroup's memory.max)");
+ABSL_FLAG(int64_t, max_outbox_bytes, int64_t{256} << 20,
+          "per rank: once this many bytes wait to be sent to a rank (it does not read its "
+          "stream), the daemon stops reading from that rank until half of them are sent");
 ABSL_FLAG(bool, ucx, true,
           "offer the UCX data plane: ranks that attach with a UCX address send shards and get "
           "deltas over UCX (gRPC stays the control channel)");
@@ -56,6 +63,13 @@ int main(int argc, char** argv) {
   opts.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   opts.registry.update_threads = absl::GetFlag(FLAGS_update_threads);
   opts.registry.max_params = absl::GetFlag(FLAGS_max_params);
+  opts.registry.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  opts.registry.max_outbox_bytes = absl::GetFlag(FLAGS_max_outbox_bytes);
+  if (opts.registry.memory_budget_bytes < 0 || opts.registry.max_outbox_bytes < 1 << 16) {
+    std::fprintf(stderr,
+                 "zenflowd: --memory_budget_bytes must be >= 0 and --max_outbox_bytes >= 65536\n");
+    return 2;
+  }
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
@@ -83,9 +97,11 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), port_file.c_str());
   }
   std::fprintf(stderr,
-               "zenflowd: serving zenflow.v1 on port %d (simd=%s, update_threads=%d, ucx=%s)\n",
+               "zenflowd: serving zenflow.v1 on port %d (simd=%s, update_threads=%d, "
+               "memory budget %.2f GiB, ucx=%s)\n",
                (*server)->port(), zenflow::SimdLevelName((*server)->registry()->simd()),
                (*server)->registry()->update_threads(),
+               static_cast<double>((*server)->registry()->memory_budget_bytes()) / (1 << 30),
                (*server)->ucx() != nullptr ? opts.ucx_options.tls.c_str()
                                            : std::string((*server)->ucx_status().message()).c_str());
   sd_notify(0, "READY=1");
