@@ -164,6 +164,7 @@ class Client {
   absl::Status stream_status();
   ClientStats stats();
   v1::ZenFlow::Stub* stub() { return stub_.get(); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   int32_t rank();
   std::string job_id();
 

@@ -7,7 +7,10 @@
 #include <limits>
 #include <string>
 
+#include <thread>
+
 #include "absl/strings/match.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/mutex.h"
@@ -29,7 +32,11 @@ class BadInputTest : public ::testing::Test {
   static void SetUpTestSuite() {
     daemon_ = new DaemonProcess();
     // A small message limit so that "oversized" is cheap to produce.
-    const absl::Status s = daemon_->Start({"--max_message_bytes=1048576"});
+    // A 256 MiB memory budget and 64 KiB outboxes make "too large" and
+    // "does not read" cheap to produce.
+    const absl::Status s = daemon_->Start({"--max_message_bytes=1048576",
+                                           "--memory_budget_bytes=268435456",
+                                           "--max_outbox_bytes=65536"});
     ASSERT_TRUE(s.ok()) << s;
   }
   static void TearDownTestSuite() {
@@ -631,6 +638,408 @@ TEST_F(BadInputTest, UcxMalformedFramesAreRejectedInBand) {
     if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_OK(s);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// ---- Issue: seven ways one client could break zenflowd ----
+
+v1::JobSpec SquareJob(const std::string& id, std::vector<std::vector<int64_t>> shapes,
+                      int world = 1) {
+  v1::JobSpec spec;
+  spec.set_job_id(id);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto* t = spec.add_tensors();
+    t->set_name(absl::StrCat("t", i));
+    for (int64_t d : shapes[i]) t->add_shape(d);
+  }
+  spec.set_world_size(world);
+  return spec;
+}
+
+int64_t Reserved(Client& c) {
+  absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("");
+  return st.ok() ? st->memory_reserved_bytes() : -1;
+}
+
+// 1. Sizes that overflow, or that the budget cannot hold, are refused before
+// anything is allocated, and nothing stays reserved: the id, the parameter
+// count and the bytes are free again at once.
+TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
+  auto h = MakeJob();
+  Client& c = h->client(0);
+  const int64_t before = Reserved(c);
+  ASSERT_GT(before, 0);
+  const int64_t big = int64_t{1} << 31;
+  ExpectStatus(c.CreateJob(SquareJob("huge", {{big, big}, {big, big}})).status(),
+               StatusCode::kResourceExhausted, "overflows 64 bits");
+  ExpectStatus(c.CreateJob(SquareJob("huge", {{big, big}, {big, big}, {big, big}, {big, big}}))
+                   .status(),
+               StatusCode::kResourceExhausted, "overflows 64 bits");
+  ExpectStatus(c.CreateJob(SquareJob("huge", {{1 << 17, 1 << 17}})).status(),
+               StatusCode::kResourceExhausted, "of at most 17179869184 (--max_params)");
+  ExpectStatus(c.CreateJob(SquareJob("huge", {{1 << 17, 1 << 16}})).status(),
+               StatusCode::kResourceExhausted,
+               "needs 240520069120 bytes (224.00 GiB) (8589934592 parameters");
+  ExpectStatus(c.CreateJob(SquareJob("huge", {{1, big}})).status(),
+               StatusCode::kResourceExhausted, "of its memory budget of 268435456 bytes");
+  EXPECT_EQ(Reserved(c), before);
+  // The id was never taken; a job that fits is created under it.
+  ExpectStatus(c.DeleteJob("huge"), StatusCode::kNotFound, "no job 'huge'");
+  ASSERT_OK(c.CreateJob(SquareJob("huge", {{4, 4}})).status());
+  absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("huge");
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).memory_bytes(), 16 * 20 + 4 * 17 + 4 * 12 + 2 * 16 * 4);
+  EXPECT_EQ(Reserved(c), before + st->jobs(0).memory_bytes());
+  ASSERT_OK(c.DeleteJob("huge"));
+  EXPECT_EQ(Reserved(c), before);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 2. Per-rank bookkeeping (12 B per rank x column) is part of the size.
+TEST_F(BadInputTest, PerRankBookkeepingCountsAgainstTheBudget) {
+  auto h = MakeJob();
+  Client& c = h->client(0);
+  ExpectStatus(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, 4096)).status(),
+               StatusCode::kResourceExhausted,
+               "per-column and per-rank bookkeeping 1611169792");
+  ASSERT_OK(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, 2)).status());
+  absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("wide");
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).bookkeeping_bytes(), (1 << 15) * 17 + (1 << 15) * 2 * 12);
+  ASSERT_OK(c.DeleteJob("wide"));
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 3. Ids and names have documented limits, and a message quotes at most a
+// short prefix of any input.
+TEST_F(BadInputTest, LongIdsAndNamesAreQuotedShort) {
+  auto h = MakeJob();
+  Client& c = h->client(0);
+  const std::string long_id(900 << 10, 'j');
+  absl::Status s = c.CreateJob(SquareJob(long_id, {{2, 2}})).status();
+  ExpectStatus(s, StatusCode::kInvalidArgument, "...' (921600 bytes) is invalid: use 1-128");
+  EXPECT_LT(s.message().size(), 300u);
+  s = c.GetJob(long_id).status();
+  ExpectStatus(s, StatusCode::kInvalidArgument, "(921600 bytes)");
+  EXPECT_LT(s.message().size(), 300u);
+  v1::JobSpec spec = SquareJob("names", {{2, 2}});
+  spec.mutable_tensors(0)->set_name(std::string(300, 'n'));
+  ExpectStatus(c.CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "(300 bytes) is longer than 256 bytes");
+  v1::GradientShard shard = Shard(*h, 4, {0});
+  shard.set_tensor(std::string(512 << 10, 't'));
+  s = Rejection(*h, 0, shard);
+  ExpectStatus(s, StatusCode::kNotFound, "has no tensor 'tttt");
+  EXPECT_LT(s.message().size(), 300u);
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 4. An int8 value times its column's scale must be finite.
+TEST_F(BadInputTest, Int8ShardThatDecodesToInfIsRejected) {
+  auto h = MakeJob();
+  v1::GradientShard s = Shard(*h, 4, {0, 1});
+  s.set_dtype(v1::DTYPE_INT8);
+  std::string q(2 * 8, '\1');
+  q[8 + 3] = 127;  // column 1, row 3
+  s.set_payload(q);
+  s.add_scales(0.5f);
+  s.add_scales(3e38f);
+  ExpectStatus(Rejection(*h, 0, s), StatusCode::kInvalidArgument,
+               "non-finite gradient in column 1 row 3 of step 4 (int8 127 x scale 3e+38)");
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 4. Finite shards whose sum is not finite: the round is skipped (it cannot
+// be rejected any more), reported, and the next round is exact.
+TEST_F(BadInputTest, FiniteShardsThatSumToInfSkipTheRound) {
+  JobOptions o;
+  o.world = 1;
+  auto h = MakeJob(o);
+  const int64_t round = h->next_round();
+  std::vector<int32_t> all(16);
+  for (int c = 0; c < 16; ++c) all[c] = c;
+  for (int64_t step = round * 4; step < round * 4 + 4; ++step) {
+    v1::GradientShard w = Shard(*h, step, all);
+    float* v = reinterpret_cast<float*>(w.mutable_payload()->data());
+    for (int r = 0; r < 8; ++r) v[r] = 3e38f;  // column 0: finite, sums to Inf
+    ASSERT_OK(h->client(0).PushShard(w));
+    v1::GradientShard b = Shard(*h, step, all, 1);
+    b.set_tensor("b");
+    ASSERT_OK(h->client(0).PushShard(b));
+  }
+  ASSERT_OK(h->client(0).CloseRound(round, 1e-2f));
+  absl::StatusOr<RoundUpdate> u = h->client(0).WaitRound(round, absl::Seconds(30));
+  ASSERT_OK(u.status());
+  EXPECT_TRUE(u->done.skipped_nonfinite());
+  EXPECT_TRUE(u->deltas.empty());
+  EXPECT_TRUE(h->client(0).TakeErrors().empty());
+  h->SkipRound();
+  ASSERT_OK(h->GoodRound(1e-2f));
+  absl::StatusOr<v1::GetStatsResponse> st = h->client(0).GetStats(h->options().job_id);
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).rounds_overflowed(), 1);
+  EXPECT_EQ(st->jobs(0).rounds_skipped_nonfinite(), 1);
+}
+
+// A Stream call that sends raw bytes (what a broken or hostile client sends).
+std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> RawStream(
+    Client& c, grpc::ClientContext* ctx) {
+  static const grpc::internal::RpcMethod method(
+      "/zenflow.v1.ZenFlow/Stream", grpc::internal::RpcMethod::BIDI_STREAMING);
+  return std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          c.channel().get(), method, ctx));
+}
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer Up(const v1::UpMessage& m) { return Bytes(m.SerializeAsString()); }
+
+absl::StatusOr<v1::DownMessage> Down(grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>& s) {
+  grpc::ByteBuffer b;
+  if (!s.Read(&b)) return absl::UnavailableError("stream ended");
+  std::vector<grpc::Slice> slices;
+  if (!b.Dump(&slices).ok()) return absl::InternalError("dump");
+  std::string all;
+  for (const grpc::Slice& sl : slices) all.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  v1::DownMessage m;
+  if (!m.ParseFromString(all)) return absl::InternalError("unparseable down message");
+  return m;
+}
+
+v1::UpMessage AttachMsg(const std::string& job, int rank) {
+  v1::UpMessage m;
+  m.mutable_attach()->set_job_id(job);
+  m.mutable_attach()->set_rank(rank);
+  return m;
+}
+
+// 5. Bytes that are not an UpMessage get an in-band INVALID_ARGUMENT; the
+// stream stays up and the next message is handled.
+TEST_F(BadInputTest, UnparseableStreamMessageIsRejectedInBand) {
+  std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
+  const std::string job = h->options().job_id;
+  grpc::ClientContext ctx;
+  auto stream = RawStream(h->client(0), &ctx);
+  ASSERT_TRUE(stream->Write(Up(AttachMsg(job, 0))));
+  absl::StatusOr<v1::DownMessage> hello = Down(*stream);
+  ASSERT_OK(hello.status());
+  ASSERT_EQ(hello->kind_case(), v1::DownMessage::kAttached);
+  ASSERT_TRUE(stream->Write(Bytes(std::string("\xff\xff\xff\xff\xff", 5))));
+  absl::StatusOr<v1::DownMessage> err = Down(*stream);
+  ASSERT_OK(err.status());
+  ASSERT_EQ(err->kind_case(), v1::DownMessage::kError) << err->DebugString();
+  ExpectStatus(absl::Status(static_cast<StatusCode>(err->error().code()), err->error().message()),
+               StatusCode::kInvalidArgument,
+               "message #2 of this stream (5 bytes) is not a valid zenflow.v1.UpMessage");
+  // Still up: the next message is judged on its own.
+  v1::UpMessage next;
+  next.set_seq(9);
+  *next.mutable_shard() = Shard(*h, 0, {0});
+  next.mutable_shard()->set_tensor("nope");
+  ASSERT_TRUE(stream->Write(Up(next)));
+  err = Down(*stream);
+  ASSERT_OK(err.status());
+  EXPECT_EQ(err->error().seq(), 9u);
+  EXPECT_EQ(err->error().code(), static_cast<int>(StatusCode::kNotFound));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_OK(h->client(0).Attach(job, 0));
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+int64_t PendingRendezvousBytes(Harness& h) {
+  absl::StatusOr<v1::GetStatsResponse> st = h.client(0).GetStats(h.options().job_id);
+  return st.ok() ? st->jobs(0).pending_rendezvous_bytes() : -1;
+}
+
+// Waits (up to 30 s) until the daemon holds no pending rendezvous payload.
+bool PendingDrains(Harness& h) {
+  for (int i = 0; i < 3000; ++i) {
+    if (PendingRendezvousBytes(h) == 0) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+// 6. A rendezvous call whose deadline passes is withdrawn with its memory; a
+// retry of the same step works; a second call for the same step replaces
+// the first.
+TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
+  auto h = MakeJob();
+  const std::string job = h->options().job_id;
+  auto all_reduce = [&](int rank, int64_t step, const std::vector<float>& v, absl::Duration d) {
+    v1::AllReduceRequest req;
+    req.set_job_id(job);
+    req.set_rank(rank);
+    req.set_step(step);
+    auto* p = req.add_parts();
+    p->set_name("g");
+    p->set_payload(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
+    v1::AllReduceResponse resp;
+    grpc::Status g = h->client(rank).stub()->AllReduce(&ctx, req, &resp);
+    std::vector<float> out;
+    if (g.ok()) {
+      out.resize(resp.parts(0).payload().size() / 4);
+      std::memcpy(out.data(), resp.parts(0).payload().data(), out.size() * 4);
+    }
+    return std::make_pair(g, out);
+  };
+  const std::vector<float> junk(1 << 16, 1000.0f);  // 256 KiB a call
+  for (int i = 0; i < 20; ++i) {
+    auto [g, out] = all_reduce(0, 7, junk, absl::Milliseconds(100));
+    EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << g.error_message();
+    ASSERT_TRUE(PendingDrains(*h)) << "attempt " << i << " left "
+                                   << PendingRendezvousBytes(*h) << " bytes";
+  }
+  // A retry that completes: only the new values count.
+  std::vector<float> a(1 << 16, 1.0f), b(1 << 16, 3.0f);
+  std::pair<grpc::Status, std::vector<float>> r0;
+  std::thread first([&] { r0 = all_reduce(0, 7, a, absl::Seconds(30)); });
+  auto r1 = all_reduce(1, 7, b, absl::Seconds(30));
+  first.join();
+  ASSERT_TRUE(r0.first.ok()) << r0.first.error_message();
+  ASSERT_TRUE(r1.first.ok()) << r1.first.error_message();
+  EXPECT_EQ(r0.second, std::vector<float>(1 << 16, 2.0f));
+  EXPECT_EQ(r1.second, r0.second);
+  // Two live calls of rank 0 for one step: the second replaces the first.
+  std::pair<grpc::Status, std::vector<float>> old_call, new_call;
+  std::thread t1([&] { old_call = all_reduce(0, 8, junk, absl::Seconds(30)); });
+  for (int i = 0; i < 3000 && PendingRendezvousBytes(*h) == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::thread t2([&] { new_call = all_reduce(0, 8, a, absl::Seconds(30)); });
+  t1.join();
+  EXPECT_EQ(old_call.first.error_code(), grpc::StatusCode::ABORTED)
+      << old_call.first.error_message();
+  r1 = all_reduce(1, 8, b, absl::Seconds(30));
+  t2.join();
+  ASSERT_TRUE(new_call.first.ok()) << new_call.first.error_message();
+  EXPECT_EQ(new_call.second, std::vector<float>(1 << 16, 2.0f));
+  EXPECT_EQ(PendingRendezvousBytes(*h), 0);
+  // SubmitImportance: the same.
+  v1::SubmitImportanceRequest sreq;
+  sreq.set_job_id(job);
+  sreq.set_rank(0);
+  sreq.set_step(h->next_round() * 4);
+  auto* ti = sreq.add_tensors();
+  ti->set_tensor("w");
+  for (int c = 0; c < 16; ++c) ti->add_scores(100.0f - c);
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+    v1::SubmitImportanceResponse sresp;
+    grpc::Status g = h->client(0).stub()->SubmitImportance(&ctx, sreq, &sresp);
+    EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << g.error_message();
+    ASSERT_TRUE(PendingDrains(*h));
+  }
+  // The abandoned scores are gone: the selection follows the new ones.
+  std::vector<float> imp(16);
+  for (int c = 0; c < 16; ++c) imp[c] = static_cast<float>(c);
+  ASSERT_OK(h->Reselect({imp, {}}));
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 7. A rank that does not read: once its outbox holds --max_outbox_bytes the
+// daemon stops reading from it (gRPC's flow control then stops its sends);
+// when it reads again, everything it was sent arrives and reading resumes.
+// The rank closes 200 rounds of a 512 KiB tensor without reading a delta
+// (it paces its closes by GetStats, as it must not run two rounds ahead of
+// the updates).
+TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
+  if (TestTransport() == Transport::kUcx) {
+    GTEST_SKIP() << "over UCX the flow control is the daemon's parking of frames; see README";
+  }
+  auto h = MakeJob();
+  ClientOptions co = TestClientOptions(daemon_->target());
+  co.transport = Transport::kGrpc;
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  v1::JobSpec spec = SquareJob("no_reader", {{256, 512}});
+  spec.set_mode(v1::MODE_ZERO_OFFLOAD);  // S = 1, every column remote
+  ASSERT_OK((*c)->CreateJob(spec).status());
+  std::vector<float> init(256 * 512, 0.5f);
+  ASSERT_OK((*c)->UploadParameters("no_reader", {{"t0", {256, 512}, init.data()}}).status());
+  {
+    grpc::ClientContext jctx;
+    v1::JoinJobRequest req;
+    req.set_job_id("no_reader");
+    v1::JoinJobResponse resp;
+    ASSERT_TRUE((*c)->stub()->JoinJob(&jctx, req, &resp).ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = RawStream(**c, &ctx);
+  ASSERT_TRUE(stream->Write(Up(AttachMsg("no_reader", 0))));
+  constexpr int kRounds = 200;
+  std::thread writer([&] {
+    std::vector<uint16_t> g(256 * 512, 0x3c23);  // bf16 0.01
+    for (int r = 0; r < kRounds; ++r) {
+      for (int i = 0; i < 60000; ++i) {
+        absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader");
+        if (!st.ok() || st->jobs(0).rounds_updated() >= r - 1) break;
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      v1::UpMessage m;
+      v1::GradientShard* sh = m.mutable_shard();
+      sh->set_step(r);
+      sh->set_tensor("t0");
+      sh->set_dtype(v1::DTYPE_BF16);
+      for (int col = 0; col < 512; ++col) sh->add_columns(col);
+      sh->set_payload(reinterpret_cast<const char*>(g.data()), g.size() * 2);
+      if (!stream->Write(Up(m))) return;
+      v1::UpMessage close;
+      close.mutable_close()->set_round(r);
+      close.mutable_close()->set_lr(1e-3f);
+      if (!stream->Write(Up(close))) return;
+    }
+  });
+  v1::JobStats job;
+  for (int i = 0; i < 3000; ++i) {
+    absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader");
+    ASSERT_OK(st.status());
+    job = st->jobs(0);
+    if (job.ranks_size() == 1 && job.ranks(0).reading_paused()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(job.ranks_size(), 1);
+  ASSERT_TRUE(job.ranks(0).reading_paused())
+      << "the daemon kept reading a rank that does not read: " << job.DebugString();
+  // The limit, plus at most the rounds closed before reading stopped (one
+  // round's deltas are 512 KiB here; two can be in flight).
+  EXPECT_GE(job.ranks(0).outbox_bytes(), 65536);
+  EXPECT_LT(job.ranks(0).outbox_bytes(), 65536 + 3 * (600 << 10));
+  EXPECT_LT(job.rounds_updated(), kRounds);
+  // Now read: the greeting, then every round's deltas and RoundDone, in
+  // order; nothing was lost or rejected.
+  absl::StatusOr<v1::DownMessage> m = Down(*stream);
+  ASSERT_OK(m.status());
+  EXPECT_EQ(m->kind_case(), v1::DownMessage::kAttached);
+  int64_t done = 0, deltas = 0;
+  while (done < kRounds) {
+    m = Down(*stream);
+    ASSERT_TRUE(m.ok()) << "after " << done << " rounds: " << m.status();
+    ASSERT_NE(m->kind_case(), v1::DownMessage::kError) << m->error().message();
+    if (m->kind_case() == v1::DownMessage::kDelta) ++deltas;
+    if (m->kind_case() == v1::DownMessage::kDone) {
+      ASSERT_EQ(m->done().round(), done);
+      ++done;
+    }
+  }
+  EXPECT_GE(deltas, kRounds);
+  writer.join();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader");
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).rounds_updated(), kRounds);
+  EXPECT_EQ(st->jobs(0).ranks(0).outbox_bytes(), 0);
+  EXPECT_TRUE(st->jobs(0).rejected().empty());
+  ASSERT_OK((*c)->DeleteJob("no_reader"));
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
