@@ -1,6 +1,8 @@
 // UCX worker with a progress thread; see ucx.h.
 #include "common/ucx.h"
 
+#include <atomic>
+
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -76,6 +78,7 @@ struct UcxWorker::Impl {
     std::string data;
     bool done = false;
     ucs_status_t status = UCS_OK;
+    int64_t oversize = -1;  // >= 0: discarded, this many bytes long
   };
   struct Closing {
     std::unique_ptr<Ep> ep;
@@ -86,6 +89,9 @@ struct UcxWorker::Impl {
   ucp_worker_h worker = nullptr;
   int wake_fd = -1;
   RecvFn on_recv;
+  OversizeFn on_oversize;
+  int64_t max_message_bytes = 0;
+  std::atomic<bool> receive_paused{false};
   std::thread thread;
 
   Mutex mu;
@@ -306,7 +312,14 @@ struct UcxWorker::Impl {
   void PostRecv(ucp_tag_message_h msg, const ucp_tag_recv_info_t& info) {
     auto r = std::make_unique<Recv>();
     r->tag = info.sender_tag;
-    r->data = TakeBuffer(info.length);
+    if (max_message_bytes > 0 && static_cast<int64_t>(info.length) > max_message_bytes) {
+      // Received into a tiny buffer: UCX truncates (and completes with an
+      // error); nothing of the size the peer chose is allocated.
+      r->oversize = static_cast<int64_t>(info.length);
+      r->data.assign(8, '\0');
+    } else {
+      r->data = TakeBuffer(info.length);
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = &Impl::OnRecv;
@@ -329,6 +342,10 @@ struct UcxWorker::Impl {
       recvs.pop_front();
       ++recvs_finished;
       any = true;
+      if (r->oversize >= 0) {
+        if (on_oversize) on_oversize(r->tag, r->oversize);
+        continue;
+      }
       if (r->status != UCS_OK) continue;  // the peer failed mid-message
       {
         MutexLock lock(&mu);
@@ -352,6 +369,7 @@ struct UcxWorker::Impl {
     for (auto& c : cmds) c();
     while (ucp_worker_progress(worker) != 0) busy = true;
     for (;;) {
+      if (receive_paused.load(std::memory_order_relaxed)) break;
       ucp_tag_recv_info_t info;
       ucp_tag_message_h m = ucp_tag_probe_nb(worker, 0, 0, /*remove=*/1, &info);
       if (m == nullptr) break;
@@ -435,9 +453,12 @@ struct UcxWorker::Impl {
 UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options,
-                                                             RecvFn on_recv) {
+                                                             RecvFn on_recv,
+                                                             OversizeFn on_oversize) {
   auto impl = std::make_unique<Impl>();
   impl->on_recv = std::move(on_recv);
+  impl->on_oversize = std::move(on_oversize);
+  impl->max_message_bytes = options.max_message_bytes;
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return FromUcs(s, "cannot read the UCX configuration");
@@ -548,6 +569,11 @@ absl::Status UcxWorker::Drain(absl::Duration timeout) {
   if (!res->Wait(timeout)) return absl::DeadlineExceededError("UCX drain timed out");
   MutexLock lock(&res->mu);
   return res->status;
+}
+
+void UcxWorker::PauseReceiving(bool paused) {
+  impl_->receive_paused.store(paused);
+  impl_->Post([] {});  // wake the progress thread
 }
 
 void UcxWorker::Recycle(std::string buffer) {

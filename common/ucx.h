@@ -39,6 +39,10 @@ struct UcxOptions {
   // Network devices for network transports (UCX_NET_DEVICES), e.g. "lo" or
   // "eth0"; empty: UCX's default (all).
   std::string net_devices;
+  // Largest message received into memory; a longer one is received
+  // truncated (nothing is allocated for it) and reported to OversizeFn.
+  // 0: no limit.
+  int64_t max_message_bytes = 0;
 };
 
 class UcxWorker {
@@ -49,9 +53,13 @@ class UcxWorker {
   using RecvFn = std::function<void(uint64_t tag, std::string message)>;
   // Called once (on the progress thread) when a send ends.
   using DoneFn = std::function<void(absl::Status)>;
+  // A message longer than max_message_bytes arrived (and was discarded), in
+  // its place in the order of RecvFn calls; on the progress thread.
+  using OversizeFn = std::function<void(uint64_t tag, int64_t bytes)>;
 
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options,
-                                                           RecvFn on_recv);
+                                                           RecvFn on_recv,
+                                                           OversizeFn on_oversize = nullptr);
   // Stops the progress thread; open endpoints are closed (their pending
   // sends fail with CANCELLED).
   ~UcxWorker();
@@ -82,6 +90,11 @@ class UcxWorker {
   // each), then returns; traffic that keeps arriving from other peers does
   // not delay it. Gives up after `timeout` on receives still in progress.
   absl::Status Drain(absl::Duration timeout);
+
+  // While paused, no new message is received: UCX keeps them (a large
+  // message's sender waits for it). For a peer that wants to exert
+  // backpressure, and for tests of a peer that does not read.
+  void PauseReceiving(bool paused);
 
   // Gives a received message's buffer back for reuse by later receives
   // (saves the allocation, page faults and zero-fill of a fresh one).

@@ -332,11 +332,26 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 // has drained below half the limit.
 
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-                            public Mailbox::Writer {
+                            public Mailbox::Writer,
+                            public Lifeline {
  public:
-  StreamReactor(JobRegistry* registry, UcxDataPlane* ucx, const std::string* no_ucx_reason)
-      : registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason) {
-    StartRead(&in_);
+  // Owned by itself until OnDone, and by the UCX data plane while it ends
+  // the stream (Abort).
+  static StreamReactor* Start(JobRegistry* registry, UcxDataPlane* ucx,
+                              const std::string* no_ucx_reason) {
+    auto r = std::shared_ptr<StreamReactor>(new StreamReactor(registry, ucx, no_ucx_reason));
+    r->self_ = r;
+    r->StartRead(&r->in_);
+    return r.get();
+  }
+
+  // The data plane closed the rank's UCX connection: end the stream.
+  void Abort(absl::Status why) override {
+    {
+      MutexLock lock(&mu_);
+      if (done_) return;
+    }
+    RequestFinish(std::move(why));
   }
 
   void OnReadDone(bool ok) override {
@@ -427,10 +442,17 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     } else if (mailbox_ != nullptr) {
       mailbox_->Detach(this);
     }
-    delete this;
+    {
+      MutexLock lock(&mu_);
+      done_ = true;
+    }
+    std::shared_ptr<StreamReactor> last = std::move(self_);  // may delete this
   }
 
  private:
+  StreamReactor(JobRegistry* registry, UcxDataPlane* ucx, const std::string* no_ucx_reason)
+      : registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason) {}
+
   absl::Status Attach() {
     if (up_.kind_case() != v1::UpMessage::kAttach) {
       return absl::FailedPreconditionError(
@@ -466,7 +488,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
           "); attach without ucx_address to use gRPC"));
     }
     absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> conn =
-        ucx_plane_->Open(job_, rank_, box, up_.attach().ucx_address(), up_.attach().ucx_tag());
+        ucx_plane_->Open(job_, rank_, box, up_.attach().ucx_address(), up_.attach().ucx_tag(),
+                         std::weak_ptr<Lifeline>(self_));
     if (!conn.ok()) {
       if (conn.status().code() == absl::StatusCode::kAlreadyExists &&
           absl::StrContains(conn.status().message(), "stream attached")) {
@@ -547,6 +570,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool hello_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // waits for Resume()
+  bool done_ ABSL_GUARDED_BY(mu_) = false;         // OnDone ran
+  std::shared_ptr<StreamReactor> self_;            // until OnDone
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // a fatal error was written
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
@@ -560,7 +585,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ZenFlowService::UploadParameters(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ZenFlowService::Stream(
     grpc::CallbackServerContext*) {
-  return new StreamReactor(registry_, ucx_, &no_ucx_reason_);
+  return StreamReactor::Start(registry_, ucx_, &no_ucx_reason_);
 }
 
 // ---- Server -----------------------------------------------------------------
@@ -571,9 +596,11 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   ro.max_message_bytes = options.max_message_bytes;
   s->registry_ = std::make_unique<JobRegistry>(ro);
   std::string no_ucx = "started with --ucx=false";
+  UcxOptions ucx_options = options.ucx_options;
+  ucx_options.max_message_bytes = options.max_message_bytes;
   if (options.ucx) {
     absl::StatusOr<std::unique_ptr<UcxDataPlane>> plane =
-        UcxDataPlane::Start(options.ucx_options, s->registry_.get());
+        UcxDataPlane::Start(ucx_options, s->registry_.get(), ro.max_outbox_bytes);
     if (plane.ok()) {
       s->ucx_ = *std::move(plane);
     } else {

@@ -1,6 +1,7 @@
 // zenflowd's UCX data plane; see ucx_plane.h.
 #include "server/ucx_plane.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,14 +19,19 @@ void UcxDataPlane::Conn::Write(const v1::DownMessage* msg) {
   });
 }
 
+void UcxDataPlane::Conn::Resume() { plane_->Resume(shared_from_this()); }
+
 absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptions& options,
-                                                                   JobRegistry* registry) {
-  std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(registry, options.tls));
+                                                                   JobRegistry* registry,
+                                                                   int64_t max_outbox_bytes) {
+  std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(
+      registry, options.tls, max_outbox_bytes + std::max<int64_t>(options.max_message_bytes, 0)));
   UcxDataPlane* raw = p.get();
-  ZF_ASSIGN_OR_RETURN(p->worker_,
-                      UcxWorker::Create(options, [raw](uint64_t tag, std::string frame) {
-                        raw->OnFrame(tag, std::move(frame));
-                      }));
+  ZF_ASSIGN_OR_RETURN(
+      p->worker_,
+      UcxWorker::Create(
+          options, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
+          [raw](uint64_t tag, int64_t bytes) { raw->OnOversize(tag, bytes); }));
   p->dispatcher_ = std::thread([raw] { raw->DispatchLoop(); });
   return p;
 }
@@ -47,16 +53,56 @@ UcxDataPlane::~UcxDataPlane() {
 }
 
 void UcxDataPlane::OnFrame(uint64_t tag, std::string frame) {
-  MutexLock lock(&mu_);
   Item item;
   item.tag = tag;
+  item.bytes = static_cast<int64_t>(frame.size());
   item.frame = std::move(frame);
+  Enqueue(tag, std::move(item));
+}
+
+void UcxDataPlane::OnOversize(uint64_t tag, int64_t bytes) {
+  Item item;
+  item.kind = Item::kOversize;
+  item.tag = tag;
+  item.wire_bytes = bytes;
+  Enqueue(tag, std::move(item));
+}
+
+void UcxDataPlane::Enqueue(uint64_t tag, Item item) {
+  MutexLock lock(&mu_);
+  auto it = conns_.find(tag);
+  if (it == conns_.end() || it->second->cut_) {
+    ++stats_.dropped;  // another (or an old, or a cut) connection's tag
+    return;
+  }
+  Conn* c = it->second.get();
+  // An oversize report holds no payload; it counts as 1 KiB, so a rank
+  // that floods oversized frames is cut off like one that floods frames.
+  if (item.kind == Item::kOversize) item.bytes = 1024;
+  c->held_ += item.bytes;
+  if (c->held_ > held_limit_) {
+    c->cut_ = true;
+    ++stats_.dropped;
+    Item cut;
+    cut.kind = Item::kCutOff;
+    cut.conn = it->second;
+    queue_.push_back(std::move(cut));
+    return;
+  }
+  queue_.push_back(std::move(item));
+}
+
+void UcxDataPlane::Resume(std::shared_ptr<Conn> conn) {
+  MutexLock lock(&mu_);
+  Item item;
+  item.kind = Item::kResume;
+  item.conn = std::move(conn);
   queue_.push_back(std::move(item));
 }
 
 absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
-    const std::string& peer_address, uint64_t tag) {
+    const std::string& peer_address, uint64_t tag, std::weak_ptr<Lifeline> lifeline) {
   if (tag == 0) {
     return absl::InvalidArgumentError("attach.ucx_tag must be nonzero (pick one at random)");
   }
@@ -87,7 +133,8 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
       return absl::AlreadyExistsError(
           absl::StrCat("attach.ucx_tag ", tag, " is in use by another connection; pick another"));
     }
-    conn = std::make_shared<Conn>(worker_.get(), *ep, tag, std::move(job), rank, box);
+    conn = std::make_shared<Conn>(this, worker_.get(), *ep, tag, std::move(job), rank, box,
+                                  std::move(lifeline));
     conns_[tag] = conn;
   }
   if (!box->Attach(conn.get())) {
@@ -120,6 +167,7 @@ void UcxDataPlane::FillStats(v1::UcxStats* out) {
   out->set_bytes_received(w.bytes_received);
   out->set_messages_sent(w.messages_sent);
   out->set_bytes_sent(w.bytes_sent);
+  out->set_connections_cut(stats_.cut);
 }
 
 void UcxDataPlane::DispatchLoop() {
@@ -134,7 +182,31 @@ void UcxDataPlane::DispatchLoop() {
     }
     switch (item.kind) {
       case Item::kFrame:
-        Handle(item.tag, std::move(item.frame));
+      case Item::kOversize: {
+        std::shared_ptr<Conn> c;
+        {
+          MutexLock lock(&mu_);
+          auto it = conns_.find(item.tag);
+          if (it == conns_.end() || it->second->cut_) {
+            ++stats_.dropped;
+            break;
+          }
+          c = it->second;
+        }
+        Deliver(c, std::move(item));
+        break;
+      }
+      case Item::kResume: {
+        const std::shared_ptr<Conn>& c = item.conn;
+        while (!c->parked_.empty() && !c->box()->Full(c.get())) {
+          Item next = std::move(c->parked_.front());
+          c->parked_.pop_front();
+          Handle(c, std::move(next));
+        }
+        break;
+      }
+      case Item::kCutOff:
+        CutOff(item.conn);
         break;
       case Item::kCloseRequest: {
         // Whatever the rank sent before its stream ended has arrived once
@@ -147,11 +219,23 @@ void UcxDataPlane::DispatchLoop() {
       }
       case Item::kCloseFinal: {
         const std::shared_ptr<Conn>& c = item.conn;
+        bool live = false;
         {
           MutexLock lock(&mu_);
           auto it = conns_.find(c->tag());
-          if (it != conns_.end() && it->second == c) conns_.erase(it);
+          if (it != conns_.end() && it->second == c) {
+            conns_.erase(it);
+            live = !c->cut_;
+          }
         }
+        // What the rank sent is handled even if its outbox is full (bounded
+        // by the held limit); replies stay queued for its next stream.
+        while (live && !c->parked_.empty()) {
+          Item next = std::move(c->parked_.front());
+          c->parked_.pop_front();
+          Handle(c, std::move(next));
+        }
+        c->parked_.clear();
         c->box()->Detach(c.get());
         worker_->Disconnect(c->ep(), /*force=*/true);
         break;
@@ -160,21 +244,25 @@ void UcxDataPlane::DispatchLoop() {
   }
 }
 
-void UcxDataPlane::Handle(uint64_t tag, std::string frame) {
-  std::shared_ptr<Conn> c;
+void UcxDataPlane::Deliver(const std::shared_ptr<Conn>& c, Item item) {
+  if (!c->parked_.empty() || c->box()->Full(c.get())) {
+    c->parked_.push_back(std::move(item));  // Resume() hands it on
+    return;
+  }
+  Handle(c, std::move(item));
+}
+
+void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
   {
     MutexLock lock(&mu_);
-    auto it = conns_.find(tag);
-    if (it == conns_.end()) {
-      ++stats_.dropped;
-      return;
-    }
-    c = it->second;
+    c->held_ -= item.bytes;
     ++stats_.frames;
   }
   v1::UpMessage up;
-  absl::Status s = registry_->CheckMessageSize(frame.size());
-  if (s.ok()) s = ParseFrame(std::move(frame), &up);
+  absl::Status s = item.kind == Item::kOversize
+                       ? registry_->CheckMessageSize(static_cast<size_t>(item.wire_bytes))
+                       : registry_->CheckMessageSize(item.frame.size());
+  if (s.ok()) s = ParseFrame(std::move(item.frame), &up);
   if (s.ok() && up.kind_case() == v1::UpMessage::kAttach) {
     s = absl::FailedPreconditionError(
         "attach travels over the gRPC stream, not over UCX; this connection is already attached");
@@ -192,6 +280,30 @@ void UcxDataPlane::Handle(uint64_t tag, std::string frame) {
     err.mutable_error()->set_message(std::string(s.message()));
     c->box()->Push(std::move(err));
   }
+}
+
+void UcxDataPlane::CutOff(const std::shared_ptr<Conn>& c) {
+  {
+    MutexLock lock(&mu_);
+    auto it = conns_.find(c->tag());
+    if (it != conns_.end() && it->second == c) conns_.erase(it);
+    ++stats_.cut;
+  }
+  c->parked_.clear();
+  const int64_t outbox = c->box()->bytes();
+  c->box()->Detach(c.get());
+  // A send stuck on the peer fails; its message goes back to the outbox,
+  // which keeps everything for the rank's next stream.
+  worker_->Disconnect(c->ep(), /*force=*/true);
+  const absl::Status why = absl::ResourceExhaustedError(absl::StrCat(
+      "rank ", c->rank(), " of job '", c->job()->spec().job_id(), "' has more than ",
+      held_limit_, " bytes of messages waiting in the daemon while its outbox holds ", outbox,
+      " bytes (--max_outbox_bytes ", c->box()->limit_bytes(),
+      "): it does not read what the daemon sends, or sends faster than the daemon takes it in; "
+      "its UCX connection was closed (attach again and read the stream; what was queued for it "
+      "is kept)"));
+  std::fprintf(stderr, "zenflowd: %s\n", std::string(why.message()).c_str());
+  if (std::shared_ptr<Lifeline> l = c->lifeline_.lock()) l->Abort(why);
 }
 
 }  // namespace zenflow

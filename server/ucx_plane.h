@@ -7,6 +7,14 @@
 //
 // Frames are handled on one dispatch thread, in arrival order, so a rank's
 // messages reach Job::HandleUp in the order it sent them.
+//
+// Flow control: while a rank's outbox is full (it does not take what the
+// daemon sends), its frames are parked, not handled, so it cannot make the
+// daemon produce more for it; handling resumes when the outbox drains. What
+// a rank can make the daemon hold is bounded: a frame longer than the
+// message limit is never received into memory, and a rank whose waiting
+// frames exceed max_outbox_bytes + max_message_bytes is cut off (its
+// connection closed, its gRPC lifeline ended with RESOURCE_EXHAUSTED).
 #ifndef ZENFLOW_SERVER_UCX_PLANE_H_
 #define ZENFLOW_SERVER_UCX_PLANE_H_
 
@@ -27,12 +35,25 @@
 
 namespace zenflow {
 
+// The gRPC stream that carried a connection's attach. The data plane ends
+// it when it closes the connection on its own. Held by weak_ptr; Abort must
+// be safe from any thread while the object lives.
+class Lifeline {
+ public:
+  virtual ~Lifeline() = default;
+  virtual void Abort(absl::Status why) = 0;
+};
+
+// Thread-safe.
 class UcxDataPlane {
  public:
   class Conn;
 
+  // `options.max_message_bytes` bounds a received frame; `max_outbox_bytes`
+  // is the registry's per-rank outbox limit.
   static absl::StatusOr<std::unique_ptr<UcxDataPlane>> Start(const UcxOptions& options,
-                                                             JobRegistry* registry);
+                                                             JobRegistry* registry,
+                                                             int64_t max_outbox_bytes);
   ~UcxDataPlane();
 
   const std::string& address() const { return worker_->address(); }
@@ -42,32 +63,46 @@ class UcxDataPlane {
   // ALREADY_EXISTS if the rank has a writer attached or the tag is in use.
   absl::StatusOr<std::shared_ptr<Conn>> Open(std::shared_ptr<Job> job, int32_t rank,
                                              std::shared_ptr<Mailbox> box,
-                                             const std::string& peer_address, uint64_t tag);
+                                             const std::string& peer_address, uint64_t tag,
+                                             std::weak_ptr<Lifeline> lifeline);
   // The rank's control stream ended. Asynchronous; safe to call twice.
   void Close(std::shared_ptr<Conn> conn);
 
   void FillStats(v1::UcxStats* out);
 
  private:
-  UcxDataPlane(JobRegistry* registry, std::string tls) : registry_(registry), tls_(std::move(tls)) {}
-  void OnFrame(uint64_t tag, std::string frame);
-  void DispatchLoop();
-  void Handle(uint64_t tag, std::string frame);
-
   struct Item {
-    enum Kind { kFrame, kCloseRequest, kCloseFinal } kind = kFrame;
+    enum Kind { kFrame, kOversize, kResume, kCutOff, kCloseRequest, kCloseFinal } kind = kFrame;
     uint64_t tag = 0;
     std::string frame;
+    int64_t bytes = 0;       // held against the connection
+    int64_t wire_bytes = 0;  // kOversize: the discarded frame's size
     std::shared_ptr<Conn> conn;
   };
 
   struct Stats {
     int64_t frames = 0;
-    int64_t dropped = 0;  // frames with an unknown tag
+    int64_t dropped = 0;  // frames with an unknown tag, or of a cut connection
+    int64_t cut = 0;      // connections cut off
   };
+
+  UcxDataPlane(JobRegistry* registry, std::string tls, int64_t held_limit)
+      : registry_(registry), tls_(std::move(tls)), held_limit_(held_limit) {}
+  void OnFrame(uint64_t tag, std::string frame);
+  void OnOversize(uint64_t tag, int64_t bytes);
+  // Queues an item of a registered connection, unless it holds too much.
+  void Enqueue(uint64_t tag, Item item) ABSL_LOCKS_EXCLUDED(mu_);
+  void Resume(std::shared_ptr<Conn> conn);
+  void DispatchLoop();
+  // A frame (or oversize report) of a live connection: handled now, or
+  // parked behind others while its outbox is full.
+  void Deliver(const std::shared_ptr<Conn>& c, Item item);
+  void Handle(const std::shared_ptr<Conn>& c, Item item);
+  void CutOff(const std::shared_ptr<Conn>& c);
 
   JobRegistry* const registry_;
   const std::string tls_;
+  const int64_t held_limit_;  // per connection: frames waiting to be handled
   std::unique_ptr<UcxWorker> worker_;
   std::thread dispatcher_;
 
@@ -81,12 +116,14 @@ class UcxDataPlane {
 // One rank's UCX connection; the writer of its mailbox while attached.
 class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_from_this<Conn> {
  public:
-  Conn(UcxWorker* worker, uint64_t ep, uint64_t tag, std::shared_ptr<Job> job, int32_t rank,
-       std::shared_ptr<Mailbox> box)
-      : worker_(worker), ep_(ep), tag_(tag), job_(std::move(job)), rank_(rank),
-        box_(std::move(box)) {}
+  Conn(UcxDataPlane* plane, UcxWorker* worker, uint64_t ep, uint64_t tag,
+       std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
+       std::weak_ptr<Lifeline> lifeline)
+      : plane_(plane), worker_(worker), ep_(ep), tag_(tag), job_(std::move(job)), rank_(rank),
+        box_(std::move(box)), lifeline_(std::move(lifeline)) {}
 
   void Write(const v1::DownMessage* msg) override;
+  void Resume() override;
 
   uint64_t tag() const { return tag_; }
   uint64_t ep() const { return ep_; }
@@ -95,14 +132,23 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
   const std::shared_ptr<Mailbox>& box() const { return box_; }
 
  private:
+  friend class UcxDataPlane;
+  UcxDataPlane* const plane_;
   UcxWorker* const worker_;
   const uint64_t ep_;
   const uint64_t tag_;
   const std::shared_ptr<Job> job_;
   const int32_t rank_;
   const std::shared_ptr<Mailbox> box_;
+  const std::weak_ptr<Lifeline> lifeline_;
   // The header of the one write in flight (the mailbox allows one).
   std::string header_;
+  // Guarded by the plane's mu_: bytes of this connection's items queued for
+  // the dispatcher or parked; set once it is cut off.
+  int64_t held_ = 0;
+  bool cut_ = false;
+  // Dispatcher thread only: items waiting for the outbox to drain.
+  std::deque<Item> parked_;
 };
 
 }  // namespace zenflow

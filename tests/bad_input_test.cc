@@ -7,6 +7,8 @@
 #include <limits>
 #include <string>
 
+#include <unistd.h>
+
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -533,6 +535,17 @@ class RawUcxRank {
     stream_.reset();
   }
   const std::string& address() const { return worker_->address(); }
+  // Stops (or restarts) taking the daemon's messages off the wire.
+  void PauseReceiving(bool p) { worker_->PauseReceiving(p); }
+  // Waits for the daemon to end the lifeline; its status.
+  absl::Status Ended() {
+    v1::DownMessage m;
+    while (stream_->Read(&m)) {
+    }
+    grpc::Status st = stream_->Finish();
+    stream_.reset();
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+  }
 
  private:
   std::unique_ptr<UcxWorker> worker_;
@@ -693,6 +706,38 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
   ASSERT_OK(c.DeleteJob("huge"));
   EXPECT_EQ(Reserved(c), before);
   ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 1. The budget may promise more than the process can get (other processes,
+// a lower limit): an allocation that fails is RESOURCE_EXHAUSTED with the
+// sizes, nothing stays reserved, and the daemon carries on. Here the daemon
+// runs under a 2 GiB address-space limit with an 8 GiB budget.
+TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
+  if (access("/usr/bin/prlimit", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/prlimit";
+  if (TestTransport() == Transport::kUcx) {
+    GTEST_SKIP() << "CreateJob does not depend on the data transport (runs in bad_input_test)";
+  }
+  DaemonProcess small;
+  small.set_command_prefix({"/usr/bin/prlimit", "--as=2147483648", "--"});
+  ASSERT_OK(small.Start({"--ucx=false", "--memory_budget_bytes=8589934592"}));
+  ClientOptions co;
+  co.target = small.target();
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  // 2^27 parameters: 3.76 GB as allocated, within the budget, not the limit.
+  ExpectStatus((*c)->CreateJob(SquareJob("big", {{1 << 14, 1 << 13}})).status(),
+               StatusCode::kResourceExhausted,
+               "job 'big': allocating 3758333952 bytes for 134217728 parameters failed (out of "
+               "memory); nothing was kept");
+  EXPECT_EQ(Reserved(**c), 0);
+  JobOptions o;
+  o.job_id = "big";  // the id is free
+  o.world = 1;
+  Harness h(small.target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ASSERT_OK(h.GoodRound(1e-2f));
+  EXPECT_TRUE(small.Stop().ok());
 }
 
 // 2. Per-rank bookkeeping (12 B per rank x column) is part of the size.
@@ -945,6 +990,42 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
+// A world-1 zero_offload job of one [256, 512] tensor (512 KiB of deltas a
+// round), uploaded, rank 0 joined but not attached.
+absl::Status CreateBigJoinedJob(Client& c, const std::string& id) {
+  v1::JobSpec spec = SquareJob(id, {{256, 512}});
+  spec.set_mode(v1::MODE_ZERO_OFFLOAD);  // S = 1, every column remote
+  ZF_RETURN_IF_ERROR(c.CreateJob(spec).status());
+  std::vector<float> init(256 * 512, 0.5f);
+  ZF_RETURN_IF_ERROR(c.UploadParameters(id, {{"t0", {256, 512}, init.data()}}).status());
+  grpc::ClientContext jctx;
+  v1::JoinJobRequest req;
+  req.set_job_id(id);
+  v1::JoinJobResponse resp;
+  grpc::Status g = c.stub()->JoinJob(&jctx, req, &resp);
+  if (!g.ok()) return absl::InternalError(g.error_message());
+  return absl::OkStatus();
+}
+
+v1::UpMessage BigShard(int64_t step) {
+  static const std::vector<uint16_t> g(256 * 512, 0x3c23);  // bf16 0.01
+  v1::UpMessage m;
+  v1::GradientShard* sh = m.mutable_shard();
+  sh->set_step(step);
+  sh->set_tensor("t0");
+  sh->set_dtype(v1::DTYPE_BF16);
+  for (int col = 0; col < 512; ++col) sh->add_columns(col);
+  sh->set_payload(reinterpret_cast<const char*>(g.data()), g.size() * 2);
+  return m;
+}
+
+v1::UpMessage Close(int64_t round) {
+  v1::UpMessage close;
+  close.mutable_close()->set_round(round);
+  close.mutable_close()->set_lr(1e-3f);
+  return close;
+}
+
 // 7. A rank that does not read: once its outbox holds --max_outbox_bytes the
 // daemon stops reading from it (gRPC's flow control then stops its sends);
 // when it reads again, everything it was sent arrives and reading resumes.
@@ -960,42 +1041,20 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
   co.transport = Transport::kGrpc;
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
-  v1::JobSpec spec = SquareJob("no_reader", {{256, 512}});
-  spec.set_mode(v1::MODE_ZERO_OFFLOAD);  // S = 1, every column remote
-  ASSERT_OK((*c)->CreateJob(spec).status());
-  std::vector<float> init(256 * 512, 0.5f);
-  ASSERT_OK((*c)->UploadParameters("no_reader", {{"t0", {256, 512}, init.data()}}).status());
-  {
-    grpc::ClientContext jctx;
-    v1::JoinJobRequest req;
-    req.set_job_id("no_reader");
-    v1::JoinJobResponse resp;
-    ASSERT_TRUE((*c)->stub()->JoinJob(&jctx, req, &resp).ok());
-  }
+  ASSERT_OK(CreateBigJoinedJob(**c, "no_reader"));
   grpc::ClientContext ctx;
   auto stream = RawStream(**c, &ctx);
   ASSERT_TRUE(stream->Write(Up(AttachMsg("no_reader", 0))));
   constexpr int kRounds = 200;
   std::thread writer([&] {
-    std::vector<uint16_t> g(256 * 512, 0x3c23);  // bf16 0.01
     for (int r = 0; r < kRounds; ++r) {
       for (int i = 0; i < 60000; ++i) {
         absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader");
         if (!st.ok() || st->jobs(0).rounds_updated() >= r - 1) break;
         absl::SleepFor(absl::Milliseconds(1));
       }
-      v1::UpMessage m;
-      v1::GradientShard* sh = m.mutable_shard();
-      sh->set_step(r);
-      sh->set_tensor("t0");
-      sh->set_dtype(v1::DTYPE_BF16);
-      for (int col = 0; col < 512; ++col) sh->add_columns(col);
-      sh->set_payload(reinterpret_cast<const char*>(g.data()), g.size() * 2);
-      if (!stream->Write(Up(m))) return;
-      v1::UpMessage close;
-      close.mutable_close()->set_round(r);
-      close.mutable_close()->set_lr(1e-3f);
-      if (!stream->Write(Up(close))) return;
+      if (!stream->Write(Up(BigShard(r)))) return;
+      if (!stream->Write(Up(Close(r)))) return;
     }
   });
   v1::JobStats job;
@@ -1040,6 +1099,73 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
   EXPECT_EQ(st->jobs(0).ranks(0).outbox_bytes(), 0);
   EXPECT_TRUE(st->jobs(0).rejected().empty());
   ASSERT_OK((*c)->DeleteJob("no_reader"));
+  ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 7, over UCX: a rank whose UCX worker does not take the daemon's messages.
+// Its outbox fills, its frames are parked instead of handled, and once they
+// pass --max_outbox_bytes + --max_message_bytes it is cut off: connection
+// closed, lifeline ended with RESOURCE_EXHAUSTED, the daemon unharmed.
+TEST_F(BadInputTest, UcxRankThatDoesNotReadIsCutOff) {
+  auto h = MakeJob();
+  ClientOptions co = TestClientOptions(daemon_->target());
+  co.transport = Transport::kGrpc;
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  ASSERT_OK(CreateBigJoinedJob(**c, "no_reader_ucx"));
+  RawUcxRank raw;
+  ASSERT_OK(raw.Start());
+  ASSERT_OK(raw.Attach((*c)->stub(), "no_reader_ucx", 0, 0x5eed, raw.address()));
+  // Waits until the job has updated `rounds` rounds and the rank's outbox
+  // holds at least `min_outbox` bytes; returns the outbox bytes.
+  auto wait_for = [&](int64_t rounds, int64_t min_outbox) -> int64_t {
+    for (int i = 0; i < 3000; ++i) {
+      absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader_ucx");
+      if (!st.ok()) return -1;
+      const v1::JobStats& j = st->jobs(0);
+      if (j.rounds_updated() >= rounds && j.ranks(0).outbox_bytes() >= min_outbox) {
+        return j.ranks(0).outbox_bytes();
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return -1;
+  };
+  raw.PauseReceiving(true);
+  // Round 0; its deltas fill the outbox (they cannot leave).
+  raw.Send(BigShard(0));
+  raw.Send(Close(0));
+  ASSERT_GE(wait_for(1, 65536), 65536);
+  // Round 1 is parked until the rank takes its messages again; then it is
+  // handled and updated.
+  raw.Send(BigShard(1));
+  raw.Send(Close(1));
+  raw.PauseReceiving(false);
+  ASSERT_GE(wait_for(2, 0), 0) << "parked frames were not handled after the outbox drained";
+  // Not reading again: round 2 fills the outbox...
+  raw.PauseReceiving(true);
+  raw.Send(BigShard(2));
+  raw.Send(Close(2));
+  const int64_t outbox = wait_for(3, 65536);
+  ASSERT_GE(outbox, 65536);
+  // ...and its frames are parked, not handled: 8 more rounds (2 MiB) pass
+  // the limit of what it may leave waiting.
+  for (int r = 3; r < 11; ++r) {
+    raw.Send(BigShard(r));
+    raw.Send(Close(r));
+  }
+  absl::Status end = raw.Ended();
+  ExpectStatus(end, StatusCode::kResourceExhausted,
+               absl::StrCat("rank 0 of job 'no_reader_ucx' has more than 1114112 bytes of "
+                            "messages waiting in the daemon while its outbox holds ",
+                            outbox, " bytes (--max_outbox_bytes 65536)"));
+  absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader_ucx");
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->ucx().connections_cut(), 1);
+  // What waits for the rank is its outbox, bounded: the limit plus the
+  // rounds closed before it filled.
+  EXPECT_LT(st->jobs(0).ranks(0).outbox_bytes(), 65536 + 3 * (600 << 10));
+  EXPECT_EQ(st->jobs(0).rounds_updated(), 3) << "parked frames were handled";
+  ASSERT_OK((*c)->DeleteJob("no_reader_ucx"));
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 

@@ -43,7 +43,8 @@ absl::Status DaemonProcess::Start(const std::vector<std::string>& extra_flags) {
   dir_ = templ;
   const std::string port_file = dir_ + "/port";
   const std::string binary = BinaryPath();
-  std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--port_file=" + port_file};
+  std::vector<std::string> args = prefix_;
+  args.insert(args.end(), {binary, "--listen=127.0.0.1:0", "--port_file=" + port_file});
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   pid_ = SpawnProcess(args);
   if (pid_ < 0) return absl::InternalError("fork failed");

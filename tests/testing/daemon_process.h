@@ -28,6 +28,10 @@ class DaemonProcess {
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
+  // A program that execs the rest of its arguments in its own process (so
+  // that the pid stays the daemon's), e.g. {"/usr/bin/prlimit", "--as=N", "--"}.
+  void set_command_prefix(std::vector<std::string> prefix) { prefix_ = std::move(prefix); }
+
   // Starts `zenflowd --listen=127.0.0.1:0 <extra_flags>` and waits (up to
   // 30 s) until it serves.
   absl::Status Start(const std::vector<std::string>& extra_flags = {});
@@ -45,6 +49,7 @@ class DaemonProcess {
   pid_t pid_ = -1;
   int port_ = 0;
   std::string dir_;
+  std::vector<std::string> prefix_;
 };
 
 }  // namespace zenflow::testing
