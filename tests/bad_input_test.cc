@@ -896,6 +896,42 @@ TEST_F(BadInputTest, UnparseableStreamMessageIsRejectedInBand) {
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
+// 5, for UploadParameters: a chunk that does not parse ends the upload with
+// INVALID_ARGUMENT (it is not taken for the end of the stream, which would
+// commit), and nothing is stored.
+TEST_F(BadInputTest, UnparseableUploadChunkEndsTheUploadAndStoresNothing) {
+  JobOptions o;
+  o.job_id = "upload_garbage";
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Connect());
+  ASSERT_OK(h.CreateJob());
+  static const grpc::internal::RpcMethod method(
+      "/zenflow.v1.ZenFlow/UploadParameters", grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ClientContext ctx;
+  grpc::ByteBuffer resp;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> up(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          h.client(0).channel().get(), method, &ctx, &resp));
+  // A whole first tensor, then garbage.
+  std::vector<float> zeros(8 * 16, 0.0f);
+  v1::UploadParametersRequest chunk;
+  chunk.set_job_id("upload_garbage");
+  chunk.set_tensor("w");
+  chunk.add_shape(8);
+  chunk.add_shape(16);
+  chunk.set_payload(reinterpret_cast<const char*>(zeros.data()), zeros.size() * 4);
+  ASSERT_TRUE(up->Write(Bytes(chunk.SerializeAsString())));
+  up->Write(Bytes(std::string("\xff\xff\xff", 3)));
+  up->WritesDone();
+  grpc::Status g = up->Finish();
+  ExpectStatus(absl::Status(static_cast<StatusCode>(g.error_code()), g.error_message()),
+               StatusCode::kInvalidArgument,
+               "message #2 of this stream (3 bytes) is not a valid zenflow.v1.UploadParametersRequest");
+  ASSERT_OK(h.Upload());  // the real upload is the first one that commits
+  ASSERT_OK(h.JoinAll());
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
 int64_t PendingRendezvousBytes(Harness& h) {
   absl::StatusOr<v1::GetStatsResponse> st = h.client(0).GetStats(h.options().job_id);
   return st.ok() ? st->jobs(0).pending_rendezvous_bytes() : -1;
