@@ -118,6 +118,21 @@ std::shared_ptr<Job> ZenFlowService::JobFor(grpc::ServerUnaryReactor* reactor, c
 
 // ---- Rendezvous calls (SubmitImportance, AllReduce) -------------------------
 
+template <typename Request>
+grpc::ServerUnaryReactor* ZenFlowService::LookUp(grpc::CallbackServerContext* ctx,
+                                                 const Request& req, std::shared_ptr<Job>* job) {
+  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(req.job_id());
+  absl::Status s = found.status();
+  if (s.ok()) s = CheckSize(req, registry_);
+  if (s.ok()) {
+    *job = *std::move(found);
+    return nullptr;
+  }
+  auto* reactor = ctx->DefaultReactor();
+  Finish(reactor, s, found.ok() ? found->get() : nullptr);
+  return reactor;
+}
+
 namespace {
 
 std::atomic<uint64_t> next_call_id{1};
@@ -181,15 +196,8 @@ class RendezvousReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerContext* ctx,
                                                            const v1::SubmitImportanceRequest* req,
                                                            v1::SubmitImportanceResponse* resp) {
-  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(req->job_id());
-  absl::Status s = found.status();
-  if (s.ok()) s = CheckSize(*req, registry_);
-  if (!s.ok()) {
-    auto* reactor = ctx->DefaultReactor();
-    Finish(reactor, s, found.ok() ? found->get() : nullptr);
-    return reactor;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
+  std::shared_ptr<Job> job;
+  if (grpc::ServerUnaryReactor* failed = LookUp(ctx, *req, &job)) return failed;
   const int32_t rank = req->rank();
   auto* reactor = new RendezvousReactor(
       registry_, [job, rank](uint64_t call) { job->WithdrawImportance(rank, call); });
@@ -215,15 +223,8 @@ grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ZenFlowService::AllReduce(grpc::CallbackServerContext* ctx,
                                                     const v1::AllReduceRequest* req,
                                                     v1::AllReduceResponse* resp) {
-  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(req->job_id());
-  absl::Status s = found.status();
-  if (s.ok()) s = CheckSize(*req, registry_);
-  if (!s.ok()) {
-    auto* reactor = ctx->DefaultReactor();
-    Finish(reactor, s, found.ok() ? found->get() : nullptr);
-    return reactor;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
+  std::shared_ptr<Job> job;
+  if (grpc::ServerUnaryReactor* failed = LookUp(ctx, *req, &job)) return failed;
   const int32_t rank = req->rank();
   auto* reactor = new RendezvousReactor(
       registry_, [job, rank](uint64_t call) { job->WithdrawAllReduce(rank, call); });

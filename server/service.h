@@ -77,6 +77,11 @@ class ZenFlowService final : public ZenFlowServiceBase {
   void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job);
   template <typename Request>
   std::shared_ptr<Job> JobFor(grpc::ServerUnaryReactor* reactor, const Request& req);
+  // For calls that bring their own reactor: null with *job set, or the
+  // default reactor already finished with the lookup's error.
+  template <typename Request>
+  grpc::ServerUnaryReactor* LookUp(grpc::CallbackServerContext* ctx, const Request& req,
+                                   std::shared_ptr<Job>* job);
 
   JobRegistry* registry_;
   UcxDataPlane* ucx_;

@@ -714,6 +714,9 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
 // runs under a 2 GiB address-space limit with an 8 GiB budget.
 TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   if (access("/usr/bin/prlimit", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/prlimit";
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a ThreadSanitizer build cannot start under an address-space limit";
+#endif
   if (TestTransport() == Transport::kUcx) {
     GTEST_SKIP() << "CreateJob does not depend on the data transport (runs in bad_input_test)";
   }
@@ -828,12 +831,12 @@ TEST_F(BadInputTest, FiniteShardsThatSumToInfSkipTheRound) {
 
 // A Stream call that sends raw bytes (what a broken or hostile client sends).
 std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> RawStream(
-    Client& c, grpc::ClientContext* ctx) {
+    grpc::ChannelInterface* channel, grpc::ClientContext* ctx) {
   static const grpc::internal::RpcMethod method(
       "/zenflow.v1.ZenFlow/Stream", grpc::internal::RpcMethod::BIDI_STREAMING);
   return std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>(
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          c.channel().get(), method, ctx));
+          channel, method, ctx));
 }
 
 grpc::ByteBuffer Bytes(const std::string& s) {
@@ -841,17 +844,23 @@ grpc::ByteBuffer Bytes(const std::string& s) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-grpc::ByteBuffer Up(const v1::UpMessage& m) { return Bytes(m.SerializeAsString()); }
+grpc::ByteBuffer Up(const v1::UpMessage& m) {
+  grpc::ByteBuffer b;
+  bool own = false;
+  (void)grpc::SerializationTraits<v1::UpMessage>::Serialize(m, &b, &own);
+  return b;
+}
 
-absl::StatusOr<v1::DownMessage> Down(grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>& s) {
+absl::StatusOr<v1::DownMessage> ReadDownMessageRaw(grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>& s) {
   grpc::ByteBuffer b;
   if (!s.Read(&b)) return absl::UnavailableError("stream ended");
-  std::vector<grpc::Slice> slices;
-  if (!b.Dump(&slices).ok()) return absl::InternalError("dump");
-  std::string all;
-  for (const grpc::Slice& sl : slices) all.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  // Parsed by protobuf straight from gRPC's slices (no copy here: under
+  // ThreadSanitizer, reading them from test code looks like a race with
+  // the uninstrumented gRPC thread that filled them).
   v1::DownMessage m;
-  if (!m.ParseFromString(all)) return absl::InternalError("unparseable down message");
+  if (!grpc::SerializationTraits<v1::DownMessage>::Deserialize(&b, &m).ok()) {
+    return absl::InternalError("unparseable down message");
+  }
   return m;
 }
 
@@ -868,13 +877,13 @@ TEST_F(BadInputTest, UnparseableStreamMessageIsRejectedInBand) {
   std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
   const std::string job = h->options().job_id;
   grpc::ClientContext ctx;
-  auto stream = RawStream(h->client(0), &ctx);
+  auto stream = RawStream(h->client(0).channel().get(), &ctx);
   ASSERT_TRUE(stream->Write(Up(AttachMsg(job, 0))));
-  absl::StatusOr<v1::DownMessage> hello = Down(*stream);
+  absl::StatusOr<v1::DownMessage> hello = ReadDownMessageRaw(*stream);
   ASSERT_OK(hello.status());
   ASSERT_EQ(hello->kind_case(), v1::DownMessage::kAttached);
   ASSERT_TRUE(stream->Write(Bytes(std::string("\xff\xff\xff\xff\xff", 5))));
-  absl::StatusOr<v1::DownMessage> err = Down(*stream);
+  absl::StatusOr<v1::DownMessage> err = ReadDownMessageRaw(*stream);
   ASSERT_OK(err.status());
   ASSERT_EQ(err->kind_case(), v1::DownMessage::kError) << err->DebugString();
   ExpectStatus(absl::Status(static_cast<StatusCode>(err->error().code()), err->error().message()),
@@ -886,7 +895,7 @@ TEST_F(BadInputTest, UnparseableStreamMessageIsRejectedInBand) {
   *next.mutable_shard() = Shard(*h, 0, {0});
   next.mutable_shard()->set_tensor("nope");
   ASSERT_TRUE(stream->Write(Up(next)));
-  err = Down(*stream);
+  err = ReadDownMessageRaw(*stream);
   ASSERT_OK(err.status());
   EXPECT_EQ(err->error().seq(), 9u);
   EXPECT_EQ(err->error().code(), static_cast<int>(StatusCode::kNotFound));
@@ -972,7 +981,7 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
     return std::make_pair(g, out);
   };
   const std::vector<float> junk(1 << 16, 1000.0f);  // 256 KiB a call
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 5; ++i) {
     auto [g, out] = all_reduce(0, 7, junk, absl::Milliseconds(100));
     EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << g.error_message();
     ASSERT_TRUE(PendingDrains(*h)) << "attempt " << i << " left "
@@ -1026,14 +1035,14 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
-// A world-1 zero_offload job of one [256, 512] tensor (512 KiB of deltas a
-// round), uploaded, rank 0 joined but not attached.
-absl::Status CreateBigJoinedJob(Client& c, const std::string& id) {
-  v1::JobSpec spec = SquareJob(id, {{256, 512}});
+// A world-1 zero_offload job of one [rows, 512] tensor (2 KiB x rows of
+// deltas a round), uploaded, rank 0 joined but not attached.
+absl::Status CreateBigJoinedJob(Client& c, const std::string& id, int64_t rows) {
+  v1::JobSpec spec = SquareJob(id, {{rows, 512}});
   spec.set_mode(v1::MODE_ZERO_OFFLOAD);  // S = 1, every column remote
   ZF_RETURN_IF_ERROR(c.CreateJob(spec).status());
-  std::vector<float> init(256 * 512, 0.5f);
-  ZF_RETURN_IF_ERROR(c.UploadParameters(id, {{"t0", {256, 512}, init.data()}}).status());
+  std::vector<float> init(rows * 512, 0.5f);
+  ZF_RETURN_IF_ERROR(c.UploadParameters(id, {{"t0", {rows, 512}, init.data()}}).status());
   grpc::ClientContext jctx;
   v1::JoinJobRequest req;
   req.set_job_id(id);
@@ -1043,8 +1052,8 @@ absl::Status CreateBigJoinedJob(Client& c, const std::string& id) {
   return absl::OkStatus();
 }
 
-v1::UpMessage BigShard(int64_t step) {
-  static const std::vector<uint16_t> g(256 * 512, 0x3c23);  // bf16 0.01
+v1::UpMessage BigShard(int64_t step, int64_t rows) {
+  const std::vector<uint16_t> g(rows * 512, 0x3c23);  // bf16 0.01
   v1::UpMessage m;
   v1::GradientShard* sh = m.mutable_shard();
   sh->set_step(step);
@@ -1065,7 +1074,7 @@ v1::UpMessage Close(int64_t round) {
 // 7. A rank that does not read: once its outbox holds --max_outbox_bytes the
 // daemon stops reading from it (gRPC's flow control then stops its sends);
 // when it reads again, everything it was sent arrives and reading resumes.
-// The rank closes 200 rounds of a 512 KiB tensor without reading a delta
+// The rank closes 40 rounds of a 128 KiB tensor without reading a delta
 // (it paces its closes by GetStats, as it must not run two rounds ahead of
 // the updates).
 TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
@@ -1077,11 +1086,18 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
   co.transport = Transport::kGrpc;
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
-  ASSERT_OK(CreateBigJoinedJob(**c, "no_reader"));
+  ASSERT_OK(CreateBigJoinedJob(**c, "no_reader", 64));
+  // Its own connection, with HTTP/2's receive window left at 64 KiB (no BDP
+  // probing), so that little of what it does not read fits in the pipes.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetMaxReceiveMessageSize(-1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(daemon_->target(), grpc::InsecureChannelCredentials(), args);
   grpc::ClientContext ctx;
-  auto stream = RawStream(**c, &ctx);
+  auto stream = RawStream(channel.get(), &ctx);
   ASSERT_TRUE(stream->Write(Up(AttachMsg("no_reader", 0))));
-  constexpr int kRounds = 200;
+  constexpr int kRounds = 40;
   std::thread writer([&] {
     for (int r = 0; r < kRounds; ++r) {
       for (int i = 0; i < 60000; ++i) {
@@ -1089,7 +1105,7 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
         if (!st.ok() || st->jobs(0).rounds_updated() >= r - 1) break;
         absl::SleepFor(absl::Milliseconds(1));
       }
-      if (!stream->Write(Up(BigShard(r)))) return;
+      if (!stream->Write(Up(BigShard(r, 64)))) return;
       if (!stream->Write(Up(Close(r)))) return;
     }
   });
@@ -1105,18 +1121,18 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
   ASSERT_TRUE(job.ranks(0).reading_paused())
       << "the daemon kept reading a rank that does not read: " << job.DebugString();
   // The limit, plus at most the rounds closed before reading stopped (one
-  // round's deltas are 512 KiB here; two can be in flight).
+  // round's deltas are 128 KiB here; two can be in flight).
   EXPECT_GE(job.ranks(0).outbox_bytes(), 65536);
-  EXPECT_LT(job.ranks(0).outbox_bytes(), 65536 + 3 * (600 << 10));
+  EXPECT_LT(job.ranks(0).outbox_bytes(), 65536 + 3 * (150 << 10));
   EXPECT_LT(job.rounds_updated(), kRounds);
   // Now read: the greeting, then every round's deltas and RoundDone, in
   // order; nothing was lost or rejected.
-  absl::StatusOr<v1::DownMessage> m = Down(*stream);
+  absl::StatusOr<v1::DownMessage> m = ReadDownMessageRaw(*stream);
   ASSERT_OK(m.status());
   EXPECT_EQ(m->kind_case(), v1::DownMessage::kAttached);
   int64_t done = 0, deltas = 0;
   while (done < kRounds) {
-    m = Down(*stream);
+    m = ReadDownMessageRaw(*stream);
     ASSERT_TRUE(m.ok()) << "after " << done << " rounds: " << m.status();
     ASSERT_NE(m->kind_case(), v1::DownMessage::kError) << m->error().message();
     if (m->kind_case() == v1::DownMessage::kDelta) ++deltas;
@@ -1148,7 +1164,7 @@ TEST_F(BadInputTest, UcxRankThatDoesNotReadIsCutOff) {
   co.transport = Transport::kGrpc;
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
-  ASSERT_OK(CreateBigJoinedJob(**c, "no_reader_ucx"));
+  ASSERT_OK(CreateBigJoinedJob(**c, "no_reader_ucx", 256));
   RawUcxRank raw;
   ASSERT_OK(raw.Start());
   ASSERT_OK(raw.Attach((*c)->stub(), "no_reader_ucx", 0, 0x5eed, raw.address()));
@@ -1168,25 +1184,25 @@ TEST_F(BadInputTest, UcxRankThatDoesNotReadIsCutOff) {
   };
   raw.PauseReceiving(true);
   // Round 0; its deltas fill the outbox (they cannot leave).
-  raw.Send(BigShard(0));
+  raw.Send(BigShard(0, 256));
   raw.Send(Close(0));
   ASSERT_GE(wait_for(1, 65536), 65536);
   // Round 1 is parked until the rank takes its messages again; then it is
   // handled and updated.
-  raw.Send(BigShard(1));
+  raw.Send(BigShard(1, 256));
   raw.Send(Close(1));
   raw.PauseReceiving(false);
   ASSERT_GE(wait_for(2, 0), 0) << "parked frames were not handled after the outbox drained";
   // Not reading again: round 2 fills the outbox...
   raw.PauseReceiving(true);
-  raw.Send(BigShard(2));
+  raw.Send(BigShard(2, 256));
   raw.Send(Close(2));
   const int64_t outbox = wait_for(3, 65536);
   ASSERT_GE(outbox, 65536);
   // ...and its frames are parked, not handled: 8 more rounds (2 MiB) pass
   // the limit of what it may leave waiting.
   for (int r = 3; r < 11; ++r) {
-    raw.Send(BigShard(r));
+    raw.Send(BigShard(r, 256));
     raw.Send(Close(r));
   }
   absl::Status end = raw.Ended();
