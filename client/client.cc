@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/stream_error.h"
 #include "common/ucx_frame.h"
 
 namespace zenflow {
@@ -333,22 +334,20 @@ void Client::Dispatch(v1::DownMessage msg, int64_t bytes) {
         }
         break;
       }
-      case v1::DownMessage::kError:
+      case v1::DownMessage::kError: {
         ++stats_.stream_errors;
+        const absl::Status err = StreamErrorStatus(msg.error());
         if (msg.error().fatal()) {
           // The daemon ends this stream (the job is gone); so do we, now.
           // (Under mu_: Attach clears the tag under it before it replaces
           // the context, so this is the current stream's.)
-          if (cancel_reason_.ok()) {
-            cancel_reason_ = absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
-                                          msg.error().message());
-          }
+          if (cancel_reason_.ok()) cancel_reason_ = err;
           stream_ctx_->TryCancel();
         }
-        errors_.push_back(absl::Status(static_cast<absl::StatusCode>(msg.error().code()),
-                                       absl::StrCat(msg.error().message(), " (message #",
-                                                    msg.error().seq(), ")")));
+        errors_.push_back(absl::Status(
+            err.code(), absl::StrCat(err.message(), " (message #", msg.error().seq(), ")")));
         break;
+      }
       default:
         break;
     }

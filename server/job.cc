@@ -12,6 +12,7 @@
 #include "common/quote.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
+#include "common/stream_error.h"
 
 namespace zenflow {
 namespace {
@@ -589,11 +590,7 @@ void Job::Shutdown() {
   for (auto& w : reduce_waiters) w(gone);
   // Attached ranks hear it at once, and their streams end.
   for (const auto& box : boxes) {
-    v1::DownMessage end;
-    end.mutable_error()->set_code(static_cast<int32_t>(gone.code()));
-    end.mutable_error()->set_message(std::string(gone.message()));
-    end.mutable_error()->set_fatal(true);
-    box->Push(std::move(end));
+    box->Push(StreamErrorMessage(gone, 0, /*fatal=*/true));
   }
 }
 

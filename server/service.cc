@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "common/quote.h"
+#include "common/stream_error.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -374,11 +375,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         // seq: the error carries 0.
         registry_->CountRejection(s.code());
         job_->CountRejection(s.code());
-        v1::DownMessage err;
-        err.mutable_error()->set_seq(parsed ? up_.seq() : 0);
-        err.mutable_error()->set_code(static_cast<int32_t>(s.code()));
-        err.mutable_error()->set_message(std::string(s.message()));
-        mailbox_->Push(std::move(err));
+        mailbox_->Push(StreamErrorMessage(s, parsed ? up_.seq() : 0));
       }
     }
     up_.Clear();
@@ -407,8 +404,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Write(const v1::DownMessage* msg) override {
     if (msg->kind_case() == v1::DownMessage::kError && msg->error().fatal()) {
       MutexLock lock(&mu_);
-      fatal_ = absl::Status(static_cast<absl::StatusCode>(msg->error().code()),
-                            msg->error().message());
+      fatal_ = StreamErrorStatus(msg->error());
     }
     bool own = false;
     out_.Clear();
@@ -491,15 +487,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> conn =
         ucx_plane_->Open(job_, rank_, box, up_.attach().ucx_address(), up_.attach().ucx_tag(),
                          std::weak_ptr<Lifeline>(self_));
-    if (!conn.ok()) {
-      if (conn.status().code() == absl::StatusCode::kAlreadyExists &&
-          absl::StrContains(conn.status().message(), "stream attached")) {
-        return absl::AlreadyExistsError(absl::StrCat("rank ", rank_, " of job '",
-                                                     up_.attach().job_id(),
-                                                     "' already has a stream attached"));
-      }
-      return conn.status();
-    }
+    if (!conn.ok()) return conn.status();
     v1::DownMessage hello = job_->AttachedMessage(rank_);
     hello.mutable_attached()->set_ucx_address(ucx_plane_->address());
     hello.mutable_attached()->set_ucx_tag((*conn)->tag());

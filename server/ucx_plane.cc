@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/stream_error.h"
 #include "common/ucx_frame.h"
 
 namespace zenflow {
@@ -143,7 +144,9 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
       conns_.erase(conn->tag());
     }
     worker_->Disconnect(*ep, /*force=*/true);
-    return absl::AlreadyExistsError("the rank already has a stream attached");
+    return absl::AlreadyExistsError(absl::StrCat("rank ", conn->rank(), " of job '",
+                                                 conn->job()->spec().job_id(),
+                                                 "' already has a stream attached"));
   }
   return conn;
 }
@@ -274,11 +277,7 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
   if (!s.ok()) {
     registry_->CountRejection(s.code());
     c->job()->CountRejection(s.code());
-    v1::DownMessage err;
-    err.mutable_error()->set_seq(up.seq());
-    err.mutable_error()->set_code(static_cast<int32_t>(s.code()));
-    err.mutable_error()->set_message(std::string(s.message()));
-    c->box()->Push(std::move(err));
+    c->box()->Push(StreamErrorMessage(s, up.seq()));
   }
 }
 
