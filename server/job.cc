@@ -20,6 +20,8 @@ namespace {
 constexpr int64_t kDefaultShardBytes = 4 << 20;
 constexpr int64_t kMinShardBytes = 1024;
 constexpr int32_t kMaxWorldSize = 4096;
+// Updates of fewer elements run without the shared thread pool.
+constexpr int64_t kInlineUpdateElements = int64_t{1} << 16;
 
 absl::StatusOr<DType> WireDType(v1::DType d, const char* what) {
   switch (d) {
@@ -272,7 +274,8 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
       ctx_(ctx),
       world_(spec.world_size()),
       interval_(spec.zenflow().update_interval()),
-      footprint_(footprint) {
+      footprint_(footprint),
+      strand_(ctx.scheduler->NewStrand()) {
   const bool zenflow = spec.mode() == v1::MODE_ZENFLOW;
   tensors_.resize(spec.tensors_size());
   for (int i = 0; i < spec.tensors_size(); ++i) {
@@ -834,7 +837,7 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
     last_full_close_ = round.last_close;
     std::shared_ptr<Job> self = shared_from_this();
     const int64_t r = close.round();
-    ctx_.executor->Schedule([self, r] { self->RunUpdate(r); });
+    strand_->Schedule([self, r] { self->RunUpdate(r); });
   }
   return absl::OkStatus();
 }
@@ -895,6 +898,19 @@ void Job::RunUpdate(int64_t round) {
     }
   }
 
+  // A small update runs on this driver alone: it never waits for the shared
+  // pool, which a large job's update may hold. (Runs are independent and the
+  // norm is summed by run, so the result is the same either way.)
+  int64_t work = 0;
+  for (const ColumnRun& run : runs) work += run.ncols * tensors_[run.tensor].rows;
+  auto parallel = [&](size_t n, const std::function<void(size_t, size_t)>& fn) {
+    if (work < kInlineUpdateElements) {
+      if (n > 0) fn(0, n);
+    } else {
+      ctx_.pool->ParallelFor(n, 1, fn);
+    }
+  };
+
   float grad_norm = 0.0f;
   const double scale = rs.steps_sum > 0 ? 1.0 / static_cast<double>(rs.steps_sum) : 0.0;
   std::vector<std::vector<float>> old_values;
@@ -905,7 +921,7 @@ void Job::RunUpdate(int64_t round) {
     // Norm of the round's mean gradient: per-run partial sums, added in order;
     // and the largest magnitude, to see whether the update can be finite.
     std::vector<double> partial(runs.size(), 0.0), largest(runs.size(), 0.0);
-    ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
+    parallel(runs.size(), [&](size_t b, size_t e) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         const TensorState& t = tensors_[run.tensor];
@@ -952,7 +968,7 @@ void Job::RunUpdate(int64_t round) {
       }
     }
     const AdamWHyper h{rs.lr, cfg.beta1(), cfg.beta2(), cfg.eps(), cfg.weight_decay()};
-    ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
+    parallel(runs.size(), [&](size_t b, size_t e) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         TensorState& t = tensors_[run.tensor];
@@ -967,7 +983,7 @@ void Job::RunUpdate(int64_t round) {
       }
     });
   } else {
-    ctx_.pool->ParallelFor(runs.size(), 1, [&](size_t b, size_t e) {
+    parallel(runs.size(), [&](size_t b, size_t e) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         TensorState& t = tensors_[run.tensor];
@@ -995,7 +1011,7 @@ void Job::RunUpdate(int64_t round) {
       }
     }
     deltas.resize(chunks.size());
-    ctx_.pool->ParallelFor(chunks.size(), 1, [&](size_t b, size_t e) {
+    parallel(chunks.size(), [&](size_t b, size_t e) {
       std::vector<float> diff;
       for (size_t k = b; k < e; ++k) {
         const Chunk& ch = chunks[k];

@@ -28,7 +28,7 @@
 #include "common/thread_pool.h"
 #include "server/adamw.h"
 #include "server/mailbox.h"
-#include "server/serial_executor.h"
+#include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
@@ -41,7 +41,7 @@ inline constexpr int kMaxTensors = 1 << 16;
 // Daemon-wide resources a job uses. Not owned.
 struct JobContext {
   ThreadPool* pool = nullptr;          // AdamW and accumulation workers
-  SerialExecutor* executor = nullptr;  // runs round updates in order
+  UpdateScheduler* scheduler = nullptr;  // runs round updates (a strand per job)
   SimdLevel simd = SimdLevel::kScalar;
   // Per rank: the outbox size above which its stream stops reading (<= 0:
   // unlimited).
@@ -251,6 +251,8 @@ class Job : public std::enable_shared_from_this<Job> {
   const int32_t world_;
   const int64_t interval_;  // S
   const JobFootprint footprint_;
+  // This job's round updates, in order; other jobs' updates run beside them.
+  const std::shared_ptr<UpdateScheduler::Strand> strand_;
   int64_t params_ = 0;
 
   mutable Mutex mu_;

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "common/codec.h"
+#include "absl/time/clock.h"
+#include "common/mutex.h"
 #include "gtest/gtest.h"
 #include "server/registry.h"
 
@@ -210,6 +212,61 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   }
   ASSERT_TRUE(NormalizeJobSpec(&huge, 64 << 20).ok());
   EXPECT_EQ(ComputeJobFootprint(huge).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// While another job's update holds a driver (here: a task that does not end
+// until released, standing for a very large update), a small job's round is
+// updated on the other driver.
+TEST(JobRegistryTest, ALargeUpdateDoesNotDelayAnotherJobsRound) {
+  RegistryOptions o;
+  o.update_drivers = 2;
+  JobRegistry registry(o);
+  Mutex mu;
+  bool release = false;
+  auto large = registry.scheduler()->NewStrand();
+  large->Schedule([&] {
+    MutexLock lock(&mu);
+    mu.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return release; },
+                        absl::Seconds(60));
+  });
+  v1::JobSpec spec = OneTensorSpec(1, 1);
+  ASSERT_TRUE(registry.CreateJob(spec).ok());
+  auto job = *registry.Find("unit");
+  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+  ASSERT_TRUE(up.ok());
+  v1::UploadParametersRequest chunk;
+  chunk.set_tensor("w");
+  chunk.add_shape(2);
+  chunk.add_shape(3);
+  const float init[6] = {1, 2, 3, 4, 5, 6};
+  chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
+  ASSERT_TRUE((*up)->AddChunk(chunk).ok());
+  ASSERT_TRUE((*up)->Commit().ok());
+  up->reset();
+  ASSERT_TRUE(job->Join(0).ok());
+  v1::UpMessage m;
+  auto* sh = m.mutable_shard();
+  sh->set_step(0);
+  sh->set_tensor("w");
+  sh->set_dtype(v1::DTYPE_FP32);
+  for (int c = 0; c < 3; ++c) sh->add_columns(c);
+  const float g[6] = {1, 1, 1, 1, 1, 1};
+  sh->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
+  ASSERT_TRUE(job->HandleUp(0, m).ok());
+  v1::UpMessage close;
+  close.mutable_close()->set_round(0);
+  close.mutable_close()->set_lr(0.1f);
+  ASSERT_TRUE(job->HandleUp(0, close).ok());
+  int64_t updated = 0;
+  for (int i = 0; i < 3000 && updated == 0; ++i) {
+    v1::GetJobResponse d;
+    job->Describe(&d);
+    updated = d.rounds_updated();
+    if (updated == 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(updated, 1) << "the small job's round waited for the large update";
+  MutexLock lock(&mu);
+  release = true;
 }
 
 // A job over the budget reserves nothing: the same id and a fitting job

@@ -47,10 +47,11 @@ int64_t DefaultMemoryBudget() {
 JobRegistry::JobRegistry(const RegistryOptions& options)
     : options_(options),
       pool_(std::max(1, options.update_threads)),
+      scheduler_(options.update_drivers),
       budget_(options.memory_budget_bytes > 0 ? options.memory_budget_bytes
                                               : DefaultMemoryBudget()) {
   ctx_.pool = &pool_;
-  ctx_.executor = &executor_;
+  ctx_.scheduler = &scheduler_;
   ctx_.simd = BestSimdLevel();
   ctx_.outbox_limit_bytes = options.max_outbox_bytes;
 }

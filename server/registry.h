@@ -16,13 +16,14 @@
 #include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "server/job.h"
-#include "server/serial_executor.h"
+#include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
 
 struct RegistryOptions {
   int update_threads = 2;                  // AdamW participants
+  int update_drivers = 2;                  // jobs whose updates run at once
   int64_t max_message_bytes = int64_t{512} << 20;  // the service's limit
   int64_t max_params = int64_t{1} << 34;   // all jobs together
   // Bytes all jobs together may hold (their JobFootprint). 0: DefaultMemoryBudget().
@@ -57,12 +58,13 @@ class JobRegistry {
   // RESOURCE_EXHAUSTED, saying what to do, for a request over that limit.
   absl::Status CheckMessageSize(size_t bytes) const;
   int update_threads() const { return pool_.num_threads(); }
+  UpdateScheduler* scheduler() { return &scheduler_; }
   int64_t memory_budget_bytes() const { return budget_; }
 
  private:
   const RegistryOptions options_;
   ThreadPool pool_;
-  SerialExecutor executor_;
+  UpdateScheduler scheduler_;
   JobContext ctx_;
   Mutex mu_;
   const int64_t budget_;

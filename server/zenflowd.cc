@@ -21,6 +21,9 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve gRPC on; port 0 picks a free port (see --port_file)");
 ABSL_FLAG(int, update_threads, 2, "threads that run AdamW updates (including the update thread)");
+ABSL_FLAG(int, update_drivers, 2,
+          "jobs whose round updates run at the same time (each job's own rounds run in order); "
+          "a large job's update occupies one driver and does not delay other jobs");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{512} << 20,
           "largest message the service accepts or sends, bytes (selection hand-off and all-reduce "
           "are single messages: about 12 B x k x params for the first hand-off)");
@@ -62,6 +65,11 @@ int main(int argc, char** argv) {
   opts.listen = absl::GetFlag(FLAGS_listen);
   opts.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   opts.registry.update_threads = absl::GetFlag(FLAGS_update_threads);
+  opts.registry.update_drivers = absl::GetFlag(FLAGS_update_drivers);
+  if (opts.registry.update_drivers < 1 || opts.registry.update_drivers > 256) {
+    std::fprintf(stderr, "zenflowd: --update_drivers must be in [1, 256]\n");
+    return 2;
+  }
   opts.registry.max_params = absl::GetFlag(FLAGS_max_params);
   opts.registry.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   opts.registry.max_outbox_bytes = absl::GetFlag(FLAGS_max_outbox_bytes);
