@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/adamw.h"
 
 namespace zenflow::worker {
 
@@ -35,13 +36,6 @@ enum class Importance { kL1, kL2Squared };
 enum class PackDType { kF32, kBF16, kF16, kInt8 };
 size_t PackDTypeSize(PackDType d);  // bytes per value: 4, 2, 2, 1
 
-struct AdamWParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-};
 
 // Thread-compatible: one thread drives a backend at a time.
 class Backend {
@@ -91,7 +85,7 @@ class Backend {
   //   p = p - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps),
   // bc1 = 1-b1^t, bc2 = 1-b2^t, and lr/bc1, sqrt(bc2), 1-lr*wd computed in
   // double then rounded to float (the same formula as the daemon's AdamW).
-  virtual absl::Status SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w,
+  virtual absl::Status SelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w,
                                       int64_t rows, int64_t cols, const int32_t* columns,
                                       int64_t ncols, const int64_t* steps, const float* grad,
                                       float* m, float* v) = 0;

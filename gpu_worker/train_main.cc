@@ -284,7 +284,7 @@ absl::Status Run() {
       ZF_RETURN_IF_ERROR(opt->Step(t, lr));
       st = opt->last_step();
     } else {
-      worker::AdamWParams h;
+      AdamWHyper h;
       h.lr = lr;
       h.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
       for (size_t i = 0; i < specs.size(); ++i) {

@@ -386,7 +386,7 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
     }
   }
   const v1::AdamWConfig& a = spec_.adamw();
-  const worker::AdamWParams h{lr, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
+  const AdamWHyper h{lr, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
   for (Tensor* t : active) {
     for (int64_t& s : t->steps) s += 1;
     ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t->d_steps.p(), t->steps.data(), t->steps.size() * 8));

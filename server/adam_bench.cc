@@ -38,7 +38,7 @@
 
 #include "common/codec.h"
 #include "common/thread_pool.h"
-#include "server/adamw.h"
+#include "common/adamw.h"
 
 namespace zenflow {
 namespace {

@@ -26,7 +26,7 @@
 #include "common/mutex.h"
 #include "common/codec.h"
 #include "common/thread_pool.h"
-#include "server/adamw.h"
+#include "common/adamw.h"
 #include "server/mailbox.h"
 #include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"

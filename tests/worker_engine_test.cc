@@ -185,7 +185,7 @@ TEST_F(WorkerEngineTest, K1EqualsLocalAdamWBitForBit) {
       std::vector<float> gc(rows * cols);
       ASSERT_OK(be->PackColumns(g[ti].data(), rows, cols, all.data(), cols, worker::PackDType::kF32,
                                 gc.data(), nullptr));
-      worker::AdamWParams h;
+      AdamWHyper h;
       h.lr = EngineLr(step);
       ASSERT_OK(be->SelectiveAdamW(h, 1.0f, w[ti].data(), rows, cols, all.data(), cols, steps.data(),
                                    gc.data(), m[ti].data(), v[ti].data()));

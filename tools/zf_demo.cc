@@ -26,7 +26,7 @@
 #include "client/client.h"
 #include "common/codec.h"
 #include "common/status_macros.h"
-#include "server/adamw.h"
+#include "common/adamw.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address");
 ABSL_FLAG(std::string, transport, "grpc",

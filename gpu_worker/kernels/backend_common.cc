@@ -140,7 +140,7 @@ absl::Status CheckColumnsArgs(const char* op, const float* w, int64_t rows, int6
   return absl::OkStatus();
 }
 
-absl::Status CheckAdamWArgs(const AdamWParams& h, float grad_scale, const float* w, int64_t rows,
+absl::Status CheckAdamWArgs(const AdamWHyper& h, float grad_scale, const float* w, int64_t rows,
                             int64_t cols, const int32_t* columns, int64_t ncols,
                             const int64_t* steps, const float* grad, const float* m,
                             const float* v) {

@@ -54,7 +54,7 @@ absl::Status CheckTopKArgs(const float* scores, int64_t cols, int64_t k, const i
 absl::Status CheckColumnsArgs(const char* op, const float* w, int64_t rows, int64_t cols,
                               const int32_t* columns, int64_t ncols, PackDType dtype,
                               const void* data, const float* scales);
-absl::Status CheckAdamWArgs(const AdamWParams& h, float grad_scale, const float* w, int64_t rows,
+absl::Status CheckAdamWArgs(const AdamWHyper& h, float grad_scale, const float* w, int64_t rows,
                             int64_t cols, const int32_t* columns, int64_t ncols,
                             const int64_t* steps, const float* grad, const float* m,
                             const float* v);

@@ -6,7 +6,7 @@
 // side is gathered (or scattered) row by row through a small transposition
 // buffer that stays in L1, and the contiguous side is encoded / decoded with
 // the vectorized codec (common/codec.h) or updated with the SIMD AdamW
-// kernel (server/adamw.h).
+// kernel (common/adamw.h).
 //
 // PackColumns to bf16 / f16 / f32 has an AVX-512 fast path (the worker's hot
 // gather): 16 columns x 32 rows at a time are loaded straight from W,
@@ -56,7 +56,7 @@
 #include "common/thread_pool.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/kernels/backend_common.h"
-#include "server/adamw.h"
+#include "common/adamw.h"
 
 namespace zenflow::worker {
 namespace {
@@ -657,7 +657,7 @@ class CpuBackend final : public Backend {
   absl::Status ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
                             int64_t ncols, PackDType dtype, const void* src, const float* scales,
                             bool add) override;
-  absl::Status SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w, int64_t rows,
+  absl::Status SelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w, int64_t rows,
                               int64_t cols, const int32_t* columns, int64_t ncols,
                               const int64_t* steps, const float* grad, float* m, float* v) override;
   absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
@@ -980,7 +980,7 @@ absl::Status CpuBackend::ApplyColumns(float* w, int64_t rows, int64_t cols, cons
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w,
+absl::Status CpuBackend::SelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w,
                                         int64_t rows, int64_t cols, const int32_t* columns,
                                         int64_t ncols, const int64_t* steps, const float* grad,
                                         float* m, float* v) {

@@ -618,7 +618,7 @@ class CudaBackend final : public Backend {
   absl::Status ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
                             int64_t ncols, PackDType dtype, const void* src, const float* scales,
                             bool add) override;
-  absl::Status SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w, int64_t rows,
+  absl::Status SelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w, int64_t rows,
                               int64_t cols, const int32_t* columns, int64_t ncols,
                               const int64_t* steps, const float* grad, float* m, float* v) override;
   absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
@@ -911,7 +911,7 @@ absl::Status CudaBackend::ApplyColumns(float* w, int64_t rows, int64_t cols, con
   return CheckLaunch("ApplyKernel");
 }
 
-absl::Status CudaBackend::SelectiveAdamW(const AdamWParams& h, float grad_scale, float* w,
+absl::Status CudaBackend::SelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w,
                                          int64_t rows, int64_t cols, const int32_t* columns,
                                          int64_t ncols, const int64_t* steps, const float* grad,
                                          float* m, float* v) {

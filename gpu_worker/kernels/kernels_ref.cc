@@ -133,7 +133,7 @@ void RefApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* column
   }
 }
 
-void RefSelectiveAdamW(const AdamWParams& h, float grad_scale, float* w, int64_t rows, int64_t cols,
+void RefSelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w, int64_t rows, int64_t cols,
                        const int32_t* columns, int64_t ncols, const int64_t* steps,
                        const float* grad, float* m, float* v) {
   for (int64_t c = 0; c < ncols; ++c) {

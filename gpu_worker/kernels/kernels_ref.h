@@ -38,7 +38,7 @@ void RefApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* column
                      PackDType dtype, const void* src, const float* scales, bool add);
 
 // The AdamW step of Backend::SelectiveAdamW, element by element.
-void RefSelectiveAdamW(const AdamWParams& h, float grad_scale, float* w, int64_t rows, int64_t cols,
+void RefSelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w, int64_t rows, int64_t cols,
                        const int32_t* columns, int64_t ncols, const int64_t* steps,
                        const float* grad, float* m, float* v);
 

@@ -461,7 +461,7 @@ TEST_P(BackendTest, SelectiveAdamWMatchesReference) {
                           {600, 20, ColStyle::kAll, 0}};
   const int64_t kSteps[] = {1, 2, 3, 10, 1000, 1000000};
   Data d(7);
-  AdamWParams h;
+  AdamWHyper h;
   h.lr = 1e-2f;
   h.weight_decay = 0.1f;
   for (const Shape& s : shapes) {
@@ -553,7 +553,7 @@ TEST_P(BackendTest, RejectsBadArguments) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("more than once"));
 
   const std::vector<int64_t> zero_step = {1, 0};
-  AdamWParams h;
+  AdamWHyper h;
   s = Outcome(
       be_->SelectiveAdamW(h, 1.0f, f, 4, 4, cols2, 2, Upload(zero_step), f + 16, f + 32, f + 48));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -610,7 +610,7 @@ TEST(KernelsRefTest, AdamWMatchesHandComputedValues) {
   //   m = 0.1*0.5 = 0.05, v = 0.001*0.25 = 0.00025, p = 1*(1-0.001) = 0.999,
   //   bc1 = 0.1, bc2 = 0.001, sqrt(v)/sqrt(bc2) = 0.5,
   //   p = 0.999 - (0.1/0.1) * 0.05 / (0.5 + 1e-8) = 0.899000002.
-  AdamWParams h;
+  AdamWHyper h;
   h.lr = 0.1f;
   h.weight_decay = 0.01f;
   std::vector<float> w = {7.0f, 7.0f, 1.0f};

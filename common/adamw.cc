@@ -4,7 +4,7 @@
 // This file is compiled without -march flags; SIMD kernels carry
 // __attribute__((target(...))) and callers pick a level the CPU supports.
 
-#include "server/adamw.h"
+#include "common/adamw.h"
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
 // _mm512_undefined_*() helpers (GCC bug 105593); silence it for the header.

@@ -2,7 +2,7 @@
 // double-precision computation, SIMD kernels against the reference, and
 // decoupled weight decay.
 
-#include "server/adamw.h"
+#include "common/adamw.h"
 
 #include <cmath>
 #include <cstring>

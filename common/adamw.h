@@ -2,20 +2,22 @@
 // torch.optim.AdamW) applied to one contiguous run of parameters, with a scalar
 // reference and AVX2 / AVX-512 versions selected by SimdLevel.
 
-#ifndef ZENFLOW_SERVER_ADAMW_H_
-#define ZENFLOW_SERVER_ADAMW_H_
+#ifndef ZENFLOW_COMMON_ADAMW_H_
+#define ZENFLOW_COMMON_ADAMW_H_
 
 #include <cstddef>
 #include <cstdint>
 
 namespace zenflow {
 
+// AdamW's hyper-parameters, shared by the daemon and the worker (torch's
+// defaults, and the daemon's JobSpec defaults).
 struct AdamWHyper {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
 };
 
 // Vector instruction set used by AdamWUpdate.
@@ -56,4 +58,4 @@ void AdamWUpdate(SimdLevel level, const AdamWHyper& h, int64_t step,
 
 }  // namespace zenflow
 
-#endif  // ZENFLOW_SERVER_ADAMW_H_
+#endif  // ZENFLOW_COMMON_ADAMW_H_
