@@ -6,16 +6,7 @@
 
 #include "common/adamw.h"
 
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// _mm512_undefined_*() helpers (GCC bug 105593); silence it for the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "common/simd.h"
 
 #include <cmath>
 
@@ -173,14 +164,8 @@ ZF_TARGET_AVX512 void UpdateAvx512(const Consts& c, const float* grad, float* p,
 }
 
 SimdLevel DetectLevel() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma")) {
-    return SimdLevel::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return SimdLevel::kAvx2;
-  }
+  if (simd::HasAvx512Fma()) return SimdLevel::kAvx512;
+  if (simd::HasAvx2Fma()) return SimdLevel::kAvx2;
   return SimdLevel::kScalar;
 }
 

@@ -6,16 +6,7 @@
 
 #include "common/codec.h"
 
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// _mm512_undefined_*() helpers (GCC bug 105593); silence it for the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "common/simd.h"
 
 #include <cstring>
 
@@ -479,15 +470,8 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
 }
 
 Isa DetectIsa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx2;
-  }
+  if (simd::HasAvx512Codec()) return Isa::kAvx512;
+  if (simd::HasAvx2F16c()) return Isa::kAvx2;
   return Isa::kScalar;
 }
 

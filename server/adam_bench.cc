@@ -14,16 +14,7 @@
 // Flags (--name=value): --params (default 67108864), --rows (4096),
 // --threads (2), --iters (10), --out (bench-results/adam.json).
 
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// _mm512_undefined_*() helpers (GCC bug 105593); silence it for the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "common/simd.h"
 
 #include <algorithm>
 #include <chrono>

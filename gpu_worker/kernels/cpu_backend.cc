@@ -26,16 +26,7 @@
 // block sizes (backend_common.h), never by thread, so results are identical
 // for every thread count; everything else is element-wise and exact.
 
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// _mm512_undefined_*() helpers (GCC bug 105593); silence it for the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "common/simd.h"
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -281,17 +272,9 @@ PackPlan MakePackPlan(const int32_t* columns, int64_t ncols, int64_t cols) {
   return plan;
 }
 
-bool CpuHasAvx512Pack() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("f16c");
-  return ok;
-}
+bool CpuHasAvx512Pack() { return simd::HasAvx512Pack(); }
 
-bool CpuHasAvx512Bf16() {
-  static const bool ok = CpuHasAvx512Pack() && __builtin_cpu_supports("avx512bf16");
-  return ok;
-}
+bool CpuHasAvx512Bf16() { return simd::HasAvx512Bf16(); }
 
 // In-register transpose of a 16x16 matrix of 32-bit lanes: r[i] lane j
 // becomes r[j] lane i.

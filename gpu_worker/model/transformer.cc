@@ -9,6 +9,8 @@
 
 #include "gpu_worker/model/transformer.h"
 
+#include "common/simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -167,8 +169,7 @@ __attribute__((target("avx2"))) void GemmTilesAvx2(const GemmArgs& g,
 using GemmKernel = void (*)(const GemmArgs&, size_t, size_t);
 
 GemmKernel SelectGemmKernel() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) return &GemmTilesAvx2;
+  if (simd::HasAvx2()) return &GemmTilesAvx2;
   return &GemmTilesGeneric;
 }
 
