@@ -9,6 +9,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype_proto.h"
 #include "common/status_macros.h"
 #include "common/stream_error.h"
 #include "common/ucx_frame.h"
@@ -19,18 +20,6 @@ namespace {
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-v1::DType ToProto(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return v1::DTYPE_FP32;
-    case DType::kBF16:
-      return v1::DTYPE_BF16;
-    case DType::kF16:
-      return v1::DTYPE_FP16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
 }
 
 }  // namespace

@@ -18,7 +18,8 @@
 
 namespace zenflow {
 
-// Element type of a tensor on the wire. Values match the proto enum.
+// Element type of a tensor on the wire. Its zenflow.v1.DType conversions
+// are in common/dtype_proto.h (the numeric values differ).
 enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 // Bytes per element: 4 for kF32, 2 for kBF16 and kF16.

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/dtype_proto.h"
 #include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -223,13 +224,11 @@ absl::Status Run() {
     want.set_world_size(world);
     want.set_mode(mode == "zero_offload" ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
     const std::string wire = absl::GetFlag(FLAGS_wire);
-    if (wire != "fp32" && wire != "bf16" && wire != "fp16" && wire != "int8") {
+    absl::StatusOr<v1::DType> wire_dtype = WireDTypeFromName(wire);
+    if (!wire_dtype.ok()) {
       return absl::InvalidArgumentError("--wire must be fp32, bf16, fp16 or int8");
     }
-    want.set_wire_dtype(wire == "fp32"   ? v1::DTYPE_FP32
-                        : wire == "fp16" ? v1::DTYPE_FP16
-                        : wire == "int8" ? v1::DTYPE_INT8
-                                         : v1::DTYPE_BF16);
+    want.set_wire_dtype(*wire_dtype);
     want.mutable_adamw()->set_lr(lr);
     want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
     v1::ZenFlowConfig* z = want.mutable_zenflow();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/dtype_proto.h"
 #include "common/quote.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
@@ -23,20 +24,6 @@ constexpr int32_t kMaxWorldSize = 4096;
 // Updates of fewer elements run without the shared thread pool.
 constexpr int64_t kInlineUpdateElements = int64_t{1} << 16;
 
-absl::StatusOr<DType> WireDType(v1::DType d, const char* what) {
-  switch (d) {
-    case v1::DTYPE_FP32:
-      return DType::kF32;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    case v1::DTYPE_FP16:
-      return DType::kF16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": unknown dtype ", static_cast<int>(d),
-                       " (use DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16)"));
-  }
-}
 
 }  // namespace
 
@@ -122,7 +109,7 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
       }
     }
     if (t->dtype() == v1::DTYPE_UNSPECIFIED) t->set_dtype(v1::DTYPE_FP32);
-    ZF_RETURN_IF_ERROR(WireDType(t->dtype(), "tensor dtype").status());
+    ZF_RETURN_IF_ERROR(FromProto(t->dtype(), "tensor dtype").status());
   }
   if (spec->world_size() == 0) spec->set_world_size(1);
   if (spec->world_size() < 1 || spec->world_size() > kMaxWorldSize) {
@@ -131,7 +118,7 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
   }
   if (spec->wire_dtype() == v1::DTYPE_UNSPECIFIED) spec->set_wire_dtype(v1::DTYPE_BF16);
   if (spec->wire_dtype() != v1::DTYPE_INT8) {
-    ZF_RETURN_IF_ERROR(WireDType(spec->wire_dtype(), "wire_dtype").status());
+    ZF_RETURN_IF_ERROR(FromProto(spec->wire_dtype(), "wire_dtype").status());
   }
   if (spec->delta_kind() == v1::DELTA_UNSPECIFIED) spec->set_delta_kind(v1::DELTA_VALUES);
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::MODE_ZENFLOW);
@@ -285,7 +272,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
     t.rows = ts.shape_size() == 2 ? ts.shape(0) : 1;
     t.cols = ts.shape_size() == 2 ? ts.shape(1) : ts.shape(0);
     t.always_important = zenflow && (ts.shape_size() == 1 || ts.local());
-    t.param_dtype = *WireDType(ts.dtype(), "dtype");
+    t.param_dtype = *FromProto(ts.dtype(), "dtype");
     const size_t n = static_cast<size_t>(t.rows * t.cols);
     params_ += static_cast<int64_t>(n);
     t.master.assign(n, 0.0f);
@@ -412,7 +399,7 @@ absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
                      " (chunks of a tensor are sent in row-major order)"));
   }
   const v1::DType pd = chunk.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FP32 : chunk.dtype();
-  ZF_ASSIGN_OR_RETURN(DType dt, WireDType(pd, "upload dtype"));
+  ZF_ASSIGN_OR_RETURN(DType dt, FromProto(pd, "upload dtype"));
   const size_t esize = DTypeSize(dt);
   if (chunk.payload().size() % esize != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -659,7 +646,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   const bool int8 = pd == v1::DTYPE_INT8;
   DType dt = DType::kF32;
   if (!int8) {
-    ZF_ASSIGN_OR_RETURN(dt, WireDType(pd, "shard dtype"));
+    ZF_ASSIGN_OR_RETURN(dt, FromProto(pd, "shard dtype"));
   }
   const size_t esize = int8 ? 1 : DTypeSize(dt);
   const char* dname = int8 ? "int8" : DTypeName(dt);
@@ -1021,9 +1008,7 @@ void Job::RunUpdate(int64_t round) {
         d->set_round(round);
         d->set_tensor(t.name);
         d->set_kind(arithmetic ? v1::DELTA_ARITHMETIC : v1::DELTA_VALUES);
-        d->set_dtype(out == DType::kF32   ? v1::DTYPE_FP32
-                     : out == DType::kBF16 ? v1::DTYPE_BF16
-                                           : v1::DTYPE_FP16);
+        d->set_dtype(ToProto(out));
         const size_t n = ch.end - ch.begin;
         std::string* payload = d->mutable_payload();
         payload->resize(n * t.rows * DTypeSize(out));

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/dtype_proto.h"
 #include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -118,9 +119,7 @@ class Rank {
     ZF_ASSIGN_OR_RETURN(v1::JoinJobResponse joined, client_->JoinJob(job, rank_));
     const v1::AdamWConfig adamw = joined.spec().adamw();
     hyper_ = AdamWHyper{lr, adamw.beta1(), adamw.beta2(), adamw.eps(), adamw.weight_decay()};
-    wire_ = joined.spec().wire_dtype() == v1::DTYPE_FP32   ? DType::kF32
-            : joined.spec().wire_dtype() == v1::DTYPE_FP16 ? DType::kF16
-                                                           : DType::kBF16;
+    ZF_ASSIGN_OR_RETURN(wire_, FromProto(joined.spec().wire_dtype(), "the job's wire dtype"));
     if (ready_ != nullptr) ready_->Block();
     int64_t version = 0;
     std::vector<float> importance_acc;
@@ -326,10 +325,11 @@ absl::Status RunDemo() {
   }
   spec.set_world_size(ranks);
   const std::string wire = absl::GetFlag(FLAGS_wire);
-  spec.set_wire_dtype(wire == "fp32" ? v1::DTYPE_FP32 : wire == "fp16" ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
-  if (wire != "fp32" && wire != "bf16" && wire != "fp16") {
+  absl::StatusOr<v1::DType> wire_dtype = WireDTypeFromName(wire);
+  if (!wire_dtype.ok() || *wire_dtype == v1::DTYPE_INT8) {
     return absl::InvalidArgumentError("--wire must be fp32, bf16 or fp16");
   }
+  spec.set_wire_dtype(*wire_dtype);
   spec.mutable_adamw()->set_lr(static_cast<float>(absl::GetFlag(FLAGS_lr)));
   spec.mutable_adamw()->set_weight_decay(0.0f);
   spec.mutable_zenflow()->set_topk_ratio(static_cast<float>(absl::GetFlag(FLAGS_topk)));
