@@ -23,6 +23,7 @@
 #include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage_config.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -365,6 +366,12 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One rank of a ZenFlow fine-tuning run (see --mode).");
+  // --help lists this file's flags (absl matches the binary's name by default).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "train_main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   zenflow::TuneMallocForBulkBuffers();
   absl::Status s = zenflow::Run();
