@@ -275,16 +275,15 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
     t.param_dtype = *FromProto(ts.dtype(), "dtype");
     const size_t n = static_cast<size_t>(t.rows * t.cols);
     params_ += static_cast<int64_t>(n);
-    t.master.assign(n, 0.0f);
-    t.m.assign(n, 0.0f);
-    t.v.assign(n, 0.0f);
     t.acc[0].assign(n, 0.0f);
     t.acc[1].assign(n, 0.0f);
-    t.count.assign(t.cols, 0);
     t.important.assign(t.cols, 0);  // version 0: every column remote
     t.last_step.assign(world_, std::vector<int64_t>(t.cols, -1));
     t.round_hits.assign(world_, std::vector<int32_t>(t.cols, 0));
   }
+  std::vector<TensorStore::Shape> shapes;
+  for (const TensorState& t : tensors_) shapes.push_back({t.rows, t.cols});
+  store_ = std::make_unique<TensorStore>(shapes);
   ranks_.resize(world_);
   for (RankState& r : ranks_) {
     r.tensor_handed_off.assign(tensors_.size(), 0);
@@ -444,15 +443,7 @@ absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
   for (size_t i = 0; i < job_->tensors_.size(); ++i) {
     TensorState& t = job_->tensors_[i];
     std::vector<float>& src = t.acc[1];  // staged, row-major [rows][cols]
-    constexpr int64_t kBlock = 64;
-    for (int64_t r0 = 0; r0 < t.rows; r0 += kBlock) {
-      for (int64_t c0 = 0; c0 < t.cols; c0 += kBlock) {
-        const int64_t r1 = std::min(t.rows, r0 + kBlock), c1 = std::min(t.cols, c0 + kBlock);
-        for (int64_t c = c0; c < c1; ++c) {
-          for (int64_t r = r0; r < r1; ++r) t.master[c * t.rows + r] = src[r * t.cols + c];
-        }
-      }
-    }
+    job_->store_->LoadRowMajor(static_cast<int>(i), src.data());
     total += t.rows * t.cols;
     std::fill(src.begin(), src.end(), 0.0f);
   }
@@ -876,7 +867,8 @@ void Job::RunUpdate(int64_t round) {
     while (i < cols.size()) {
       size_t j = i + 1;
       while (j < cols.size() && cols[j] == cols[j - 1] + 1 &&
-             t.count[cols[j]] == t.count[cols[i]] &&
+             store_->count(static_cast<int>(ti), cols[j]) ==
+                 store_->count(static_cast<int>(ti), cols[i]) &&
              static_cast<int64_t>(j - i) < max_cols) {
         ++j;
       }
@@ -949,8 +941,8 @@ void Job::RunUpdate(int64_t round) {
         const TensorState& t = tensors_[ti];
         old_values[ti].resize(remote[ti].size() * t.rows);
         for (size_t i = 0; i < remote[ti].size(); ++i) {
-          std::memcpy(old_values[ti].data() + i * t.rows, t.master.data() + remote[ti][i] * t.rows,
-                      t.rows * sizeof(float));
+          std::memcpy(old_values[ti].data() + i * t.rows,
+                      store_->master(static_cast<int>(ti), remote[ti][i]), t.rows * sizeof(float));
         }
       }
     }
@@ -959,14 +951,14 @@ void Job::RunUpdate(int64_t round) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         TensorState& t = tensors_[run.tensor];
-        const int64_t step = t.count[run.first_col] + 1;
+        const int64_t step = store_->count(run.tensor, run.first_col) + 1;
         const size_t off = static_cast<size_t>(run.first_col * t.rows);
         const size_t n = static_cast<size_t>(run.ncols * t.rows);
         float* g = t.acc[parity].data() + off;
-        AdamWUpdate(ctx_.simd, h, step, grad_scale, g, t.master.data() + off, t.m.data() + off,
-                    t.v.data() + off, n);
+        AdamWUpdate(ctx_.simd, h, step, grad_scale, g, store_->master(run.tensor, run.first_col),
+                    store_->m(run.tensor, run.first_col), store_->v(run.tensor, run.first_col), n);
         std::memset(g, 0, n * sizeof(float));
-        for (int64_t c = 0; c < run.ncols; ++c) t.count[run.first_col + c] = step;
+        for (int64_t c = 0; c < run.ncols; ++c) store_->set_count(run.tensor, run.first_col + c, step);
       }
     });
   } else {
@@ -1016,7 +1008,7 @@ void Job::RunUpdate(int64_t round) {
         for (size_t i = ch.begin; i < ch.end; ++i) {
           const int32_t c = remote[ch.tensor][i];
           d->add_columns(c);
-          const float* src = t.master.data() + static_cast<size_t>(c) * t.rows;
+          const float* src = store_->master(ch.tensor, c);
           if (arithmetic) {
             diff.resize(t.rows);
             const float* old = old_values[ch.tensor].data() + i * t.rows;
@@ -1237,17 +1229,9 @@ std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
   return out;
 }
 
-void Job::FillColumnState(const TensorState& t, const std::vector<int32_t>& cols,
-                          v1::ColumnState* out) const {
-  out->set_tensor(t.name);
-  for (int32_t c : cols) {
-    out->add_columns(c);
-    const size_t off = static_cast<size_t>(c) * t.rows;
-    out->mutable_values()->Add(t.master.begin() + off, t.master.begin() + off + t.rows);
-    out->mutable_m()->Add(t.m.begin() + off, t.m.begin() + off + t.rows);
-    out->mutable_v()->Add(t.v.begin() + off, t.v.begin() + off + t.rows);
-    out->add_update_counts(t.count[c]);
-  }
+void Job::FillColumnState(int ti, const std::vector<int32_t>& cols, v1::ColumnState* out) const {
+  out->set_tensor(tensors_[ti].name);
+  store_->ReadColumns(ti, cols, out);
 }
 
 absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) {
@@ -1337,33 +1321,18 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
     if (!in_call[ti] || handoff_applied_version_[ti] != req.version()) continue;
     const TensorState& t = tensors_[ti];
     const v1::ColumnState* cs = given[ti];
-    for (size_t i = 0; i < leaving[ti].size(); ++i) {
-      const size_t off = static_cast<size_t>(leaving[ti][i]) * t.rows;
-      const size_t src = i * t.rows;
-      const size_t bytes = t.rows * sizeof(float);
-      if (std::memcmp(t.master.data() + off, cs->values().data() + src, bytes) != 0 ||
-          std::memcmp(t.m.data() + off, cs->m().data() + src, bytes) != 0 ||
-          std::memcmp(t.v.data() + off, cs->v().data() + src, bytes) != 0 ||
-          t.count[leaving[ti][i]] != cs->update_counts(static_cast<int>(i))) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", req.rank(), ": state of tensor '", t.name, "' column ", leaving[ti][i],
-            " differs from the state already handed off for version ", req.version(),
-            ": the ranks have diverged"));
-      }
+    if (leaving[ti].empty()) continue;
+    const int differs = store_->FirstDifference(static_cast<int>(ti), *cs);
+    if (differs >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", req.rank(), ": state of tensor '", t.name, "' column ", leaving[ti][differs],
+          " differs from the state already handed off for version ", req.version(),
+          ": the ranks have diverged"));
     }
   }
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     if (!in_call[ti] || handoff_applied_version_[ti] == req.version()) continue;
-    TensorState& t = tensors_[ti];
-    const v1::ColumnState* cs = given[ti];
-    for (size_t i = 0; i < leaving[ti].size(); ++i) {
-      const size_t off = static_cast<size_t>(leaving[ti][i]) * t.rows;
-      const size_t src = i * t.rows;
-      std::copy_n(cs->values().data() + src, t.rows, t.master.data() + off);
-      std::copy_n(cs->m().data() + src, t.rows, t.m.data() + off);
-      std::copy_n(cs->v().data() + src, t.rows, t.v.data() + off);
-      t.count[leaving[ti][i]] = cs->update_counts(static_cast<int>(i));
-    }
+    if (!leaving[ti].empty()) store_->WriteColumns(static_cast<int>(ti), *given[ti]);
     handoff_applied_version_[ti] = req.version();
   }
   RankState& rank = ranks_[req.rank()];
@@ -1376,7 +1345,7 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
   v1::HandOffResponse resp;
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     if (!in_call[ti] || joining[ti].empty()) continue;
-    FillColumnState(tensors_[ti], joining[ti], resp.add_joining());
+    FillColumnState(static_cast<int>(ti), joining[ti], resp.add_joining());
   }
   return resp;
 }
@@ -1524,7 +1493,7 @@ absl::StatusOr<v1::ColumnState> Job::ReadColumns(const std::string& tensor,
     }
   }
   v1::ColumnState out;
-  FillColumnState(t, cols, &out);
+  FillColumnState(ti, cols, &out);
   return out;
 }
 

@@ -28,6 +28,7 @@
 #include "common/thread_pool.h"
 #include "common/adamw.h"
 #include "server/mailbox.h"
+#include "server/tensor_store.h"
 #include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"
 
@@ -179,9 +180,7 @@ class Job : public std::enable_shared_from_this<Job> {
     int64_t cols = 0;
     bool always_important = false;  // 1-D or local (in zenflow mode)
     DType param_dtype = DType::kF32;
-    // Column-major [cols][rows].
-    std::vector<float> master, m, v;
-    std::vector<int64_t> count;               // updates per column
+    // Column-major [cols][rows]. (Master, m, v and counts: store_.)
     std::array<std::vector<float>, 2> acc;     // by round parity
     std::vector<uint8_t> important;           // current selection
     std::vector<int32_t> important_cols;      // ascending
@@ -243,7 +242,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<std::function<void()>> MaybeFinishSelectionLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Selection SelectionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillColumnState(const TensorState& t, const std::vector<int32_t>& cols,
+  void FillColumnState(int ti, const std::vector<int32_t>& cols,
                        v1::ColumnState* out) const;
 
   const v1::JobSpec spec_;
@@ -264,6 +263,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // round's accumulation buffer while it runs (no other writer can exist
   // then: see HandleShard/HandOff preconditions).
   std::vector<TensorState> tensors_;
+  // fp32 master, m, v and update counts; access as for tensors_' contents.
+  std::unique_ptr<TensorStore> store_;
   std::vector<RankState> ranks_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, RoundState> rounds_ ABSL_GUARDED_BY(mu_);
   int64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;   // fully closed rounds
