@@ -275,15 +275,12 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
     t.param_dtype = *FromProto(ts.dtype(), "dtype");
     const size_t n = static_cast<size_t>(t.rows * t.cols);
     params_ += static_cast<int64_t>(n);
-    t.acc[0].assign(n, 0.0f);
-    t.acc[1].assign(n, 0.0f);
     t.important.assign(t.cols, 0);  // version 0: every column remote
-    t.last_step.assign(world_, std::vector<int64_t>(t.cols, -1));
-    t.round_hits.assign(world_, std::vector<int32_t>(t.cols, 0));
   }
   std::vector<TensorStore::Shape> shapes;
   for (const TensorState& t : tensors_) shapes.push_back({t.rows, t.cols});
   store_ = std::make_unique<TensorStore>(shapes);
+  acc_ = std::make_unique<RoundAccumulator>(shapes, world_);
   ranks_.resize(world_);
   for (RankState& r : ranks_) {
     r.tensor_handed_off.assign(tensors_.size(), 0);
@@ -357,8 +354,7 @@ Job::Upload::~Upload() {
   if (!committed_) {
     // Clear what was staged: the buffer accumulates odd rounds later.
     for (size_t i = 0; i < job_->tensors_.size(); ++i) {
-      std::vector<float>& staged = job_->tensors_[i].acc[1];
-      std::fill(staged.begin(), staged.begin() + filled_[i], 0.0f);
+      job_->acc_->ClearStaging(static_cast<int>(i), filled_[i]);
     }
   }
   job_->uploading_ = false;
@@ -417,8 +413,8 @@ absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
                                                    "': non-finite value at element ",
                                                    chunk.offset() + static_cast<int64_t>(bad)));
   }
-  // Only this upload touches acc[1] before the parameters are in.
-  float* staged = job_->tensors_[ti].acc[1].data();
+  // Only this upload touches the staging buffer before the parameters are in.
+  float* staged = job_->acc_->staging(ti);
   Decode(dt, chunk.payload().data(), n, staged + chunk.offset());
   filled_[ti] += n;
   return absl::OkStatus();
@@ -442,10 +438,9 @@ absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
   int64_t total = 0;
   for (size_t i = 0; i < job_->tensors_.size(); ++i) {
     TensorState& t = job_->tensors_[i];
-    std::vector<float>& src = t.acc[1];  // staged, row-major [rows][cols]
-    job_->store_->LoadRowMajor(static_cast<int>(i), src.data());
+    job_->store_->LoadRowMajor(static_cast<int>(i), job_->acc_->staging(static_cast<int>(i)));
     total += t.rows * t.cols;
-    std::fill(src.begin(), src.end(), 0.0f);
+    job_->acc_->ClearStaging(static_cast<int>(i), t.rows * t.cols);
   }
   job_->uploaded_ = true;
   committed_ = true;
@@ -676,7 +671,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
           "tensor '", t.name, "': column ", c, " is important under selection version ",
           selection_version_, " and is updated on the worker; send only unimportant columns"));
     }
-    if (t.last_step[rank][c] == shard.step()) {
+    if (acc_->Received(ti, rank, shard.step(), c)) {
       return absl::AlreadyExistsError(absl::StrCat("tensor '", t.name, "': column ", c,
                                                    " of step ", shard.step(),
                                                    " was already received from rank ", rank));
@@ -725,10 +720,9 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   }
   // Everything checked: apply.
   if (!finite) rounds_[round].nonfinite = true;
-  std::vector<float>& acc = t.acc[round & 1];
   for (size_t i = 0; i < ncols; ++i) {
     const int32_t c = shard.columns(static_cast<int>(i));
-    float* dst = acc.data() + static_cast<size_t>(c) * t.rows;
+    float* dst = acc_->sum(ti, round, c);
     if (!finite) {
       // The round is skipped: nothing to add.
     } else if (int8) {
@@ -738,8 +732,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
     } else {
       DecodeAdd(dt, payload + i * col_bytes, t.rows, dst);
     }
-    t.last_step[rank][c] = shard.step();
-    t.round_hits[rank][c] += 1;
+    acc_->MarkReceived(ti, rank, shard.step(), c);
   }
   ++shards_received_;
   shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
@@ -788,20 +781,19 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
         "round ", close.round(), ": lr ", close.lr(), " differs from the lr ", it->second.lr,
         " other ranks closed it with"));
   }
-  for (const TensorState& t : tensors_) {
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
     for (int64_t c = 0; c < t.cols; ++c) {
-      if (!t.important[c] && t.round_hits[rank][c] != steps) {
+      const int32_t hits = acc_->hits(static_cast<int>(ti), rank, static_cast<int32_t>(c));
+      if (!t.important[c] && hits != steps) {
         return absl::FailedPreconditionError(absl::StrCat(
             "rank ", rank, " cannot close round ", close.round(), ": tensor '", t.name,
-            "' column ", c, " has gradients from ", t.round_hits[rank][c], " of ", steps,
-            " steps"));
+            "' column ", c, " has gradients from ", hits, " of ", steps, " steps"));
       }
     }
   }
   // Apply.
-  for (TensorState& t : tensors_) {
-    std::fill(t.round_hits[rank].begin(), t.round_hits[rank].end(), 0);
-  }
+  acc_->ResetRank(rank);
   rs.next_round = close.round() + 1;
   RoundState& round = rounds_[close.round()];
   round.closed += 1;
@@ -853,7 +845,6 @@ void Job::RunUpdate(int64_t round) {
     for (const RankState& r : ranks_) boxes.push_back(r.mailbox);
     version = selection_version_;
   }
-  const int parity = static_cast<int>(round & 1);
   const v1::AdamWConfig& cfg = spec_.adamw();
   const bool arithmetic = spec_.delta_kind() == v1::DELTA_ARITHMETIC;
 
@@ -904,7 +895,7 @@ void Job::RunUpdate(int64_t round) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         const TensorState& t = tensors_[run.tensor];
-        const float* g = t.acc[parity].data() + run.first_col * t.rows;
+        const float* g = acc_->sum(run.tensor, round, run.first_col);
         double s = 0;
         float big = 0;
         for (int64_t i = 0; i < run.ncols * t.rows; ++i) {
@@ -952,9 +943,8 @@ void Job::RunUpdate(int64_t round) {
         const ColumnRun& run = runs[k];
         TensorState& t = tensors_[run.tensor];
         const int64_t step = store_->count(run.tensor, run.first_col) + 1;
-        const size_t off = static_cast<size_t>(run.first_col * t.rows);
         const size_t n = static_cast<size_t>(run.ncols * t.rows);
-        float* g = t.acc[parity].data() + off;
+        float* g = acc_->sum(run.tensor, round, run.first_col);
         AdamWUpdate(ctx_.simd, h, step, grad_scale, g, store_->master(run.tensor, run.first_col),
                     store_->m(run.tensor, run.first_col), store_->v(run.tensor, run.first_col), n);
         std::memset(g, 0, n * sizeof(float));
@@ -965,9 +955,7 @@ void Job::RunUpdate(int64_t round) {
     parallel(runs.size(), [&](size_t b, size_t e) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
-        TensorState& t = tensors_[run.tensor];
-        std::memset(t.acc[parity].data() + run.first_col * t.rows, 0,
-                    run.ncols * t.rows * sizeof(float));
+        acc_->Clear(run.tensor, round, run.first_col, run.ncols);
       }
     });
   }

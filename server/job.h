@@ -28,6 +28,7 @@
 #include "common/thread_pool.h"
 #include "common/adamw.h"
 #include "server/mailbox.h"
+#include "server/round_accumulator.h"
 #include "server/tensor_store.h"
 #include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"
@@ -180,14 +181,10 @@ class Job : public std::enable_shared_from_this<Job> {
     int64_t cols = 0;
     bool always_important = false;  // 1-D or local (in zenflow mode)
     DType param_dtype = DType::kF32;
-    // Column-major [cols][rows]. (Master, m, v and counts: store_.)
-    std::array<std::vector<float>, 2> acc;     // by round parity
+    // (Master, m, v and counts: store_; round sums and arrivals: acc_.)
     std::vector<uint8_t> important;           // current selection
     std::vector<int32_t> important_cols;      // ascending
     std::vector<int32_t> prev_important_cols;  // before the last reselection
-    // Per rank: last step a column was received, hits in the open round.
-    std::vector<std::vector<int64_t>> last_step;
-    std::vector<std::vector<int32_t>> round_hits;
   };
   friend class Upload;
 
@@ -265,6 +262,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<TensorState> tensors_;
   // fp32 master, m, v and update counts; access as for tensors_' contents.
   std::unique_ptr<TensorStore> store_;
+  // Round sums and which rank sent which column for which step; access as
+  // for tensors_' contents (a round's update owns that round's sums).
+  std::unique_ptr<RoundAccumulator> acc_;
   std::vector<RankState> ranks_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, RoundState> rounds_ ABSL_GUARDED_BY(mu_);
   int64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;   // fully closed rounds

@@ -1,0 +1,38 @@
+// A job's rounds as they arrive; see round_accumulator.h.
+#include "server/round_accumulator.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace zenflow {
+
+RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world)
+    : tensors_(shapes.size()) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor& x = tensors_[i];
+    x.shape = shapes[i];
+    const size_t n = static_cast<size_t>(x.shape.rows * x.shape.cols);
+    x.sum[0].assign(n, 0.0f);
+    x.sum[1].assign(n, 0.0f);
+    x.last_step.assign(world, std::vector<int64_t>(x.shape.cols, -1));
+    x.hits.assign(world, std::vector<int32_t>(x.shape.cols, 0));
+  }
+}
+
+void RoundAccumulator::Clear(int t, int64_t round, int64_t first, int64_t n) {
+  Tensor& x = tensors_[t];
+  std::memset(x.sum[round & 1].data() + first * x.shape.rows, 0,
+              static_cast<size_t>(n * x.shape.rows) * sizeof(float));
+}
+
+void RoundAccumulator::ResetRank(int rank) {
+  for (Tensor& x : tensors_) std::fill(x.hits[rank].begin(), x.hits[rank].end(), 0);
+}
+
+void RoundAccumulator::ClearStaging(int t, int64_t elements) {
+  std::vector<float>& s = tensors_[t].sum[1];
+  std::fill(s.begin(), s.begin() + std::min<int64_t>(elements, static_cast<int64_t>(s.size())),
+            0.0f);
+}
+
+}  // namespace zenflow

@@ -1,0 +1,74 @@
+// The rounds of one job as they arrive: per-round fp32 sums of the shards of
+// every rank and step (two buffers, by round parity, so that round r+1
+// accumulates while round r is updated), and which rank has sent which
+// column for which step of its open round.
+//
+//   RoundAccumulator acc({{rows, cols}}, /*world=*/2);
+//   if (!acc.Received(t, rank, step, c)) {
+//     DecodeAdd(dtype, payload, rows, acc.sum(t, round, c));
+//     acc.MarkReceived(t, rank, step, c);
+//   }
+//
+// Not thread-safe: its owner (Job) serializes access, under its mutex, or by
+// the ownership a round's update has of that round's buffer.
+#ifndef ZENFLOW_SERVER_ROUND_ACCUMULATOR_H_
+#define ZENFLOW_SERVER_ROUND_ACCUMULATOR_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "server/tensor_store.h"
+
+namespace zenflow {
+
+class RoundAccumulator {
+ public:
+  // Zeroed sums; per rank and column, nothing received. Allocates 8 B per
+  // element and 12 B per rank and column; throws std::bad_alloc when it
+  // cannot.
+  RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world);
+  RoundAccumulator(const RoundAccumulator&) = delete;
+  RoundAccumulator& operator=(const RoundAccumulator&) = delete;
+
+  // Column c of tensor t in round `round`'s sum (rows floats, followed by
+  // column c + 1's).
+  float* sum(int t, int64_t round, int64_t c) {
+    Tensor& x = tensors_[t];
+    return x.sum[round & 1].data() + c * x.shape.rows;
+  }
+  // Zeroes columns [first, first + n) of round `round`'s sum.
+  void Clear(int t, int64_t round, int64_t first, int64_t n);
+
+  // Whether `rank` already sent column c of tensor t for `step`.
+  bool Received(int t, int rank, int64_t step, int32_t c) const {
+    return tensors_[t].last_step[rank][c] == step;
+  }
+  // Records it: one more step of the rank's open round for that column.
+  void MarkReceived(int t, int rank, int64_t step, int32_t c) {
+    tensors_[t].last_step[rank][c] = step;
+    tensors_[t].hits[rank][c] += 1;
+  }
+  // Steps of the rank's open round received for column c of tensor t.
+  int32_t hits(int t, int rank, int32_t c) const { return tensors_[t].hits[rank][c]; }
+  // The rank closed its round: its counts start again from zero.
+  void ResetRank(int rank);
+
+  // Before the parameters are uploaded the odd rounds' sum is idle: an
+  // upload stages tensor t there (row-major), then clears it.
+  float* staging(int t) { return tensors_[t].sum[1].data(); }
+  void ClearStaging(int t, int64_t elements);
+
+ private:
+  struct Tensor {
+    TensorStore::Shape shape;
+    std::array<std::vector<float>, 2> sum;
+    std::vector<std::vector<int64_t>> last_step;  // [rank][col]; -1: none
+    std::vector<std::vector<int32_t>> hits;       // [rank][col]
+  };
+  std::vector<Tensor> tensors_;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_SERVER_ROUND_ACCUMULATOR_H_
