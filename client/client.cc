@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype_proto.h"
+#include "common/geometry.h"
 #include "common/status_macros.h"
 #include "common/stream_error.h"
 #include "common/ucx_frame.h"
@@ -571,7 +572,8 @@ absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_
                                  const std::vector<int32_t>& columns, const float* col_major,
                                  int64_t rows, DType dtype) {
   const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
-  const size_t per = std::max<size_t>(1, static_cast<size_t>(options_.max_shard_bytes) / col_bytes);
+  const size_t per = static_cast<size_t>(
+      ColumnsPerMessage(options_.max_shard_bytes, rows, static_cast<int64_t>(DTypeSize(dtype))));
   for (size_t i = 0; i < columns.size(); i += per) {
     const size_t n = std::min(per, columns.size() - i);
     v1::GradientShard shard = ShardHeader(step, tensor, version, ToProto(dtype),
@@ -588,8 +590,7 @@ absl::Status Client::PushSplit(int64_t step, const std::string& tensor, int64_t 
                                const int32_t* columns, int64_t ncols, const char* payload,
                                int64_t col_bytes, v1::DType dtype, const float* scales,
                                std::shared_ptr<void> hold) {
-  const int64_t per =
-      std::max<int64_t>(1, options_.max_shard_bytes / std::max<int64_t>(col_bytes, 1));
+  const int64_t per = ColumnsPerMessage(options_.max_shard_bytes, 1, col_bytes);
   for (int64_t i = 0; i < ncols; i += per) {
     const int64_t n = std::min(per, ncols - i);
     v1::UpMessage msg;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/geometry.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
 
@@ -193,9 +194,10 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     }
     auto t = std::make_unique<Tensor>();
     t->name = ts.name();
-    t->rows = ts.shape_size() == 2 ? ts.shape(0) : 1;
-    t->cols = ts.shape_size() == 2 ? ts.shape(1) : ts.shape(0);
-    t->always_important = !zero_offload_ && (ts.shape_size() == 1 || ts.local());
+    const ColumnGeometry geo = GeometryOf(ts);
+    t->rows = geo.rows;
+    t->cols = geo.cols;
+    t->always_important = AlwaysImportant(ts, spec_.mode());
     t->param = p->param;
     t->grad = p->grad;
     const int64_t cap = zero_offload_ ? 0 : t->always_important ? t->cols : TopKCount(k, t->cols);
@@ -404,7 +406,8 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
   std::shared_ptr<StageRing> ring = ring_;
   for (auto& tp : tensors_) {
     Tensor* t = tp.get();
-    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(stage_bytes_ / (t->rows * esize)));
+    const int64_t per =
+        ColumnsPerMessage(static_cast<int64_t>(stage_bytes_), t->rows, static_cast<int64_t>(esize));
     for (int64_t first = 0; first < static_cast<int64_t>(t->remote.size()); first += per) {
       const int64_t n = std::min<int64_t>(per, static_cast<int64_t>(t->remote.size()) - first);
       const int buf = next_stage_;

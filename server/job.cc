@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype_proto.h"
+#include "common/geometry.h"
 #include "common/quote.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
@@ -221,8 +222,8 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
   const bool arithmetic = spec.delta_kind() == v1::DELTA_ARITHMETIC;
   int64_t delta_round = 0;
   for (const v1::TensorSpec& t : spec.tensors()) {
-    const int64_t rows = t.shape_size() == 2 ? t.shape(0) : 1;
-    const int64_t cols = t.shape_size() == 2 ? t.shape(1) : t.shape(0);
+    const ColumnGeometry geo = GeometryOf(t);
+    const int64_t rows = geo.rows, cols = geo.cols;
     const int64_t n = mul(rows, cols);
     add(&f.params, n);
     add(&f.state_bytes, mul(n, 5 * sizeof(float)));
@@ -263,15 +264,15 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
       interval_(spec.zenflow().update_interval()),
       footprint_(footprint),
       strand_(ctx.scheduler->NewStrand()) {
-  const bool zenflow = spec.mode() == v1::MODE_ZENFLOW;
   tensors_.resize(spec.tensors_size());
   for (int i = 0; i < spec.tensors_size(); ++i) {
     const v1::TensorSpec& ts = spec.tensors(i);
     TensorState& t = tensors_[i];
     t.name = ts.name();
-    t.rows = ts.shape_size() == 2 ? ts.shape(0) : 1;
-    t.cols = ts.shape_size() == 2 ? ts.shape(1) : ts.shape(0);
-    t.always_important = zenflow && (ts.shape_size() == 1 || ts.local());
+    const ColumnGeometry geo = GeometryOf(ts);
+    t.rows = geo.rows;
+    t.cols = geo.cols;
+    t.always_important = AlwaysImportant(ts, spec.mode());
     t.param_dtype = *FromProto(ts.dtype(), "dtype");
     const size_t n = static_cast<size_t>(t.rows * t.cols);
     params_ += static_cast<int64_t>(n);
@@ -971,8 +972,8 @@ void Job::RunUpdate(int64_t round) {
     for (size_t ti = 0; ti < tensors_.size(); ++ti) {
       const TensorState& t = tensors_[ti];
       const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-      const size_t per = std::max<size_t>(
-          1, static_cast<size_t>(spec_.max_shard_bytes()) / (t.rows * DTypeSize(out)));
+      const size_t per = static_cast<size_t>(ColumnsPerMessage(
+          spec_.max_shard_bytes(), t.rows, static_cast<int64_t>(DTypeSize(out))));
       for (size_t i = 0; i < remote[ti].size(); i += per) {
         chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
       }

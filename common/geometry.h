@@ -1,0 +1,45 @@
+// Rules the daemon and the worker must apply identically: how a tensor's
+// shape maps to rows and columns, which tensors ZenFlow keeps whole on the
+// worker, and how many columns fit in one message.
+//
+//   const ColumnGeometry g = GeometryOf(spec.tensors(i));      // {rows, cols}
+//   if (AlwaysImportant(spec.tensors(i), spec.mode())) ...
+//   const int64_t per = ColumnsPerMessage(max_bytes, g.rows, 2);  // bf16
+#ifndef ZENFLOW_COMMON_GEOMETRY_H_
+#define ZENFLOW_COMMON_GEOMETRY_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+struct ColumnGeometry {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// A 2-D tensor W[rows, cols]; a 1-D tensor [n] is one row of n columns.
+inline ColumnGeometry GeometryOf(const v1::TensorSpec& t) {
+  if (t.shape_size() == 2) return {t.shape(0), t.shape(1)};
+  return {1, t.shape_size() == 1 ? t.shape(0) : 0};
+}
+
+// In zenflow mode, 1-D tensors (bias, norm) and tensors marked local are
+// fully important (updated on the worker); zero_offload keeps every tensor
+// on the daemon.
+inline bool AlwaysImportant(const v1::TensorSpec& t, v1::Mode mode) {
+  return mode != v1::MODE_ZERO_OFFLOAD && (t.shape_size() == 1 || t.local());
+}
+
+// How many whole columns of `rows` values of `value_bytes` each fit in
+// `max_bytes`; at least 1 (a column larger than the limit travels alone).
+inline int64_t ColumnsPerMessage(int64_t max_bytes, int64_t rows, int64_t value_bytes) {
+  const int64_t col = std::max<int64_t>(1, rows * value_bytes);
+  return std::max<int64_t>(1, max_bytes / col);
+}
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_COMMON_GEOMETRY_H_
