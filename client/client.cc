@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 Client::~Client() {
   CloseStream();
+  ucx_ready_.store(nullptr, std::memory_order_release);
   ucx_.reset();  // its callbacks use this client: stop them first
 }
 
@@ -211,6 +212,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
                           absl::StrCat("transport ucx: ", w.status().message()));
     }
     ucx_ = *std::move(w);
+    ucx_ready_.store(ucx_.get(), std::memory_order_release);
   }
   stream_ctx_ = std::make_unique<grpc::ClientContext>();
   stream_ = stub_->Stream(stream_ctx_.get());
@@ -750,7 +752,7 @@ std::optional<RoundUpdate> Client::PollRound() {
 }
 
 void Client::Recycle(std::string buffer) {
-  if (ucx_ != nullptr) ucx_->Recycle(std::move(buffer));
+  if (UcxWorker* w = ucx_ready_.load(std::memory_order_acquire)) w->Recycle(std::move(buffer));
 }
 
 std::vector<absl::Status> Client::TakeErrors() {

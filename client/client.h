@@ -11,6 +11,7 @@
 #ifndef ZENFLOW_CLIENT_CLIENT_H_
 #define ZENFLOW_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -214,6 +215,9 @@ class Client {
   std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
   std::thread reader_, writer_;
   std::unique_ptr<UcxWorker> ucx_;  // created by the first UCX attach
+  // ucx_, for Recycle: published once it exists (it then lives as long as
+  // the client), read without a lock.
+  std::atomic<UcxWorker*> ucx_ready_{nullptr};
 
   Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
