@@ -29,6 +29,7 @@
 #include "common/adamw.h"
 #include "server/mailbox.h"
 #include "server/round_accumulator.h"
+#include "server/round_update.h"
 #include "server/tensor_store.h"
 #include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"
@@ -265,6 +266,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // Round sums and which rank sent which column for which step; access as
   // for tensors_' contents (a round's update owns that round's sums).
   std::unique_ptr<RoundAccumulator> acc_;
+  // What the update needs of each tensor (immutable).
+  std::vector<RoundUpdateTensor> update_tensors_;
   std::vector<RankState> ranks_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, RoundState> rounds_ ABSL_GUARDED_BY(mu_);
   int64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;   // fully closed rounds

@@ -1,0 +1,66 @@
+// The update of one closed round, as a function of the job's state: the
+// mean of the round's sums (clipped if asked), one AdamW step on the
+// daemon's columns of the tensor store (bias correction by each column's own
+// count), the round's sums cleared, and the new values (or arithmetic
+// deltas) encoded as ParameterDelta messages of at most max_shard_bytes. A
+// round whose shards were non-finite, or whose mean cannot give a finite
+// update, is skipped: the store is untouched and the sums are cleared.
+//
+//   RoundUpdateResult r = UpdateRound(input, &store, &accumulator);
+//   for (v1::DownMessage& d : r.deltas) ...   // to every rank
+//
+// Thread-compatible: the caller owns the round's sums and the store's
+// columns in `remote` for the duration (Job guarantees it: no shard of the
+// round can arrive and no hand-off can run while its update runs).
+#ifndef ZENFLOW_SERVER_ROUND_UPDATE_H_
+#define ZENFLOW_SERVER_ROUND_UPDATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/adamw.h"
+#include "common/codec.h"
+#include "common/thread_pool.h"
+#include "server/round_accumulator.h"
+#include "server/tensor_store.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+// What the update needs of a tensor (index = the store's tensor index).
+struct RoundUpdateTensor {
+  std::string name;
+  int64_t rows = 0;
+  DType param_dtype = DType::kF32;  // of the deltas (values kind)
+};
+
+struct RoundUpdateInput {
+  int64_t round = 0;
+  int64_t steps_sum = 0;   // rank-steps summed into the round (the mean's divisor)
+  float lr = 0;            // the round's learning rate
+  bool nonfinite = false;  // a shard carried NaN/Inf (skip_nonfinite_rounds)
+  const std::vector<RoundUpdateTensor>* tensors = nullptr;
+  // Per tensor: the daemon's columns this round, ascending.
+  const std::vector<std::vector<int32_t>>* remote = nullptr;
+  AdamWHyper hyper;  // its lr is replaced by `lr`
+  float max_grad_norm = 0;  // 0: no clipping
+  bool arithmetic = false;  // deltas as fp32 new - old instead of new values
+  int64_t max_shard_bytes = 4 << 20;
+  SimdLevel simd = SimdLevel::kScalar;
+  ThreadPool* pool = nullptr;  // large updates are spread over it
+};
+
+struct RoundUpdateResult {
+  bool skipped = false;     // nothing was updated
+  bool overflowed = false;  // skipped because the sums were not finite
+  float grad_norm = 0;      // of the round's mean gradient (before clipping)
+  std::vector<v1::DownMessage> deltas;
+};
+
+RoundUpdateResult UpdateRound(const RoundUpdateInput& in, TensorStore* store,
+                              RoundAccumulator* acc);
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_SERVER_ROUND_UPDATE_H_

@@ -1,0 +1,117 @@
+#include "server/round_update.h"
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace zenflow {
+namespace {
+
+constexpr int64_t kRows = 3, kCols = 4;
+
+struct Fixture {
+  TensorStore store{{{kRows, kCols}}};
+  RoundAccumulator acc{{{kRows, kCols}}, 2};
+  std::vector<RoundUpdateTensor> tensors{{"w", kRows, DType::kF32}};
+  std::vector<std::vector<int32_t>> remote{{0, 1, 3}};  // column 2 is important
+
+  Fixture() {
+    for (int64_t c = 0; c < kCols; ++c) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        store.master(0, c)[r] = 1.0f + 0.5f * static_cast<float>(c) - 0.25f * static_cast<float>(r);
+        store.m(0, c)[r] = 0.01f * static_cast<float>(r + 1);
+        store.v(0, c)[r] = 0.001f * static_cast<float>(c + 1);
+        acc.sum(0, /*round=*/1, c)[r] = 0.3f * static_cast<float>(c + 1) - 0.1f * static_cast<float>(r);
+      }
+    }
+    store.set_count(0, 1, 2);  // column 1 was updated twice before: its own bias correction
+  }
+
+  RoundUpdateInput Input() {
+    RoundUpdateInput in;
+    in.round = 1;
+    in.steps_sum = 4;  // 2 ranks x 2 steps
+    in.lr = 0.01f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.hyper = AdamWHyper{0.0f, 0.9f, 0.999f, 1e-8f, 0.01f};
+    in.max_shard_bytes = 2 * kRows * 4;  // two fp32 columns a message
+    in.simd = SimdLevel::kScalar;
+    return in;
+  }
+};
+
+// The update equals the reference AdamW on the mean gradient, column by
+// column with each column's own count; the important column and the rest
+// of the state are untouched; deltas carry the new values in chunks.
+TEST(RoundUpdateTest, MatchesReferenceAdamWOnTheMean) {
+  Fixture f;
+  std::vector<float> p(kRows * kCols), m(kRows * kCols), v(kRows * kCols), g(kRows * kCols);
+  for (int64_t c = 0; c < kCols; ++c) {
+    std::memcpy(&p[c * kRows], f.store.master(0, c), kRows * 4);
+    std::memcpy(&m[c * kRows], f.store.m(0, c), kRows * 4);
+    std::memcpy(&v[c * kRows], f.store.v(0, c), kRows * 4);
+    std::memcpy(&g[c * kRows], f.acc.sum(0, 1, c), kRows * 4);
+  }
+  const AdamWHyper h{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  for (int32_t c : f.remote[0]) {
+    AdamWReference(h, f.store.count(0, c) + 1, 0.25f, &g[c * kRows], &p[c * kRows],
+                   &m[c * kRows], &v[c * kRows], kRows);
+  }
+  RoundUpdateResult r = UpdateRound(f.Input(), &f.store, &f.acc);
+  ASSERT_FALSE(r.skipped);
+  for (int64_t c = 0; c < kCols; ++c) {
+    const bool remote = c != 2;
+    for (int64_t r2 = 0; r2 < kRows; ++r2) {
+      EXPECT_EQ(f.store.master(0, c)[r2], p[c * kRows + r2]) << "column " << c;
+      EXPECT_EQ(f.store.m(0, c)[r2], m[c * kRows + r2]);
+      EXPECT_EQ(f.store.v(0, c)[r2], v[c * kRows + r2]);
+      EXPECT_EQ(f.acc.sum(0, 1, c)[r2], remote ? 0.0f : g[c * kRows + r2])
+          << "the daemon's sums are cleared, an important column's are not touched";
+    }
+  }
+  EXPECT_EQ(f.store.count(0, 0), 1);
+  EXPECT_EQ(f.store.count(0, 1), 3);
+  EXPECT_EQ(f.store.count(0, 2), 0);
+  ASSERT_EQ(r.deltas.size(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(r.deltas[0].delta().columns().begin(),
+                                 r.deltas[0].delta().columns().end()),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(r.deltas[1].delta().columns(0), 3);
+  EXPECT_EQ(r.deltas[0].delta().round(), 1);
+  EXPECT_EQ(r.deltas[0].delta().dtype(), v1::DTYPE_FP32);
+  EXPECT_EQ(std::memcmp(r.deltas[1].delta().payload().data(), &p[3 * kRows], kRows * 4), 0);
+}
+
+TEST(RoundUpdateTest, ArithmeticDeltasAreNewMinusOld) {
+  Fixture f;
+  std::vector<float> old(kRows);
+  std::memcpy(old.data(), f.store.master(0, 3), kRows * 4);
+  RoundUpdateInput in = f.Input();
+  in.arithmetic = true;
+  RoundUpdateResult r = UpdateRound(in, &f.store, &f.acc);
+  ASSERT_EQ(r.deltas.size(), 2u);
+  const float* d = reinterpret_cast<const float*>(r.deltas[1].delta().payload().data());
+  for (int64_t i = 0; i < kRows; ++i) EXPECT_EQ(d[i], f.store.master(0, 3)[i] - old[i]);
+  EXPECT_EQ(r.deltas[1].delta().kind(), v1::DELTA_ARITHMETIC);
+}
+
+// Sums that overflowed: skipped, the store untouched, the sums cleared.
+TEST(RoundUpdateTest, ANonFiniteSumIsSkippedAndCleared) {
+  Fixture f;
+  f.acc.sum(0, 1, 1)[0] = std::numeric_limits<float>::infinity();
+  const float before = f.store.master(0, 1)[0];
+  RoundUpdateResult r = UpdateRound(f.Input(), &f.store, &f.acc);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(r.overflowed);
+  EXPECT_TRUE(r.deltas.empty());
+  EXPECT_EQ(f.store.master(0, 1)[0], before);
+  EXPECT_EQ(f.store.count(0, 1), 2);
+  EXPECT_EQ(f.acc.sum(0, 1, 1)[0], 0.0f);
+  EXPECT_EQ(f.acc.sum(0, 1, 3)[2], 0.0f);
+}
+
+}  // namespace
+}  // namespace zenflow
