@@ -27,9 +27,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "common/codec.h"
 #include "common/thread_pool.h"
 #include "common/adamw.h"
+
+ABSL_FLAG(int64_t, params, int64_t{64} * 1024 * 1024, "parameters updated per pass");
+ABSL_FLAG(int64_t, rows, 4096, "rows per column (the daemon's column-major layout)");
+ABSL_FLAG(int, threads, 2, "threads (the AdamW pool's participants)");
+ABSL_FLAG(int, iters, 10, "timed passes (the median is reported)");
+ABSL_FLAG(std::string, out, "bench-results/adam.json", "where the JSON goes");
 
 namespace zenflow {
 namespace {
@@ -42,55 +51,21 @@ struct Flags {
   std::string out = "bench-results/adam.json";
 };
 
-void Usage() {
-  std::fprintf(stderr,
-               "usage: adam_bench [--params=N] [--rows=N] [--threads=N] "
-               "[--iters=N] [--out=PATH]\n");
-}
-
-bool ParseSize(const std::string& text, size_t* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (*end != '\0' || v == 0) return false;
-  *out = static_cast<size_t>(v);
-  return true;
-}
-
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::fprintf(stderr, "bad argument: %s\n", arg.c_str());
-      return false;
-    }
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
-    size_t number = 0;
-    if (name == "out") {
-      if (value.empty()) return false;
-      flags->out = value;
-      continue;
-    }
-    if (!ParseSize(value, &number)) {
-      std::fprintf(stderr, "bad value for --%s: %s\n", name.c_str(),
-                   value.c_str());
-      return false;
-    }
-    if (name == "params") {
-      flags->params = number;
-    } else if (name == "rows") {
-      flags->rows = number;
-    } else if (name == "threads" && number <= 1024) {
-      flags->threads = static_cast<int>(number);
-    } else if (name == "iters" && number <= 100000) {
-      flags->iters = static_cast<int>(number);
-    } else {
-      std::fprintf(stderr, "unknown or out-of-range flag: %s\n", arg.c_str());
-      return false;
-    }
+// The flags, checked; false (with a message) when one is out of range.
+bool ReadFlags(Flags* flags) {
+  const int64_t params = absl::GetFlag(FLAGS_params), rows = absl::GetFlag(FLAGS_rows);
+  flags->threads = absl::GetFlag(FLAGS_threads);
+  flags->iters = absl::GetFlag(FLAGS_iters);
+  flags->out = absl::GetFlag(FLAGS_out);
+  if (params <= 0 || rows <= 0 || flags->threads < 1 || flags->threads > 1024 ||
+      flags->iters < 1 || flags->iters > 100000 || flags->out.empty()) {
+    std::fprintf(stderr,
+                 "adam_bench: --params and --rows must be positive, --threads in [1, 1024], "
+                 "--iters in [1, 100000], --out non-empty\n");
+    return false;
   }
+  flags->params = static_cast<size_t>(params);
+  flags->rows = static_cast<size_t>(rows);
   return true;
 }
 
@@ -199,11 +174,12 @@ double Median(std::vector<double> v) {
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "AdamW against a stream kernel with the same memory traffic, same threads and buffers; "
+      "JSON into --out.");
+  absl::ParseCommandLine(argc, argv);
   Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) {
-    Usage();
-    return 2;
-  }
+  if (!ReadFlags(&flags)) return 2;
   const size_t rows = flags.rows;
   const size_t cols = std::max<size_t>(1, flags.params / rows);
   const size_t params = cols * rows;

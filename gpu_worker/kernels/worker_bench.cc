@@ -31,6 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +42,12 @@
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "gpu_worker/backend.h"
+
+ABSL_FLAG(int64_t, rows, 4096, "rows of the gradient");
+ABSL_FLAG(int64_t, cols, 16384, "columns of the gradient (90% of them are packed)");
+ABSL_FLAG(int, threads, 2, "CPU backend threads");
+ABSL_FLAG(int, iters, 10, "timed passes (the median is reported)");
+ABSL_FLAG(std::string, out, "bench-results/worker.json", "where the JSON goes");
 
 namespace zenflow::worker {
 namespace {
@@ -51,48 +60,22 @@ struct Flags {
   std::string out = "bench-results/worker.json";
 };
 
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::fprintf(stderr, "bad argument: %s (flags are --name=value)\n", arg.c_str());
-      return false;
-    }
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
-    if (name == "out") {
-      if (value.empty()) return false;
-      flags->out = value;
-      continue;
-    }
-    char* end = nullptr;
-    const long long n = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || n <= 0) {
-      std::fprintf(stderr, "bad value for --%s: %s (want a positive integer)\n", name.c_str(),
-                   value.c_str());
-      return false;
-    }
-    if (name == "rows") {
-      flags->rows = n;
-    } else if (name == "cols" && n < (int64_t{1} << 31)) {
-      flags->cols = n;
-    } else if (name == "threads" && n <= 1024) {
-      flags->threads = static_cast<int>(n);
-    } else if (name == "iters" && n <= 100000) {
-      flags->iters = static_cast<int>(n);
-    } else {
-      std::fprintf(stderr, "unknown or out-of-range flag: %s\n", arg.c_str());
-      return false;
-    }
+// The flags, checked; false (with a message) when one is out of range.
+bool ReadFlags(Flags* flags) {
+  flags->rows = absl::GetFlag(FLAGS_rows);
+  flags->cols = absl::GetFlag(FLAGS_cols);
+  flags->threads = absl::GetFlag(FLAGS_threads);
+  flags->iters = absl::GetFlag(FLAGS_iters);
+  flags->out = absl::GetFlag(FLAGS_out);
+  if (flags->rows <= 0 || flags->cols <= 0 || flags->cols >= (int64_t{1} << 31) ||
+      flags->threads < 1 || flags->threads > 1024 || flags->iters < 1 ||
+      flags->iters > 100000 || flags->out.empty()) {
+    std::fprintf(stderr,
+                 "worker_bench: --rows and --cols must be positive (cols < 2^31), --threads in "
+                 "[1, 1024], --iters in [1, 100000], --out non-empty\n");
+    return false;
   }
   return true;
-}
-
-void Usage() {
-  std::fprintf(stderr,
-               "usage: worker_bench [--rows=N] [--cols=N] [--threads=N] [--iters=N] "
-               "[--out=PATH]\n");
 }
 
 // Deterministic pseudo-random value in [-scale, scale).
@@ -225,11 +208,12 @@ absl::StatusOr<Result> Measure(
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "CPU backend PackColumns/ApplyColumns against memcpy of the same bytes (and CUDA when a "
+      "device is present); JSON into --out.");
+  absl::ParseCommandLine(argc, argv);
   Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) {
-    Usage();
-    return 2;
-  }
+  if (!ReadFlags(&flags)) return 2;
   const int64_t rows = flags.rows;
   const int64_t cols = flags.cols;
   std::vector<int32_t> columns;
