@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
@@ -143,22 +144,14 @@ absl::StatusOr<std::unique_ptr<ZenFlowOptimizer>> ZenFlowOptimizer::Create(
 }
 
 absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
-  switch (spec_.wire_dtype()) {
-    case v1::DTYPE_FP32:
-      wire_ = DType::kF32;
-      pack_wire_ = PackDType::kF32;
-      break;
-    case v1::DTYPE_FP16:
-      wire_ = DType::kF16;
-      pack_wire_ = PackDType::kF16;
-      break;
-    case v1::DTYPE_INT8:
-      wire_ = DType::kF32;  // unused for int8
-      pack_wire_ = PackDType::kInt8;
-      break;
-    default:
-      wire_ = DType::kBF16;
-      pack_wire_ = PackDType::kBF16;
+  if (spec_.wire_dtype() == v1::DTYPE_INT8) {
+    wire_ = DType::kF32;  // unused for int8
+    pack_wire_ = PackDType::kInt8;
+  } else {
+    ZF_ASSIGN_OR_RETURN(wire_, FromProto(spec_.wire_dtype(), "the job's wire_dtype"));
+    pack_wire_ = wire_ == DType::kF32    ? PackDType::kF32
+                 : wire_ == DType::kF16 ? PackDType::kF16
+                                        : PackDType::kBF16;
   }
   if (static_cast<int>(params.size()) != spec_.tensors_size()) {
     return absl::InvalidArgumentError(absl::StrCat("the model has ", params.size(),
