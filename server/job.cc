@@ -260,6 +260,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
       ctx_(ctx),
       world_(spec.world_size()),
       interval_(spec.zenflow().update_interval()),
+      selection_(spec.world_size()),
       footprint_(footprint),
       strand_(ctx.scheduler->NewStrand()) {
   tensors_.resize(spec.tensors_size());
@@ -510,7 +511,7 @@ void Job::Stats(v1::JobStats* out) {
   out->set_state_bytes(footprint_.state_bytes);
   out->set_bookkeeping_bytes(footprint_.bookkeeping_bytes);
   out->set_delta_bytes(footprint_.delta_bytes);
-  out->set_pending_rendezvous_bytes(pending_bytes_);
+  out->set_pending_rendezvous_bytes(pending_bytes_ + selection_.bytes());
   out->set_rounds_overflowed(rounds_overflowed_);
   for (int r = 0; r < world_; ++r) {
     const RankState& rs = ranks_[r];
@@ -549,10 +550,7 @@ void Job::Shutdown() {
     for (const RankState& r : ranks_) {
       if (r.joined) boxes.push_back(r.mailbox);
     }
-    for (auto& w : pending_.waiters) {
-      if (w) waiters.push_back(std::move(w));
-    }
-    pending_ = PendingSelection();
+    for (auto& w : selection_.Take()) waiters.push_back(std::move(w));
     for (auto& [step, pr] : reduces_) {
       for (auto& w : pr.waiters) {
         if (w) reduce_waiters.push_back(std::move(w));
@@ -598,10 +596,10 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
     return absl::InvalidArgumentError(absl::StrCat("step ", shard.step(), " is negative"));
   }
   const int64_t round = shard.step() / interval_;
-  if (pending_.step >= 0 && pending_.submitted[rank] && round >= pending_.step / interval_) {
+  if (selection_.submitted(rank) && round >= selection_.step() / interval_) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
-                     pending_.step, "; wait for the selection and hand off state first"));
+                     selection_.step(), "; wait for the selection and hand off state first"));
   }
   if (round < rs.next_round) {
     return absl::FailedPreconditionError(
@@ -754,10 +752,9 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
                                               rank, " must close round ", rs.next_round,
                                               " first"));
   }
-  if (pending_.step >= 0 && pending_.submitted[rank] &&
-      close.round() >= pending_.step / interval_) {
+  if (selection_.submitted(rank) && close.round() >= selection_.step() / interval_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " is waiting for the selection at step ", pending_.step));
+        "rank ", rank, " is waiting for the selection at step ", selection_.step()));
   }
   if (rs.handed_off_version != selection_version_) {
     return absl::FailedPreconditionError(
@@ -903,12 +900,6 @@ void Job::RunUpdate(int64_t round) {
 
 namespace {
 
-int64_t ScoresBytes(const std::vector<std::vector<float>>& scores) {
-  int64_t n = 0;
-  for (const auto& s : scores) n += static_cast<int64_t>(s.size() * sizeof(float));
-  return n;
-}
-
 int64_t PartsBytes(const v1::AllReduceRequest& req) {
   int64_t n = 0;
   for (const v1::ReducePart& p : req.parts()) {
@@ -955,9 +946,9 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
           "a selection was already made at step ", selection_step_, "; step ", req.step(),
           " is not later"));
     }
-    if (pending_.step >= 0 && pending_.step != req.step()) {
+    if (selection_.step() >= 0 && selection_.step() != req.step()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("other ranks submitted importance for step ", pending_.step,
+          absl::StrCat("other ranks submitted importance for step ", selection_.step(),
                        ", not step ", req.step()));
     }
     std::vector<std::vector<float>> scores(tensors_.size());
@@ -992,24 +983,9 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
             absl::StrCat("missing importance for tensor '", tensors_[i].name, "'"));
       }
     }
-    if (pending_.step < 0) {
-      pending_.step = req.step();
-      pending_.submitted.assign(world_, false);
-      pending_.scores.assign(world_, {});
-      pending_.waiters.assign(world_, nullptr);
-      pending_.calls.assign(world_, 0);
-    }
-    if (pending_.submitted[req.rank()]) {
-      // A retry (the first answer was lost, or the call is still pending
-      // here while its client gave up): the newer call wins.
-      replaced = std::move(pending_.waiters[req.rank()]);
-      pending_bytes_ -= ScoresBytes(pending_.scores[req.rank()]);
-    }
-    pending_.submitted[req.rank()] = true;
-    pending_bytes_ += ScoresBytes(scores);
-    pending_.scores[req.rank()] = std::move(scores);
-    pending_.waiters[req.rank()] = std::move(done);
-    pending_.calls[req.rank()] = call;
+    // A retry (the first answer was lost, or the call is still pending here
+    // while its client gave up) replaces the rank's earlier call.
+    replaced = selection_.Submit(req.rank(), req.step(), std::move(scores), call, std::move(done));
     callbacks = MaybeFinishSelectionLocked();
     return absl::OkStatus();
   }();
@@ -1023,11 +999,8 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
 }
 
 std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
-  if (pending_.step < 0) return {};
-  for (bool s : pending_.submitted) {
-    if (!s) return {};
-  }
-  const int64_t round = pending_.step / interval_;
+  if (!selection_.all_submitted()) return {};
+  const int64_t round = selection_.step() / interval_;
   for (const RankState& r : ranks_) {
     if (r.next_round != round) return {};  // a close still in flight
   }
@@ -1041,26 +1014,20 @@ std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
       chosen.resize(t.cols);
       for (int64_t c = 0; c < t.cols; ++c) chosen[c] = static_cast<int32_t>(c);
     } else {
-      std::vector<float> sum(t.cols, 0.0f);
-      for (int r = 0; r < world_; ++r) {  // fixed order: deterministic
-        const std::vector<float>& s = pending_.scores[r][ti];
-        for (int64_t c = 0; c < t.cols; ++c) sum[c] += s[c];
-      }
-      chosen = SelectTopK(sum, TopKCount(k, t.cols));
+      chosen = SelectTopK(selection_.SummedScores(static_cast<int>(ti), t.cols),
+                          TopKCount(k, t.cols));
     }
     std::fill(t.important.begin(), t.important.end(), 0);
     for (int32_t c : chosen) t.important[c] = 1;
     t.important_cols = std::move(chosen);
   }
   ++selection_version_;
-  selection_step_ = pending_.step;
-  for (const auto& sc : pending_.scores) pending_bytes_ -= ScoresBytes(sc);
+  selection_step_ = selection_.step();
   const v1::Selection sel = SelectionLocked();
   std::vector<std::function<void()>> out;
-  for (auto& w : pending_.waiters) {
+  for (auto& w : selection_.Take()) {
     out.push_back([w = std::move(w), sel] { w(sel); });
   }
-  pending_ = PendingSelection();
   return out;
 }
 
@@ -1187,19 +1154,7 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
 
 void Job::WithdrawImportance(int32_t rank, uint64_t call) {
   MutexLock lock(&mu_);
-  if (pending_.step < 0 || rank < 0 || rank >= world_ || !pending_.submitted[rank] ||
-      pending_.calls[rank] != call) {
-    return;  // completed, replaced or never entered
-  }
-  pending_bytes_ -= ScoresBytes(pending_.scores[rank]);
-  pending_.submitted[rank] = false;
-  pending_.scores[rank].clear();
-  pending_.scores[rank].shrink_to_fit();
-  pending_.waiters[rank] = nullptr;
-  pending_.calls[rank] = 0;
-  bool any = false;
-  for (bool b : pending_.submitted) any = any || b;
-  if (!any) pending_ = PendingSelection();  // nobody waits: another step may be chosen
+  selection_.Withdraw(rank, call);
 }
 
 void Job::WithdrawAllReduce(int32_t rank, uint64_t call) {

@@ -30,6 +30,7 @@
 #include "server/mailbox.h"
 #include "server/round_accumulator.h"
 #include "server/round_update.h"
+#include "server/selection_barrier.h"
 #include "server/tensor_store.h"
 #include "server/update_scheduler.h"
 #include "zenflow/v1/zenflow.pb.h"
@@ -214,14 +215,6 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<uint64_t> calls;  // by rank
   };
 
-  struct PendingSelection {
-    int64_t step = -1;
-    std::vector<bool> submitted;
-    // [rank][tensor] -> scores (empty for tensors that are always important)
-    std::vector<std::vector<std::vector<float>>> scores;
-    std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
-    std::vector<uint64_t> calls;  // by rank
-  };
 
   Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint);
 
@@ -247,6 +240,9 @@ class Job : public std::enable_shared_from_this<Job> {
   const JobContext ctx_;
   const int32_t world_;
   const int64_t interval_;  // S
+  // The pending selection: guarded by mu_ (declared here for its
+  // initialization from the spec).
+  SelectionBarrier selection_ ABSL_GUARDED_BY(mu_);
   const JobFootprint footprint_;
   // This job's round updates, in order; other jobs' updates run beside them.
   const std::shared_ptr<UpdateScheduler::Strand> strand_;
@@ -276,9 +272,9 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t selection_step_ ABSL_GUARDED_BY(mu_) = 0;
   // Per tensor: the selection version whose leaving state has been applied.
   std::vector<int64_t> handoff_applied_version_ ABSL_GUARDED_BY(mu_);
-  PendingSelection pending_ ABSL_GUARDED_BY(mu_);
+
   std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
-  // Payload bytes held by pending selections and all-reduces.
+  // Payload bytes held by pending all-reduces (the selection's: selection_).
   int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last fully closed round closed (its last rank's close).
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
