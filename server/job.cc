@@ -26,14 +26,16 @@ constexpr int32_t kMaxWorldSize = 4096;
 
 }  // namespace
 
-bool ValidJobId(absl::string_view id) {
-  if (id.empty() || id.size() > kMaxJobIdBytes) return false;
+absl::Status CheckJobId(absl::string_view id) {
+  bool ok = !id.empty() && id.size() <= kMaxJobIdBytes;
   for (char c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                     (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '-' || c == '_' || c == '.');
   }
-  return true;
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job_id ", Quote(id), " is invalid: use 1-",
+                                                 kMaxJobIdBytes,
+                                                 " characters from [A-Za-z0-9._-]"));
 }
 
 namespace {
@@ -68,11 +70,7 @@ void RejectionCounter::Export(google::protobuf::Map<std::string, int64_t>* out) 
 }
 
 absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
-  if (!ValidJobId(spec->job_id())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id ", Quote(spec->job_id()), " is invalid: use 1-", kMaxJobIdBytes,
-                     " characters from [A-Za-z0-9._-]"));
-  }
+  ZF_RETURN_IF_ERROR(CheckJobId(spec->job_id()));
   if (spec->tensors_size() == 0) {
     return absl::InvalidArgumentError("job has no tensors");
   }
@@ -511,7 +509,7 @@ void Job::Stats(v1::JobStats* out) {
   out->set_state_bytes(footprint_.state_bytes);
   out->set_bookkeeping_bytes(footprint_.bookkeeping_bytes);
   out->set_delta_bytes(footprint_.delta_bytes);
-  out->set_pending_rendezvous_bytes(pending_bytes_ + selection_.bytes());
+  out->set_pending_rendezvous_bytes(reduce_bytes_ + selection_.bytes());
   out->set_rounds_overflowed(rounds_overflowed_);
   for (int r = 0; r < world_; ++r) {
     const RankState& rs = ranks_[r];
@@ -557,7 +555,7 @@ void Job::Shutdown() {
       }
     }
     reduces_.clear();
-    pending_bytes_ = 0;
+    reduce_bytes_ = 0;
   }
   const absl::Status gone = absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted"));
   for (auto& w : waiters) w(gone);
@@ -1162,7 +1160,7 @@ void Job::WithdrawAllReduce(int32_t rank, uint64_t call) {
   for (auto it = reduces_.begin(); it != reduces_.end(); ++it) {
     PendingReduce& pr = it->second;
     if (rank < 0 || rank >= world_ || !pr.submitted[rank] || pr.calls[rank] != call) continue;
-    pending_bytes_ -= PartsBytes(pr.parts[rank]);
+    reduce_bytes_ -= PartsBytes(pr.parts[rank]);
     pr.submitted[rank] = false;
     pr.parts[rank] = v1::AllReduceRequest();
     pr.waiters[rank] = nullptr;
@@ -1233,7 +1231,7 @@ void Job::AllReduce(const v1::AllReduceRequest& req, uint64_t call,
     if (pr.submitted[req.rank()]) {
       // A retry: the newer call wins.
       replaced = std::move(pr.waiters[req.rank()]);
-      pending_bytes_ -= PartsBytes(pr.parts[req.rank()]);
+      reduce_bytes_ -= PartsBytes(pr.parts[req.rank()]);
     } else {
       ++pr.count;
     }
@@ -1241,7 +1239,7 @@ void Job::AllReduce(const v1::AllReduceRequest& req, uint64_t call,
     pr.parts[req.rank()] = req;
     pr.waiters[req.rank()] = std::move(done);
     pr.calls[req.rank()] = call;
-    pending_bytes_ += PartsBytes(req);
+    reduce_bytes_ += PartsBytes(req);
     if (pr.count < world_) return absl::OkStatus();
     // Everyone is in: the mean, summed in rank order.
     const float inv = 1.0f / static_cast<float>(world_);
@@ -1257,7 +1255,7 @@ void Job::AllReduce(const v1::AllReduceRequest& req, uint64_t call,
       out->set_payload(reinterpret_cast<const char*>(sum.data()), n * 4);
     }
     waiters = std::move(pr.waiters);
-    for (int r = 0; r < world_; ++r) pending_bytes_ -= PartsBytes(pr.parts[r]);
+    for (int r = 0; r < world_; ++r) reduce_bytes_ -= PartsBytes(pr.parts[r]);
     reduces_.erase(req.step());
     return absl::OkStatus();
   }();

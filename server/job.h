@@ -73,8 +73,9 @@ struct JobFootprint {
 // be normalized.
 absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec);
 
-// 1-128 characters from [A-Za-z0-9._-].
-bool ValidJobId(absl::string_view id);
+// INVALID_ARGUMENT (quoting a short prefix) unless `id` is 1-128 characters
+// from [A-Za-z0-9._-].
+absl::Status CheckJobId(absl::string_view id);
 
 // Counts of rejected requests by status code. Thread-safe.
 class RejectionCounter {
@@ -275,7 +276,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
   // Payload bytes held by pending all-reduces (the selection's: selection_).
-  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reduce_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last fully closed round closed (its last rank's close).
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
 

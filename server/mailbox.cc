@@ -16,20 +16,13 @@ Mailbox::Writer* Mailbox::NextWriteLocked() {
 }
 
 void Mailbox::Push(v1::DownMessage msg) {
-  Item item;
-  item.bytes = static_cast<int64_t>(msg.ByteSizeLong());
-  item.msg = std::make_shared<const v1::DownMessage>(std::move(msg));
-  PushItem(std::move(item));
+  Push(std::make_shared<const v1::DownMessage>(std::move(msg)));
 }
 
 void Mailbox::Push(Message msg) {
   Item item;
   item.bytes = static_cast<int64_t>(msg->ByteSizeLong());
   item.msg = std::move(msg);
-  PushItem(std::move(item));
-}
-
-void Mailbox::PushItem(Item item) {
   Writer* w = nullptr;
   const v1::DownMessage* m = nullptr;
   {

@@ -86,7 +86,6 @@ class Mailbox {
   // Pops the next message into current_ if a write may start; returns the
   // writer to call, or null.
   Writer* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PushItem(Item item) ABSL_LOCKS_EXCLUDED(mu_);
 
   const int64_t limit_;
   mutable Mutex mu_;

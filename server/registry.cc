@@ -11,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/quote.h"
 #include "common/status_macros.h"
 
 namespace zenflow {
@@ -20,13 +19,6 @@ namespace {
 
 std::string Bytes(int64_t b) {
   return absl::StrFormat("%d bytes (%.2f GiB)", b, static_cast<double>(b) / (1 << 30));
-}
-
-absl::Status CheckJobId(const std::string& job_id) {
-  if (ValidJobId(job_id)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("job_id ", Quote(job_id), " is invalid: use 1-",
-                                                 kMaxJobIdBytes,
-                                                 " characters from [A-Za-z0-9._-]"));
 }
 
 }  // namespace

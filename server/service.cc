@@ -101,21 +101,6 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
   return reactor;
 }
 
-// Looks up the request's job and checks its size; on failure finishes the
-// call and returns null.
-template <typename Request>
-std::shared_ptr<Job> ZenFlowService::JobFor(grpc::ServerUnaryReactor* reactor, const Request& req) {
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req.job_id());
-  if (!job.ok()) {
-    Finish(reactor, job.status(), nullptr);
-    return nullptr;
-  }
-  if (absl::Status s = CheckSize(req, registry_); !s.ok()) {
-    Finish(reactor, s, job->get());
-    return nullptr;
-  }
-  return *std::move(job);
-}
 
 // ---- Rendezvous calls (SubmitImportance, AllReduce) -------------------------
 
@@ -212,9 +197,9 @@ grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* ctx,
                                                   const v1::HandOffRequest* req,
                                                   v1::HandOffResponse* resp) {
+  std::shared_ptr<Job> job;
+  if (grpc::ServerUnaryReactor* failed = LookUp(ctx, *req, &job)) return failed;
   auto* reactor = ctx->DefaultReactor();
-  std::shared_ptr<Job> job = JobFor(reactor, *req);
-  if (job == nullptr) return reactor;
   absl::StatusOr<v1::HandOffResponse> r = job->HandOff(*req);
   if (r.ok()) *resp = *std::move(r);
   Finish(reactor, r.status(), job.get());

@@ -75,10 +75,8 @@ class ZenFlowService final : public ZenFlowServiceBase {
  private:
   // Finishes a unary call, counting a rejection.
   void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job);
-  template <typename Request>
-  std::shared_ptr<Job> JobFor(grpc::ServerUnaryReactor* reactor, const Request& req);
-  // For calls that bring their own reactor: null with *job set, or the
-  // default reactor already finished with the lookup's error.
+  // Looks up the request's job and checks the request's size: null with
+  // *job set, or the default reactor already finished with the error.
   template <typename Request>
   grpc::ServerUnaryReactor* LookUp(grpc::CallbackServerContext* ctx, const Request& req,
                                    std::shared_ptr<Job>* job);

@@ -199,15 +199,9 @@ void UcxDataPlane::DispatchLoop() {
         Deliver(c, std::move(item));
         break;
       }
-      case Item::kResume: {
-        const std::shared_ptr<Conn>& c = item.conn;
-        while (!c->parked_.empty() && !c->box()->Full(c.get())) {
-          Item next = std::move(c->parked_.front());
-          c->parked_.pop_front();
-          Handle(c, std::move(next));
-        }
+      case Item::kResume:
+        HandleParked(item.conn, /*while_room=*/true);
         break;
-      }
       case Item::kCutOff:
         CutOff(item.conn);
         break;
@@ -233,11 +227,7 @@ void UcxDataPlane::DispatchLoop() {
         }
         // What the rank sent is handled even if its outbox is full (bounded
         // by the held limit); replies stay queued for its next stream.
-        while (live && !c->parked_.empty()) {
-          Item next = std::move(c->parked_.front());
-          c->parked_.pop_front();
-          Handle(c, std::move(next));
-        }
+        if (live) HandleParked(c, /*while_room=*/false);
         c->parked_.clear();
         c->box()->Detach(c.get());
         worker_->Disconnect(c->ep(), /*force=*/true);
@@ -253,6 +243,14 @@ void UcxDataPlane::Deliver(const std::shared_ptr<Conn>& c, Item item) {
     return;
   }
   Handle(c, std::move(item));
+}
+
+void UcxDataPlane::HandleParked(const std::shared_ptr<Conn>& c, bool while_room) {
+  while (!c->parked_.empty() && !(while_room && c->box()->Full(c.get()))) {
+    Item next = std::move(c->parked_.front());
+    c->parked_.pop_front();
+    Handle(c, std::move(next));
+  }
 }
 
 void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {

@@ -98,6 +98,9 @@ class UcxDataPlane {
   // parked behind others while its outbox is full.
   void Deliver(const std::shared_ptr<Conn>& c, Item item);
   void Handle(const std::shared_ptr<Conn>& c, Item item);
+  // Handles c's parked items in order; with `while_room`, only while its
+  // outbox is not full.
+  void HandleParked(const std::shared_ptr<Conn>& c, bool while_room);
   void CutOff(const std::shared_ptr<Conn>& c);
 
   JobRegistry* const registry_;

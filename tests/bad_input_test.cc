@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <functional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -946,13 +947,19 @@ int64_t PendingRendezvousBytes(Harness& h) {
   return st.ok() ? st->jobs(0).pending_rendezvous_bytes() : -1;
 }
 
-// Waits (up to 30 s) until the daemon holds no pending rendezvous payload.
-bool PendingDrains(Harness& h) {
+// Polls `done` every 10 ms for up to 30 s (a bound on a failure, not a
+// timing); its last answer.
+bool WaitUntil(const std::function<bool()>& done) {
   for (int i = 0; i < 3000; ++i) {
-    if (PendingRendezvousBytes(h) == 0) return true;
+    if (done()) return true;
     absl::SleepFor(absl::Milliseconds(10));
   }
-  return false;
+  return done();
+}
+
+// Waits until the daemon holds no pending rendezvous payload.
+bool PendingDrains(Harness& h) {
+  return WaitUntil([&] { return PendingRendezvousBytes(h) == 0; });
 }
 
 // 6. A rendezvous call whose deadline passes is withdrawn with its memory; a
@@ -1000,9 +1007,7 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
   // Two live calls of rank 0 for one step: the second replaces the first.
   std::pair<grpc::Status, std::vector<float>> old_call, new_call;
   std::thread t1([&] { old_call = all_reduce(0, 8, junk, absl::Seconds(30)); });
-  for (int i = 0; i < 3000 && PendingRendezvousBytes(*h) == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntil([&] { return PendingRendezvousBytes(*h) > 0; });
   std::thread t2([&] { new_call = all_reduce(0, 8, a, absl::Seconds(30)); });
   t1.join();
   EXPECT_EQ(old_call.first.error_code(), grpc::StatusCode::ABORTED)
@@ -1114,13 +1119,12 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
     }
   });
   v1::JobStats job;
-  for (int i = 0; i < 3000; ++i) {
+  WaitUntil([&] {
     absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader");
-    ASSERT_OK(st.status());
+    if (!st.ok()) return false;
     job = st->jobs(0);
-    if (job.ranks_size() == 1 && job.ranks(0).reading_paused()) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+    return job.ranks_size() == 1 && job.ranks(0).reading_paused();
+  });
   ASSERT_EQ(job.ranks_size(), 1);
   ASSERT_TRUE(job.ranks(0).reading_paused())
       << "the daemon kept reading a rank that does not read: " << job.DebugString();
@@ -1175,16 +1179,15 @@ TEST_F(BadInputTest, UcxRankThatDoesNotReadIsCutOff) {
   // Waits until the job has updated `rounds` rounds and the rank's outbox
   // holds at least `min_outbox` bytes; returns the outbox bytes.
   auto wait_for = [&](int64_t rounds, int64_t min_outbox) -> int64_t {
-    for (int i = 0; i < 3000; ++i) {
+    int64_t outbox = -1;
+    const bool ok = WaitUntil([&] {
       absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("no_reader_ucx");
-      if (!st.ok()) return -1;
+      if (!st.ok()) return false;
       const v1::JobStats& j = st->jobs(0);
-      if (j.rounds_updated() >= rounds && j.ranks(0).outbox_bytes() >= min_outbox) {
-        return j.ranks(0).outbox_bytes();
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return -1;
+      outbox = j.ranks(0).outbox_bytes();
+      return j.rounds_updated() >= rounds && outbox >= min_outbox;
+    });
+    return ok ? outbox : -1;
   };
   raw.PauseReceiving(true);
   // Round 0; its deltas fill the outbox (they cannot leave).
