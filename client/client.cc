@@ -6,22 +6,18 @@
 #include <cstring>
 #include <utility>
 
-#include <random>
-
 #include "absl/strings/str_cat.h"
+#include "client/data_stream.h"
+#include "client/stream.h"
+#include "client/ucx_data_stream.h"
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
-#include "common/stream_error.h"
-#include "common/ucx_frame.h"
 
 namespace zenflow {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
+absl::Status FromGrpc(const grpc::Status& s) { return FromGrpcStatus(s); }
 
 }  // namespace
 
@@ -32,37 +28,42 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name) {
       absl::StrCat("unknown transport '", name, "' (want grpc or ucx)"));
 }
 
-Client::Client(const ClientOptions& options) : options_(options) {}
+Client::Client(const ClientOptions& options)
+    : options_(options), window_(options.max_inflight_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // gRPC's reconnect backoff does the retrying while Connect waits (its
+  // defaults start at 1 s, long for a daemon that is still starting).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   c->channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
-  absl::Duration backoff = absl::Milliseconds(100);
-  const int attempts = std::max(1, options.connect_attempts);
-  for (int i = 0; i < attempts; ++i) {
-    const auto deadline = std::chrono::system_clock::now() +
-                          absl::ToChronoMilliseconds(options.connect_timeout);
-    if (c->channel_->WaitForConnected(deadline)) {
-      c->stub_ = v1::ZenFlow::NewStub(c->channel_);
-      return c;
-    }
-    if (i + 1 < attempts) {
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(5));
-    }
+  const auto deadline =
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.connect_timeout);
+  if (!c->channel_->WaitForConnected(deadline)) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to zenflowd at ", options.target,
+                                               " within ",
+                                               absl::FormatDuration(options.connect_timeout)));
   }
-  return absl::UnavailableError(absl::StrCat("cannot connect to zenflowd at ", options.target,
-                                             " after ", attempts, " attempts of ",
-                                             absl::FormatDuration(options.connect_timeout)));
+  c->stub_ = v1::ZenFlow::NewStub(c->channel_);
+  return c;
 }
 
 Client::~Client() {
   CloseStream();
+  std::shared_ptr<AttachedStream> stream;
+  {
+    MutexLock lock(&mu_);
+    stream = std::move(stream_);
+  }
+  stream.reset();  // its data path uses the UCX link: gone first
   ucx_ready_.store(nullptr, std::memory_order_release);
-  ucx_.reset();  // its callbacks use this client: stop them first
+  MutexLock lock(&attach_mu_);
+  ucx_.reset();
 }
 
 std::unique_ptr<grpc::ClientContext> Client::UnaryContext(absl::Duration timeout) const {
@@ -129,6 +130,23 @@ absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
   return resp;
 }
 
+absl::StatusOr<v1::GetJobResponse> Client::WaitForUpload(const std::string& job_id,
+                                                         absl::Duration timeout) {
+  absl::Duration backoff = absl::Milliseconds(10);
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    absl::StatusOr<v1::GetJobResponse> job = GetJob(job_id);
+    if (job.ok() && job->parameters_uploaded()) return job;
+    if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
+    if (absl::Now() + backoff > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job '", job_id, "' was not created and uploaded within ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
 absl::Status Client::DeleteJob(const std::string& job_id) {
   v1::DeleteJobRequest req;
   req.set_job_id(job_id);
@@ -182,328 +200,48 @@ absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
 
 // ---- Stream -------------------------------------------------------------------
 
+std::shared_ptr<AttachedStream> Client::current_stream() {
+  MutexLock lock(&mu_);
+  return stream_;
+}
+
 absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   MutexLock attach_lock(&attach_mu_);
+  std::shared_ptr<AttachedStream> old;
   {
     MutexLock lock(&mu_);
-    if (stream_open_) {
+    if (stream_ != nullptr && stream_->open()) {
       return absl::FailedPreconditionError(
           absl::StrCat("this client's stream is attached to job '", job_id_, "' rank ", rank_));
     }
+    old = std::move(stream_);
   }
-  if (reader_.joinable()) reader_.join();
-  if (writer_.joinable()) writer_.join();
-  {
-    // Sends of the previous stream end quickly once its endpoint is closed.
-    // Its late UCX frames are dropped from here on.
-    MutexLock lock(&mu_);
-    ucx_tag_ = 0;
-    mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return ucx_sending_ == 0; },
-                         absl::Seconds(30));
+  if (old != nullptr) {
+    old->Close();
+    old.reset();
+    // The old stream's sends end quickly once its connection is closed; the
+    // window is not reused before they have.
+    window_.WaitSendsEnded(absl::Seconds(30));
   }
-  const bool use_ucx = options_.transport == Transport::kUcx;
-  if (use_ucx && ucx_ == nullptr) {
-    absl::StatusOr<std::unique_ptr<UcxWorker>> w =
-        UcxWorker::Create(options_.ucx, [this](uint64_t tag, std::string frame) {
-          OnUcxFrame(tag, std::move(frame));
-        });
-    if (!w.ok()) {
-      return absl::Status(w.status().code(),
-                          absl::StrCat("transport ucx: ", w.status().message()));
-    }
-    ucx_ = *std::move(w);
+  if (options_.transport == Transport::kUcx && ucx_ == nullptr) {
+    ZF_ASSIGN_OR_RETURN(ucx_, UcxLink::Create(options_.ucx));
     ucx_ready_.store(ucx_.get(), std::memory_order_release);
-  }
-  stream_ctx_ = std::make_unique<grpc::ClientContext>();
-  stream_ = stub_->Stream(stream_ctx_.get());
-  v1::UpMessage hello;
-  hello.mutable_attach()->set_job_id(job_id);
-  hello.mutable_attach()->set_rank(rank);
-  uint64_t tag = 0;
-  if (use_ucx) {
-    static Mutex rng_mu;
-    static std::mt19937_64 rng{std::random_device{}()};
-    MutexLock rng_lock(&rng_mu);
-    while (tag == 0) tag = rng();
-    hello.mutable_attach()->set_ucx_address(ucx_->address());
-    hello.mutable_attach()->set_ucx_tag(tag);
   }
   {
     MutexLock lock(&mu_);
     job_id_ = job_id;
     rank_ = rank;
-    attached_ = false;
-    stream_open_ = true;
-    closing_ = false;
-    stream_status_ = absl::OkStatus();
-    stream_finished_ = false;
-    outq_.clear();
-    inflight_bytes_ = 0;
-    partial_.clear();
-    ucx_tag_ = tag;
-    ucx_ep_ = 0;
-    ucx_peer_.clear();
-    ucx_sending_ = 0;
-    cancel_reason_ = absl::OkStatus();
   }
-  const bool wrote = stream_->Write(hello);
-  reader_ = std::thread([this] { ReaderLoop(); });
-  // Wait for the daemon's greeting or the end of the stream.
-  std::string peer;
-  {
-    MutexLock lock(&mu_);
-    mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return attached_ || stream_finished_; });
-    if (!attached_) {
-      if (!wrote && stream_status_.ok()) {
-        return absl::UnavailableError("stream closed before attach");
-      }
-      return stream_status_;
-    }
-    peer = ucx_peer_;
-  }
-  if (use_ucx) {
-    absl::Status s;
-    if (peer.empty()) {
-      s = absl::FailedPreconditionError(
-          "transport ucx: the daemon's greeting carries no UCX address (an older zenflowd?)");
-    } else {
-      absl::StatusOr<uint64_t> ep = ucx_->Connect(peer);
-      if (ep.ok()) {
-        MutexLock lock(&mu_);
-        ucx_ep_ = *ep;
-      } else {
-        s = absl::Status(ep.status().code(),
-                         absl::StrCat("transport ucx: cannot reach the daemon's UCX worker: ",
-                                      ep.status().message()));
-      }
-    }
-    if (!s.ok()) {
-      stream_ctx_->TryCancel();
-      if (reader_.joinable()) reader_.join();
-      return s;
-    }
-  }
+  AttachedStream::Deps deps;
+  deps.stub = stub_.get();
+  deps.window = &window_;
+  deps.rounds = &rounds_;
+  deps.ucx = options_.transport == Transport::kUcx ? ucx_.get() : nullptr;
+  ZF_ASSIGN_OR_RETURN(std::unique_ptr<AttachedStream> stream,
+                      AttachedStream::Open(deps, job_id, rank));
   MutexLock lock(&mu_);
-  ucx_tag_for_writer_ = tag;
-  writer_running_ = true;
-  writer_ = std::thread([this] { WriterLoop(); });
+  stream_ = std::move(stream);
   return absl::OkStatus();
-}
-
-void Client::Dispatch(v1::DownMessage msg, int64_t bytes) {
-  std::function<void(RoundUpdate)> cb;
-  std::optional<RoundUpdate> complete;
-  {
-    MutexLock lock(&mu_);
-    stats_.bytes_received += bytes;
-    switch (msg.kind_case()) {
-      case v1::DownMessage::kAttached:
-        attached_ = true;
-        ucx_peer_ = msg.attached().ucx_address();
-        break;
-      case v1::DownMessage::kDelta: {
-        RoundUpdate& u = partial_[msg.delta().round()];
-        u.round = msg.delta().round();
-        u.deltas.push_back(std::move(*msg.mutable_delta()));
-        break;
-      }
-      case v1::DownMessage::kDone: {
-        const int64_t r = msg.done().round();
-        RoundUpdate u;
-        auto it = partial_.find(r);
-        if (it != partial_.end()) {
-          u = std::move(it->second);
-          partial_.erase(it);
-        }
-        u.round = r;
-        u.done = msg.done();
-        ++stats_.rounds_received;
-        if (callback_) {
-          cb = callback_;
-          complete = std::move(u);
-        } else {
-          ready_.push_back(std::move(u));
-        }
-        break;
-      }
-      case v1::DownMessage::kError: {
-        ++stats_.stream_errors;
-        const absl::Status err = StreamErrorStatus(msg.error());
-        if (msg.error().fatal()) {
-          // The daemon ends this stream (the job is gone); so do we, now.
-          // (Under mu_: Attach clears the tag under it before it replaces
-          // the context, so this is the current stream's.)
-          if (cancel_reason_.ok()) cancel_reason_ = err;
-          stream_ctx_->TryCancel();
-        }
-        errors_.push_back(absl::Status(
-            err.code(), absl::StrCat(err.message(), " (message #", msg.error().seq(), ")")));
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  if (cb && complete) cb(std::move(*complete));
-}
-
-void Client::OnUcxFrame(uint64_t tag, std::string frame) {
-  {
-    MutexLock lock(&mu_);
-    if (tag != ucx_tag_ || ucx_tag_ == 0) {
-      ++stats_.ucx_frames_dropped;  // from an older connection
-      return;
-    }
-  }
-  const int64_t bytes = static_cast<int64_t>(frame.size());
-  v1::DownMessage msg;
-  absl::Status s = ParseFrame(std::move(frame), &msg);
-  if (!s.ok()) {
-    MutexLock lock(&mu_);
-    ++stats_.stream_errors;
-    errors_.push_back(absl::InternalError(
-        absl::StrCat("the daemon sent a UCX frame this client cannot read: ", s.message())));
-    return;
-  }
-  Dispatch(std::move(msg), bytes);
-}
-
-void Client::ReaderLoop() {
-  v1::DownMessage msg;
-  while (stream_->Read(&msg)) {
-    const int64_t bytes = static_cast<int64_t>(msg.ByteSizeLong());
-    Dispatch(std::move(msg), bytes);
-    msg.Clear();
-  }
-  {
-    // Finish() may only run once the writer no longer uses the stream.
-    MutexLock lock(&mu_);
-    stream_open_ = false;
-    // A write into a stream the daemon ended may stay blocked on flow
-    // control; cancelling then releases it (the daemon's status, already
-    // received, is kept).
-    if (!mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !writer_running_; },
-                              absl::Seconds(1))) {
-      stream_ctx_->TryCancel();
-      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !writer_running_; });
-    }
-  }
-  grpc::Status st = stream_->Finish();
-  uint64_t ep = 0;
-  {
-    MutexLock lock(&mu_);
-    ep = ucx_ep_;
-    ucx_ep_ = 0;
-  }
-  // The lifeline ended: so does the UCX connection (sends still pending fail).
-  if (ep != 0) ucx_->Disconnect(ep, /*force=*/true);
-  MutexLock lock(&mu_);
-  stream_status_ = st.ok() ? absl::CancelledError("stream closed by the daemon") : FromGrpc(st);
-  if (st.ok() && closing_) stream_status_ = absl::OkStatus();
-  if (!cancel_reason_.ok()) stream_status_ = cancel_reason_;  // why we cancelled
-  stream_finished_ = true;
-}
-
-void Client::WriterLoop() {
-  for (;;) {
-    Outgoing out;
-    {
-      MutexLock lock(&mu_);
-      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !outq_.empty() || closing_ || !stream_open_;
-          });
-      if (outq_.empty() || !stream_open_) {
-        // A broken stream sends nothing more: let go of borrowed payloads now.
-        if (!stream_open_) {
-          outq_.clear();
-          inflight_bytes_ = 0;
-        }
-        break;
-      }
-      out = std::move(outq_.front());
-      outq_.pop_front();
-      writing_ = true;
-    }
-    const int64_t size = out.size;
-    if (ucx_tag_for_writer_ != 0) {
-      SendUcx(std::move(out));
-      continue;
-    }
-    if (!out.borrowed.empty()) {  // not made over gRPC; kept correct anyway
-      out.msg.mutable_shard()->set_payload(out.borrowed.data(), out.borrowed.size());
-      out.hold.reset();
-    }
-    const bool ok = stream_->Write(out.msg);
-    MutexLock lock(&mu_);
-    writing_ = false;
-    inflight_bytes_ -= size;
-    if (!ok) {
-      // The stream broke; the reader records why.
-      outq_.clear();
-      inflight_bytes_ = 0;
-      break;
-    }
-    ++stats_.messages_sent;
-    stats_.bytes_sent += size;
-  }
-  if (ucx_tag_for_writer_ != 0) {
-    // Everything sent over UCX must be at the daemon before the lifeline's
-    // half-close tells it the rank is done.
-    uint64_t ep = 0;
-    {
-      MutexLock lock(&mu_);
-      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return ucx_sending_ == 0 || !stream_open_;
-      });
-      ep = ucx_ep_;
-    }
-    if (ep != 0) (void)ucx_->Flush(ep, absl::Seconds(30));
-  }
-  MutexLock lock(&mu_);
-  if (closing_ && stream_open_) stream_->WritesDone();
-  writer_running_ = false;
-}
-
-void Client::SendUcx(Outgoing out) {
-  struct Frame {
-    v1::UpMessage msg;
-    std::string payload, header;
-    absl::string_view borrowed;
-    std::shared_ptr<void> hold;  // released with the frame
-  };
-  const int64_t size = out.size;
-  auto f = std::make_shared<Frame>();
-  f->msg = std::move(out.msg);
-  f->borrowed = out.borrowed;
-  f->hold = std::move(out.hold);
-  SplitFrame(&f->msg, &f->payload, &f->header);
-  const absl::string_view body = f->borrowed.empty() ? absl::string_view(f->payload) : f->borrowed;
-  uint64_t ep = 0;
-  {
-    MutexLock lock(&mu_);
-    writing_ = false;
-    ++ucx_sending_;
-    ep = ucx_ep_;
-  }
-  ucx_->Send(ep, ucx_tag_for_writer_, {body, f->header}, [this, f, size](absl::Status s) {
-    bool cancel = false;
-    {
-      MutexLock lock(&mu_);
-      if (s.ok()) {
-        ++stats_.messages_sent;
-        stats_.bytes_sent += size;
-      } else if (cancel_reason_.ok() && !closing_ && stream_open_) {
-        cancel_reason_ = absl::Status(s.code(), absl::StrCat("transport ucx: ", s.message()));
-        cancel = true;
-      }
-    }
-    // The lifeline goes down with the data path; the reader reports why.
-    // (Attach waits for every send to end before it replaces the context.)
-    if (cancel) stream_ctx_->TryCancel();
-    MutexLock lock(&mu_);
-    --ucx_sending_;
-    inflight_bytes_ -= size;
-  });
 }
 
 absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
@@ -514,29 +252,12 @@ absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
                                                    " bytes exceeds max_message_bytes ",
                                                    options_.max_message_bytes));
   }
-  MutexLock lock(&mu_);
-  if (!stream_open_ || !attached_) {
-    return stream_finished_ && !stream_status_.ok()
-               ? EndStatusLocked()
-               : absl::FailedPreconditionError("no stream attached: JoinJob or Attach first");
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return !stream_open_ || inflight_bytes_ == 0 ||
-           inflight_bytes_ + size <= options_.max_inflight_bytes;
-  });
-  stats_.send_blocked_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!stream_open_) return EndStatusLocked();
-  msg.set_seq(next_seq_++);
-  inflight_bytes_ += size;
   Outgoing out;
   out.msg = std::move(msg);
   out.borrowed = borrowed;
   out.hold = std::move(hold);
   out.size = size;
-  outq_.push_back(std::move(out));
-  return absl::OkStatus();
+  return window_.Push(std::move(out));
 }
 
 absl::Status Client::PushShard(v1::GradientShard shard) {
@@ -693,98 +414,52 @@ absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps) {
   return Enqueue(std::move(msg));
 }
 
-absl::Status Client::Flush(absl::Duration timeout) {
-  MutexLock lock(&mu_);
-  const bool done = mu_.AwaitWithTimeout(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !stream_open_ || (outq_.empty() && !writing_ && ucx_sending_ == 0);
-          },
-      timeout);
-  if (!stream_open_) return EndStatusLocked();
-  if (!done) return absl::DeadlineExceededError("flush timed out");
-  return absl::OkStatus();
-}
+absl::Status Client::Flush(absl::Duration timeout) { return window_.WaitIdle(timeout); }
 
 void Client::SetRoundCallback(std::function<void(RoundUpdate)> cb) {
-  std::deque<RoundUpdate> pending;
-  {
-    MutexLock lock(&mu_);
-    callback_ = cb;
-    if (cb) pending.swap(ready_);
-  }
-  for (auto& u : pending) cb(std::move(u));
+  rounds_.SetCallback(std::move(cb));
 }
 
 absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration timeout) {
-  MutexLock lock(&mu_);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto has = [this, round]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (const auto& u : ready_) {
-      if (u.round == round) return true;
-    }
-    return false;
-  };
-  mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return has() || !stream_open_; },
-                       timeout);
-  stats_.wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-    if (it->round == round) {
-      RoundUpdate u = std::move(*it);
-      ready_.erase(it);
-      return u;
-    }
-  }
-  if (!stream_open_) {
-    absl::Status s = EndStatusLocked();
-    return s.ok() ? absl::CancelledError("stream closed") : s;
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("round ", round, "'s update did not arrive within ", absl::FormatDuration(timeout)));
+  absl::StatusOr<RoundUpdate> u = rounds_.Wait(round, timeout);
+  if (u.ok() || u.status().code() != absl::StatusCode::kCancelled) return u;
+  // The stream closed before the round came: say why.
+  absl::Status s = stream_status();
+  return s.ok() ? u.status() : s;
 }
 
-std::optional<RoundUpdate> Client::PollRound() {
-  MutexLock lock(&mu_);
-  if (ready_.empty()) return std::nullopt;
-  RoundUpdate u = std::move(ready_.front());
-  ready_.pop_front();
-  return u;
-}
+std::optional<RoundUpdate> Client::PollRound() { return rounds_.Poll(); }
 
 void Client::Recycle(std::string buffer) {
-  if (UcxWorker* w = ucx_ready_.load(std::memory_order_acquire)) w->Recycle(std::move(buffer));
+  if (UcxLink* l = ucx_ready_.load(std::memory_order_acquire)) l->worker()->Recycle(std::move(buffer));
 }
 
-std::vector<absl::Status> Client::TakeErrors() {
-  MutexLock lock(&mu_);
-  std::vector<absl::Status> out;
-  out.swap(errors_);
-  return out;
-}
+std::vector<absl::Status> Client::TakeErrors() { return rounds_.TakeErrors(); }
 
 bool Client::WaitForErrors(size_t n, absl::Duration timeout) {
-  MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(
-             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return errors_.size() >= n || !stream_open_; },
-             timeout) &&
-         errors_.size() >= n;
+  return rounds_.WaitForErrors(n, timeout);
 }
 
 absl::Status Client::stream_status() {
-  MutexLock lock(&mu_);
-  if (!stream_open_) return EndStatusLocked();
-  return absl::OkStatus();
-}
-
-absl::Status Client::EndStatusLocked() {
-  mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_finished_; }, absl::Seconds(30));
-  if (!stream_finished_) return absl::UnavailableError("stream ended; its status is not known yet");
-  return stream_status_;
+  std::shared_ptr<AttachedStream> s = current_stream();
+  return s == nullptr ? absl::OkStatus() : s->status();
 }
 
 ClientStats Client::stats() {
-  MutexLock lock(&mu_);
-  return stats_;
+  const SendWindow::Stats w = window_.stats();
+  const RoundAssembler::Stats r = rounds_.stats();
+  ClientStats out;
+  out.messages_sent = w.messages_sent;
+  out.bytes_sent = w.bytes_sent;
+  out.send_blocked_seconds = w.blocked_seconds;
+  out.bytes_received = r.bytes_received;
+  out.rounds_received = r.rounds_received;
+  out.wait_seconds = r.wait_seconds;
+  out.stream_errors = r.stream_errors;
+  if (UcxLink* l = ucx_ready_.load(std::memory_order_acquire)) {
+    out.ucx_frames_dropped = l->frames_dropped();
+  }
+  return out;
 }
 
 int32_t Client::rank() {
@@ -799,23 +474,7 @@ std::string Client::job_id() {
 
 void Client::CloseStream() {
   MutexLock attach_lock(&attach_mu_);
-  {
-    MutexLock lock(&mu_);
-    closing_ = true;
-  }
-  if (writer_.joinable()) writer_.join();  // sends what is queued, then half-closes
-  if (stream_ctx_ != nullptr && reader_.joinable()) {
-    // Wait briefly for the daemon to finish the stream, then cancel.
-    {
-      MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                 return !stream_open_;
-                               },
-                           absl::Seconds(2));
-    }
-    stream_ctx_->TryCancel();
-  }
-  if (reader_.joinable()) reader_.join();
+  if (std::shared_ptr<AttachedStream> s = current_stream()) s->Close();
 }
 
 }  // namespace zenflow

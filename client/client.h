@@ -13,26 +13,28 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
+#include "client/round_assembler.h"
+#include "client/send_window.h"
 #include "common/codec.h"
+#include "common/mutex.h"
 #include "common/ucx.h"
 #include "grpcpp/grpcpp.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
 
 namespace zenflow {
+
+class AttachedStream;
+class UcxLink;
 
 // How the rank's data stream travels. Control calls always use gRPC.
 enum class Transport {
@@ -44,8 +46,9 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";
-  absl::Duration connect_timeout = absl::Seconds(5);  // per attempt
-  int connect_attempts = 5;                           // with doubling backoff
+  // How long Connect waits for the daemon; gRPC retries within it with its
+  // own reconnect backoff (100 ms doubling up to 2 s).
+  absl::Duration connect_timeout = absl::Seconds(20);
   absl::Duration rpc_timeout = absl::Seconds(60);     // unary deadline
   absl::Duration selection_timeout = absl::Minutes(10);  // SubmitImportance waits for all ranks
   int64_t max_message_bytes = int64_t{1} << 30;  // hand-off and all-reduce are single messages
@@ -53,13 +56,6 @@ struct ClientOptions {
   int64_t max_inflight_bytes = 64 << 20;  // pushes block beyond this many unsent bytes
   Transport transport = Transport::kGrpc;
   UcxOptions ucx;  // with Transport::kUcx
-};
-
-// Every delta of one round, in arrival order, and its RoundDone marker.
-struct RoundUpdate {
-  int64_t round = -1;
-  std::vector<v1::ParameterDelta> deltas;
-  v1::RoundDone done;
 };
 
 struct ClientStats {
@@ -74,7 +70,13 @@ struct ClientStats {
 };
 
 // Thread-safe: any method may be called from any thread. Deltas arrive on an
-// internal thread; with a round callback set, it runs there.
+// internal thread; with a round callback set, it runs there (and must not
+// attach or close streams).
+//
+// Inside: the control calls are plain unary RPCs on one stub; the data
+// stream is an AttachedStream (stream.h) over a gRPC or UCX DataStream
+// (data_stream.h); up messages wait in a SendWindow and rounds come
+// together in a RoundAssembler. Each part has its own lock.
 class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
@@ -98,6 +100,10 @@ class Client {
   // Attaches the data stream to an already joined rank (after a reconnect).
   absl::Status Attach(const std::string& job_id, int32_t rank);
   absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id);
+  // Waits until the job exists and its parameters are uploaded (by another
+  // rank); polls GetJob with a backoff. DEADLINE_EXCEEDED after `timeout`.
+  absl::StatusOr<v1::GetJobResponse> WaitForUpload(const std::string& job_id,
+                                                   absl::Duration timeout);
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& job_id = "");
   // Blocks until every rank submitted importance for `step`.
@@ -161,29 +167,20 @@ class Client {
   // Waits until at least `n` errors are pending (for tests and tools).
   bool WaitForErrors(size_t n, absl::Duration timeout);
 
-  // OK while the stream is healthy; the final status once it ended.
+  // OK while the stream is healthy (or none was attached); once it ended,
+  // its final status (waiting at most a few seconds for the call to finish).
   absl::Status stream_status();
   ClientStats stats();
-  v1::ZenFlow::Stub* stub() { return stub_.get(); }
+  // The channel, for calls of a caller's own (health checks, tests).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   int32_t rank();
   std::string job_id();
 
  private:
   explicit Client(const ClientOptions& options);
+  std::shared_ptr<AttachedStream> current_stream();
+  // Closes the attached stream, if any (sends what is queued first).
   void CloseStream();
-  void ReaderLoop();
-  void WriterLoop();
-  // An up message waiting to be written, with a payload it may borrow
-  // (UCX only) and what keeps that payload's owner waiting.
-  struct Outgoing {
-    v1::UpMessage msg;
-    absl::string_view borrowed;
-    std::shared_ptr<void> hold;
-    int64_t size = 0;
-  };
-  // Sends one up message over UCX (asynchronously; the window accounts it).
-  void SendUcx(Outgoing out);
   // Pushes `ncols` encoded columns (col_bytes each) as shards of at most
   // max_shard_bytes: copied into the messages, or, with `hold`, borrowed
   // (UCX; `hold` is released when the last shard lets go).
@@ -196,57 +193,27 @@ class Client {
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t col_bytes, v1::DType dtype, const float* scales,
                                  std::function<void()> release);
-  // A down message from either transport.
-  void Dispatch(v1::DownMessage msg, int64_t bytes);
-  void OnUcxFrame(uint64_t tag, std::string frame);
   std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout) const;
   absl::Status Enqueue(v1::UpMessage msg, absl::string_view borrowed = {},
-                       std::shared_ptr<void> hold = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-  // The stream's final status, once the reader has finished it.
-  absl::Status EndStatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                       std::shared_ptr<void> hold = nullptr);
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ZenFlow::Stub> stub_;
+  SendWindow window_;
+  RoundAssembler rounds_;
 
-  // One attached stream at a time; attach/close are serialized by attach_mu_.
+  // Serializes attaching and closing streams.
   Mutex attach_mu_;
-  std::unique_ptr<grpc::ClientContext> stream_ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
-  std::thread reader_, writer_;
-  std::unique_ptr<UcxWorker> ucx_;  // created by the first UCX attach
-  // ucx_, for Recycle: published once it exists (it then lives as long as
-  // the client), read without a lock.
-  std::atomic<UcxWorker*> ucx_ready_{nullptr};
+  std::unique_ptr<UcxLink> ucx_ ABSL_GUARDED_BY(attach_mu_);  // by the first UCX attach
+  // ucx_, for Recycle and stats: published once it exists (it then lives as
+  // long as the client), read without a lock.
+  std::atomic<UcxLink*> ucx_ready_{nullptr};
 
   Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   int32_t rank_ ABSL_GUARDED_BY(mu_) = -1;
-  bool attached_ ABSL_GUARDED_BY(mu_) = false;
-  bool stream_open_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
-  std::deque<Outgoing> outq_ ABSL_GUARDED_BY(mu_);
-  int64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool writer_running_ ABSL_GUARDED_BY(mu_) = false;
-  bool stream_finished_ ABSL_GUARDED_BY(mu_) = true;  // no stream, or Finish() returned
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  // The current stream's UCX connection (transport kUcx).
-  uint64_t ucx_tag_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t ucx_ep_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string ucx_peer_ ABSL_GUARDED_BY(mu_);
-  int64_t ucx_sending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not yet completed
-  // Why this client cancelled its stream (a failed UCX send, or the daemon's
-  // fatal error); reported as the stream's status.
-  absl::Status cancel_reason_ ABSL_GUARDED_BY(mu_);
-  // The writer thread's copy of the stream's tag (0: gRPC); set before it starts.
-  uint64_t ucx_tag_for_writer_ = 0;
-  std::map<int64_t, RoundUpdate> partial_ ABSL_GUARDED_BY(mu_);
-  std::deque<RoundUpdate> ready_ ABSL_GUARDED_BY(mu_);
-  std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
-  ClientStats stats_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<AttachedStream> stream_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zenflow

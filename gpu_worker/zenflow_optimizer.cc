@@ -73,19 +73,7 @@ absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& w
     if (!up.ok() && up.code() != absl::StatusCode::kAlreadyExists) return up;
   } else {
     // Wait until rank 0 created the job and uploaded the parameters.
-    absl::Duration backoff = absl::Milliseconds(10);
-    const absl::Time deadline = absl::Now() + absl::Minutes(5);
-    for (;;) {
-      absl::StatusOr<v1::GetJobResponse> job = client->GetJob(want.job_id());
-      if (job.ok() && job->parameters_uploaded()) break;
-      if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("job '", want.job_id(), "' was not created and uploaded by rank 0 in 5 minutes"));
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Milliseconds(500));
-    }
+    ZF_RETURN_IF_ERROR(client->WaitForUpload(want.job_id(), absl::Minutes(5)).status());
   }
   ZF_ASSIGN_OR_RETURN(v1::JoinJobResponse joined, client->JoinJob(want.job_id(), rank));
   return joined.spec();

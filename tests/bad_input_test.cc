@@ -30,6 +30,10 @@ namespace {
 
 using absl::StatusCode;
 
+// A stub of our own on a client's channel, for requests the client library
+// would never send.
+std::unique_ptr<v1::ZenFlow::Stub> StubOf(Client& c) { return v1::ZenFlow::NewStub(c.channel()); }
+
 class BadInputTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -573,7 +577,7 @@ std::unique_ptr<Harness> JoinedNotAttached(const std::string& target) {
     req.set_job_id(o.job_id);
     req.set_rank(0);
     v1::JoinJobResponse resp;
-    grpc::Status g = h->client(0).stub()->JoinJob(&ctx, req, &resp);
+    grpc::Status g = StubOf(h->client(0))->JoinJob(&ctx, req, &resp);
     if (!g.ok()) s = absl::InternalError(g.error_message());
   }
   EXPECT_TRUE(s.ok()) << s;
@@ -585,9 +589,9 @@ TEST_F(BadInputTest, UcxAttachWithBadTagOrAddressIsInvalidArgument) {
   RawUcxRank raw;
   ASSERT_OK(raw.Start());
   const std::string job = h->options().job_id;
-  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, /*tag=*/0, raw.address()),
+  ExpectStatus(raw.Attach(StubOf(h->client(0)).get(), job, 0, /*tag=*/0, raw.address()),
                StatusCode::kInvalidArgument, "ucx_tag must be nonzero");
-  ExpectStatus(raw.Attach(h->client(0).stub(), job, 0, 7, "abc"), StatusCode::kInvalidArgument,
+  ExpectStatus(raw.Attach(StubOf(h->client(0)).get(), job, 0, 7, "abc"), StatusCode::kInvalidArgument,
                "is not a UCX worker address");
   // Junk where the address should be: refused, the same way every time, and
   // the daemon stays up.
@@ -603,11 +607,11 @@ TEST_F(BadInputTest, UcxAttachWithBadTagOrAddressIsInvalidArgument) {
   std::string tail_zero = raw.address().substr(0, 1) + std::string(95, '\0');
   for (const std::string& junk : {std::string(96, '\x01'), std::string(96, '\xff'), noise, tail_ff,
                                   tail_noise, tail_zero}) {
-    absl::Status st = raw.Attach(h->client(0).stub(), job, 0, 7, junk);
+    absl::Status st = raw.Attach(StubOf(h->client(0)).get(), job, 0, 7, junk);
     EXPECT_FALSE(st.ok());
     EXPECT_TRUE(absl::StrContains(st.message(), "cannot reach the rank's UCX worker")) << st;
   }
-  ExpectStatus(raw.Attach(h->client(0).stub(), "no_such_job", 0, 7, raw.address()),
+  ExpectStatus(raw.Attach(StubOf(h->client(0)).get(), "no_such_job", 0, 7, raw.address()),
                StatusCode::kNotFound, "no_such_job");
   // The rank is still free: the library attaches it and a round is exact.
   ASSERT_OK(h->client(0).Attach(job, 0));
@@ -619,7 +623,7 @@ TEST_F(BadInputTest, UcxMalformedFramesAreRejectedInBand) {
   RawUcxRank raw;
   ASSERT_OK(raw.Start());
   const std::string job = h->options().job_id;
-  ASSERT_OK(raw.Attach(h->client(0).stub(), job, 0, 0x1234567887654321ull, raw.address()));
+  ASSERT_OK(raw.Attach(StubOf(h->client(0)).get(), job, 0, 0x1234567887654321ull, raw.address()));
   auto expect_error = [&](StatusCode code, const std::string& fragment) {
     absl::StatusOr<v1::DownMessage> m = raw.Next();
     ASSERT_OK(m.status());
@@ -979,7 +983,7 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
     v1::AllReduceResponse resp;
-    grpc::Status g = h->client(rank).stub()->AllReduce(&ctx, req, &resp);
+    grpc::Status g = StubOf(h->client(rank))->AllReduce(&ctx, req, &resp);
     std::vector<float> out;
     if (g.ok()) {
       out.resize(resp.parts(0).payload().size() / 4);
@@ -1029,7 +1033,7 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
     v1::SubmitImportanceResponse sresp;
-    grpc::Status g = h->client(0).stub()->SubmitImportance(&ctx, sreq, &sresp);
+    grpc::Status g = StubOf(h->client(0))->SubmitImportance(&ctx, sreq, &sresp);
     EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << g.error_message();
     ASSERT_TRUE(PendingDrains(*h));
   }
@@ -1052,7 +1056,7 @@ absl::Status CreateBigJoinedJob(Client& c, const std::string& id, int64_t rows) 
   v1::JoinJobRequest req;
   req.set_job_id(id);
   v1::JoinJobResponse resp;
-  grpc::Status g = c.stub()->JoinJob(&jctx, req, &resp);
+  grpc::Status g = StubOf(c)->JoinJob(&jctx, req, &resp);
   if (!g.ok()) return absl::InternalError(g.error_message());
   return absl::OkStatus();
 }
@@ -1175,7 +1179,7 @@ TEST_F(BadInputTest, UcxRankThatDoesNotReadIsCutOff) {
   ASSERT_OK(CreateBigJoinedJob(**c, "no_reader_ucx", 256));
   RawUcxRank raw;
   ASSERT_OK(raw.Start());
-  ASSERT_OK(raw.Attach((*c)->stub(), "no_reader_ucx", 0, 0x5eed, raw.address()));
+  ASSERT_OK(raw.Attach(StubOf(**c).get(), "no_reader_ucx", 0, 0x5eed, raw.address()));
   // Waits until the job has updated `rounds` rounds and the rank's outbox
   // holds at least `min_outbox` bytes; returns the outbox bytes.
   auto wait_for = [&](int64_t rounds, int64_t min_outbox) -> int64_t {

@@ -1,0 +1,258 @@
+// The client library against an in-process zenflowd on a loopback port,
+// over both data transports.
+#include "client/client.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/adamw.h"
+#include "gtest/gtest.h"
+#include "server/service.h"
+
+namespace zenflow {
+namespace {
+
+constexpr int64_t kRows = 4;
+constexpr int64_t kCols = 8;
+
+float Init(int64_t r, int64_t c) { return 0.1f * static_cast<float>(r) - 0.05f * c; }
+float Grad(int64_t step, int64_t r, int64_t c) {
+  return std::sin(0.3f * static_cast<float>(step + 1) + 0.7f * r + 0.11f * c);
+}
+
+class ClientTest : public ::testing::TestWithParam<Transport> {
+ protected:
+  void SetUp() override {
+    ServerOptions opts;
+    opts.listen = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<ZenFlowServer>> s = ZenFlowServer::Start(opts);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    if (GetParam() == Transport::kUcx) {
+      ASSERT_NE(server_->ucx(), nullptr) << server_->ucx_status();
+    }
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  ClientOptions Options() const {
+    ClientOptions o;
+    o.target = absl::StrCat("127.0.0.1:", server_->port());
+    o.transport = GetParam();
+    return o;
+  }
+  std::unique_ptr<Client> NewClient() {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(Options());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  // A one-rank job of one kRows x kCols fp32 tensor, S = 1, fp32 shards,
+  // new values as deltas.
+  static v1::JobSpec Spec(const std::string& id) {
+    v1::JobSpec spec;
+    spec.set_job_id(id);
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name("w");
+    t->add_shape(kRows);
+    t->add_shape(kCols);
+    t->set_dtype(v1::DTYPE_FP32);
+    spec.set_world_size(1);
+    spec.set_wire_dtype(v1::DTYPE_FP32);
+    spec.set_delta_kind(v1::DELTA_VALUES);
+    spec.mutable_zenflow()->set_update_interval(1);
+    return spec;
+  }
+  void CreateAndUpload(Client* c, const std::string& id) {
+    ASSERT_TRUE(c->CreateJob(Spec(id)).ok());
+    init_.resize(kRows * kCols);
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t col = 0; col < kCols; ++col) init_[r * kCols + col] = Init(r, col);
+    }
+    absl::StatusOr<v1::UploadParametersResponse> up =
+        c->UploadParameters(id, {{"w", {kRows, kCols}, init_.data()}});
+    ASSERT_TRUE(up.ok()) << up.status();
+    EXPECT_EQ(up->elements(), kRows * kCols);
+  }
+  // Pushes every column's gradient of `step` (round `step`, as S = 1).
+  absl::Status PushStep(Client* c, int64_t step) {
+    std::vector<int32_t> cols(kCols);
+    std::vector<float> colmajor(kRows * kCols);
+    for (int64_t col = 0; col < kCols; ++col) {
+      cols[col] = static_cast<int32_t>(col);
+      for (int64_t r = 0; r < kRows; ++r) colmajor[col * kRows + r] = Grad(step, r, col);
+    }
+    return c->PushColumns(step, "w", /*version=*/0, cols, colmajor.data(), kRows, DType::kF32);
+  }
+  // Checks a round's deltas against AdamW run here on the same gradients.
+  void ExpectRound(const RoundUpdate& u, int64_t round) {
+    AdamWHyper h;
+    h.lr = kLr;
+    if (ref_p_.empty()) {
+      ref_p_ = init_;
+      ref_m_.assign(init_.size(), 0.f);
+      ref_v_.assign(init_.size(), 0.f);
+    }
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t col = 0; col < kCols; ++col) {
+        const size_t i = r * kCols + col;
+        const float g = Grad(round, r, col);
+        AdamWReference(h, round + 1, 1.0f, &g, &ref_p_[i], &ref_m_[i], &ref_v_[i], 1);
+      }
+    }
+    EXPECT_EQ(u.round, round);
+    EXPECT_EQ(u.done.round(), round);
+    EXPECT_FALSE(u.done.skipped_nonfinite());
+    int64_t seen = 0;
+    for (const v1::ParameterDelta& d : u.deltas) {
+      ASSERT_EQ(d.tensor(), "w");
+      ASSERT_EQ(d.payload().size(), d.columns_size() * kRows * sizeof(float));
+      for (int j = 0; j < d.columns_size(); ++j) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          float got;
+          std::memcpy(&got, d.payload().data() + (j * kRows + r) * sizeof(float), sizeof(float));
+          const float want = ref_p_[r * kCols + d.columns(j)];
+          EXPECT_NEAR(got, want, 1e-6f * std::max(1.0f, std::fabs(want)))
+              << "round " << round << " column " << d.columns(j) << " row " << r;
+        }
+        ++seen;
+      }
+    }
+    EXPECT_EQ(seen, kCols);
+  }
+  // One round of `step`: push, close, wait, check.
+  void GoodRound(Client* c, int64_t round) {
+    ASSERT_TRUE(PushStep(c, round).ok());
+    ASSERT_TRUE(c->CloseRound(round, kLr).ok());
+    absl::StatusOr<RoundUpdate> u = c->WaitRound(round, absl::Seconds(60));
+    ASSERT_TRUE(u.ok()) << u.status();
+    ExpectRound(*u, round);
+  }
+
+  static constexpr float kLr = 1e-2f;
+  std::unique_ptr<ZenFlowServer> server_;
+  std::vector<float> init_, ref_p_, ref_m_, ref_v_;
+};
+
+TEST_P(ClientTest, ConnectGivesUpAfterItsTimeout) {
+  ClientOptions o = Options();
+  o.target = "127.0.0.1:1";  // nothing listens there
+  o.connect_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("127.0.0.1:1"), absl::string_view::npos) << c.status();
+}
+
+TEST_P(ClientTest, RoundsMatchAdamWAndAreCounted) {
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "rounds");
+  ASSERT_TRUE(c->JoinJob("rounds", 0).ok());
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->job_id(), "rounds");
+  for (int64_t round = 0; round < 3; ++round) GoodRound(c.get(), round);
+  EXPECT_TRUE(c->Flush(absl::Seconds(30)).ok());
+  const ClientStats st = c->stats();
+  EXPECT_EQ(st.rounds_received, 3);
+  EXPECT_GE(st.messages_sent, 6);  // a shard and a close per round
+  EXPECT_GT(st.bytes_sent, 3 * kRows * kCols * 4);
+  EXPECT_GT(st.bytes_received, 3 * kRows * kCols * 4);
+  EXPECT_EQ(st.stream_errors, 0);
+  EXPECT_TRUE(c->stream_status().ok());
+}
+
+TEST_P(ClientTest, PushesBeforeAttachingAreRefused) {
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "early");
+  absl::Status s = PushStep(c.get(), 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(c->CloseRound(0, kLr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->WaitRound(0, absl::Seconds(5)).status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(c->JoinJob("early", 0).ok());
+  GoodRound(c.get(), 0);
+}
+
+TEST_P(ClientTest, ASecondAttachWhileAttachedIsRefusedAndChangesNothing) {
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "twice");
+  ASSERT_TRUE(c->JoinJob("twice", 0).ok());
+  absl::Status s = c->Attach("twice", 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("'twice' rank 0"), absl::string_view::npos) << s;
+  GoodRound(c.get(), 0);
+}
+
+TEST_P(ClientTest, RejectedShardsComeBackInBandAndTheStreamGoesOn) {
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "inband");
+  ASSERT_TRUE(c->JoinJob("inband", 0).ok());
+  std::vector<float> col(kRows, 1.f);
+  ASSERT_TRUE(c->PushColumns(0, "w", 0, {static_cast<int32_t>(kCols)}, col.data(), kRows,
+                             DType::kF32)
+                  .ok());
+  ASSERT_TRUE(c->WaitForErrors(1, absl::Seconds(60)));
+  std::vector<absl::Status> errors = c->TakeErrors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), absl::StatusCode::kOutOfRange) << errors[0];  // column 8 of 8
+  EXPECT_NE(errors[0].message().find("(message #1)"), absl::string_view::npos) << errors[0];
+  GoodRound(c.get(), 0);
+  EXPECT_TRUE(c->stream_status().ok());
+}
+
+TEST_P(ClientTest, ADeletedJobEndsTheStreamWithTheDaemonsReasonAndTheClientCanReattach) {
+  std::unique_ptr<Client> c = NewClient();
+  std::unique_ptr<Client> admin = NewClient();
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(admin, nullptr);
+  CreateAndUpload(c.get(), "gone");
+  ASSERT_TRUE(c->JoinJob("gone", 0).ok());
+  GoodRound(c.get(), 0);
+  ASSERT_TRUE(admin->DeleteJob("gone").ok());
+  absl::StatusOr<RoundUpdate> u = c->WaitRound(1, absl::Minutes(5));
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(u.status().code(), absl::StatusCode::kDeadlineExceeded) << u.status();
+  const absl::Status end = c->stream_status();
+  EXPECT_FALSE(end.ok());
+  EXPECT_EQ(u.status(), end);
+  EXPECT_EQ(PushStep(c.get(), 1).code(), end.code());
+  // A new job on the same client: a fresh stream, the same numbers as a
+  // fresh client would get.
+  ref_p_.clear();
+  CreateAndUpload(c.get(), "again");
+  ASSERT_TRUE(c->JoinJob("again", 0).ok());
+  EXPECT_TRUE(c->stream_status().ok());
+  GoodRound(c.get(), 0);
+}
+
+TEST_P(ClientTest, WaitForUploadSeesAnotherRanksUpload) {
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->WaitForUpload("later", absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(c->CreateJob(Spec("later")).ok());
+  EXPECT_EQ(c->WaitForUpload("later", absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  CreateAndUpload(c.get(), "later2");
+  absl::StatusOr<v1::GetJobResponse> job = c->WaitForUpload("later2", absl::Seconds(30));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->parameters_uploaded());
+  EXPECT_EQ(c->WaitForUpload("bad id!", absl::Seconds(30)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClientTest,
+                         ::testing::Values(Transport::kGrpc, Transport::kUcx),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return info.param == Transport::kUcx ? "ucx" : "grpc";
+                         });
+
+}  // namespace
+}  // namespace zenflow

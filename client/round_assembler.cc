@@ -1,0 +1,140 @@
+// Rounds from down messages; see round_assembler.h.
+#include "client/round_assembler.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/stream_error.h"
+
+namespace zenflow {
+
+void RoundAssembler::Open() {
+  MutexLock lock(&mu_);
+  open_ = true;
+  partial_.clear();
+}
+
+void RoundAssembler::Close() {
+  MutexLock lock(&mu_);
+  open_ = false;
+}
+
+absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
+  std::function<void(RoundUpdate)> cb;
+  std::optional<RoundUpdate> complete;
+  absl::Status fatal;
+  {
+    MutexLock lock(&mu_);
+    stats_.bytes_received += bytes;
+    switch (msg.kind_case()) {
+      case v1::DownMessage::kDelta: {
+        RoundUpdate& u = partial_[msg.delta().round()];
+        u.round = msg.delta().round();
+        u.deltas.push_back(std::move(*msg.mutable_delta()));
+        break;
+      }
+      case v1::DownMessage::kDone: {
+        const int64_t r = msg.done().round();
+        RoundUpdate u;
+        auto it = partial_.find(r);
+        if (it != partial_.end()) {
+          u = std::move(it->second);
+          partial_.erase(it);
+        }
+        u.round = r;
+        u.done = std::move(*msg.mutable_done());
+        ++stats_.rounds_received;
+        if (callback_) {
+          cb = callback_;
+          complete = std::move(u);
+        } else {
+          ready_.push_back(std::move(u));
+        }
+        break;
+      }
+      case v1::DownMessage::kError: {
+        ++stats_.stream_errors;
+        const absl::Status err = StreamErrorStatus(msg.error());
+        if (msg.error().fatal()) fatal = err;
+        errors_.push_back(absl::Status(
+            err.code(), absl::StrCat(err.message(), " (message #", msg.error().seq(), ")")));
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (cb && complete) cb(std::move(*complete));
+  return fatal;
+}
+
+void RoundAssembler::AddError(absl::Status error) {
+  MutexLock lock(&mu_);
+  ++stats_.stream_errors;
+  errors_.push_back(std::move(error));
+}
+
+void RoundAssembler::SetCallback(std::function<void(RoundUpdate)> cb) {
+  std::deque<RoundUpdate> pending;
+  {
+    MutexLock lock(&mu_);
+    callback_ = cb;
+    if (cb) pending.swap(ready_);
+  }
+  for (auto& u : pending) cb(std::move(u));
+}
+
+absl::StatusOr<RoundUpdate> RoundAssembler::Wait(int64_t round, absl::Duration timeout) {
+  MutexLock lock(&mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto find = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if (it->round == round) return it;
+    }
+    return ready_.end();
+  };
+  mu_.AwaitWithTimeout(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return find() != ready_.end() || !open_; }, timeout);
+  stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto it = find();
+  if (it != ready_.end()) {
+    RoundUpdate u = std::move(*it);
+    ready_.erase(it);
+    return u;
+  }
+  if (!open_) return absl::CancelledError("stream closed");
+  return absl::DeadlineExceededError(absl::StrCat(
+      "round ", round, "'s update did not arrive within ", absl::FormatDuration(timeout)));
+}
+
+std::optional<RoundUpdate> RoundAssembler::Poll() {
+  MutexLock lock(&mu_);
+  if (ready_.empty()) return std::nullopt;
+  RoundUpdate u = std::move(ready_.front());
+  ready_.pop_front();
+  return u;
+}
+
+std::vector<absl::Status> RoundAssembler::TakeErrors() {
+  MutexLock lock(&mu_);
+  std::vector<absl::Status> out;
+  out.swap(errors_);
+  return out;
+}
+
+bool RoundAssembler::WaitForErrors(size_t n, absl::Duration timeout) {
+  MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return errors_.size() >= n || !open_; },
+             timeout) &&
+         errors_.size() >= n;
+}
+
+RoundAssembler::Stats RoundAssembler::stats() {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zenflow

@@ -1,0 +1,87 @@
+// What the daemon sends a rank, put together: each round's deltas collected
+// until its RoundDone marker, complete rounds queued for WaitRound/PollRound
+// (or handed to a callback), and the in-band errors for rejected up
+// messages. It knows nothing about transports: the stream delivers every
+// down message here, in arrival order.
+//
+//   RoundAssembler rounds;
+//   rounds.Open();
+//   rounds.Deliver(std::move(down), bytes);             // the receive thread
+//   absl::StatusOr<RoundUpdate> u = rounds.Wait(round, absl::Seconds(30));
+#ifndef ZENFLOW_CLIENT_ROUND_ASSEMBLER_H_
+#define ZENFLOW_CLIENT_ROUND_ASSEMBLER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+// Every delta of one round, in arrival order, and its RoundDone marker.
+struct RoundUpdate {
+  int64_t round = -1;
+  std::vector<v1::ParameterDelta> deltas;
+  v1::RoundDone done;
+};
+
+// Thread-safe. The callback, when set, runs on the delivering thread
+// without the lock held.
+class RoundAssembler {
+ public:
+  // A new stream: partial rounds of the last one are dropped (complete
+  // ones stay queued) and waits block again.
+  void Open();
+  // The stream ended: waits return.
+  void Close();
+
+  // Takes one down message (deltas, markers and errors; others are
+  // ignored). Returns the error's status if it is fatal (the daemon ends
+  // the stream), OK otherwise.
+  absl::Status Deliver(v1::DownMessage msg, int64_t bytes);
+
+  // Complete rounds go to `cb` from now on (those already queued first);
+  // null: they queue again.
+  void SetCallback(std::function<void(RoundUpdate)> cb);
+  // The round, once complete; DEADLINE_EXCEEDED after `timeout`; CANCELLED
+  // when the stream closed first (the stream knows why).
+  absl::StatusOr<RoundUpdate> Wait(int64_t round, absl::Duration timeout);
+  std::optional<RoundUpdate> Poll();
+
+  // The errors reported so far, oldest first; clears them.
+  std::vector<absl::Status> TakeErrors();
+  // Waits until `n` errors are pending (false: timeout or closed first).
+  bool WaitForErrors(size_t n, absl::Duration timeout);
+
+  struct Stats {
+    int64_t bytes_received = 0;
+    int64_t rounds_received = 0;
+    double wait_seconds = 0;  // Wait blocked: the stall
+    int64_t stream_errors = 0;
+  };
+  Stats stats();
+  // Counts an error found below this layer (a frame that cannot be read).
+  void AddError(absl::Status error);
+
+ private:
+  Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<int64_t, RoundUpdate> partial_ ABSL_GUARDED_BY(mu_);
+  std::deque<RoundUpdate> ready_ ABSL_GUARDED_BY(mu_);
+  std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_CLIENT_ROUND_ASSEMBLER_H_

@@ -1,0 +1,124 @@
+// The client's send window; see send_window.h.
+#include "client/send_window.h"
+
+#include <chrono>
+#include <utility>
+
+namespace zenflow {
+
+SendWindow::SendWindow(int64_t max_bytes) : max_bytes_(max_bytes) {}
+
+void SendWindow::Open() {
+  MutexLock lock(&mu_);
+  state_ = State::kOpen;
+  ended_ = false;
+  end_status_ = absl::OkStatus();
+  queue_.clear();
+  bytes_ = 0;
+  sending_ = 0;
+}
+
+absl::Status SendWindow::EndStatusLocked() {
+  if (state_ == State::kDraining) {
+    return absl::FailedPreconditionError("the stream is closing: nothing more can be sent on it");
+  }
+  // A broken stream's status follows shortly (the reader finishes the
+  // call); the wait is bounded in case it never does.
+  mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return ended_; },
+                       absl::Seconds(10));
+  if (!ended_) return absl::UnavailableError("the stream ended; its final status is not known yet");
+  if (end_status_.ok()) {
+    return absl::FailedPreconditionError("no stream attached: JoinJob or Attach first");
+  }
+  return end_status_;
+}
+
+absl::Status SendWindow::Push(Outgoing out) {
+  MutexLock lock(&mu_);
+  if (state_ != State::kOpen) return EndStatusLocked();
+  const auto t0 = std::chrono::steady_clock::now();
+  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return state_ != State::kOpen || bytes_ == 0 || bytes_ + out.size <= max_bytes_;
+  });
+  stats_.blocked_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (state_ != State::kOpen) return EndStatusLocked();
+  out.msg.set_seq(next_seq_++);
+  bytes_ += out.size;
+  queue_.push_back(std::move(out));
+  return absl::OkStatus();
+}
+
+std::optional<Outgoing> SendWindow::Next() {
+  MutexLock lock(&mu_);
+  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !queue_.empty() || state_ != State::kOpen;
+  });
+  if (queue_.empty() || state_ == State::kBroken || state_ == State::kClosed) return std::nullopt;
+  Outgoing out = std::move(queue_.front());
+  queue_.pop_front();
+  ++sending_;
+  return out;
+}
+
+void SendWindow::Complete(int64_t size, bool sent) {
+  MutexLock lock(&mu_);
+  --sending_;
+  bytes_ -= size;
+  if (sent) {
+    ++stats_.messages_sent;
+    stats_.bytes_sent += size;
+  }
+}
+
+void SendWindow::Break() {
+  std::deque<Outgoing> dropped;  // released outside the lock
+  MutexLock lock(&mu_);
+  if (state_ == State::kClosed) return;
+  state_ = State::kBroken;
+  for (const Outgoing& o : queue_) bytes_ -= o.size;
+  dropped.swap(queue_);
+}
+
+void SendWindow::Drain() {
+  MutexLock lock(&mu_);
+  if (state_ == State::kOpen) state_ = State::kDraining;
+}
+
+void SendWindow::Close(absl::Status status) {
+  std::deque<Outgoing> dropped;
+  MutexLock lock(&mu_);
+  state_ = State::kClosed;
+  ended_ = true;
+  end_status_ = std::move(status);
+  for (const Outgoing& o : queue_) bytes_ -= o.size;
+  dropped.swap(queue_);
+}
+
+absl::Status SendWindow::WaitIdle(absl::Duration timeout) {
+  MutexLock lock(&mu_);
+  const bool idle = mu_.AwaitWithTimeout(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return state_ == State::kBroken || state_ == State::kClosed ||
+               (queue_.empty() && sending_ == 0);
+      },
+      timeout);
+  // Nothing attached, or a clean end: nothing is left to send.
+  if (state_ == State::kClosed && end_status_.ok()) return absl::OkStatus();
+  if (state_ == State::kBroken || state_ == State::kClosed) return EndStatusLocked();
+  if (!idle) return absl::DeadlineExceededError("flush timed out");
+  return absl::OkStatus();
+}
+
+bool SendWindow::WaitSendsEnded(absl::Duration timeout) {
+  MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return sending_ == 0; },
+                              timeout);
+}
+
+SendWindow::Stats SendWindow::stats() {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zenflow

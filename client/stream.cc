@@ -1,0 +1,205 @@
+// One attached rank's stream; see stream.h.
+#include "client/stream.h"
+
+#include <utility>
+
+namespace zenflow {
+
+bool GrpcDataStream::Send(Outgoing out, DoneFn done) {
+  if (!out.borrowed.empty()) {  // borrowing is a UCX feature; copied here all the same
+    out.msg.mutable_shard()->set_payload(out.borrowed.data(), out.borrowed.size());
+    out.hold.reset();
+  }
+  const bool ok = stream_->Write(out.msg);
+  done(ok);
+  return ok;  // false: the stream broke; the reader learns why
+}
+
+AttachedStream::AttachedStream(const Deps& deps) : deps_(deps) {}
+
+absl::StatusOr<std::unique_ptr<AttachedStream>> AttachedStream::Open(const Deps& deps,
+                                                                     const std::string& job_id,
+                                                                     int32_t rank) {
+  std::unique_ptr<AttachedStream> s(new AttachedStream(deps));
+  deps.rounds->Open();
+  s->call_ = deps.stub->Stream(&s->ctx_);
+  if (deps.ucx != nullptr) {
+    s->data_ = std::make_unique<UcxDataStream>(deps.ucx, static_cast<DataStreamSink*>(s.get()));
+  } else {
+    s->data_ = std::make_unique<GrpcDataStream>(s->call_.get());
+  }
+  v1::UpMessage hello;
+  hello.mutable_attach()->set_job_id(job_id);
+  hello.mutable_attach()->set_rank(rank);
+  s->data_->PrepareAttach(hello.mutable_attach());
+  const bool wrote = s->call_->Write(hello);
+  s->reader_ = std::thread([p = s.get()] { p->ReaderLoop(); });
+
+  v1::Attached greeting;
+  {
+    MutexLock lock(&s->mu_);
+    s->mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->greeted_ || s->finished_; });
+    if (!s->greeted_) {
+      if (!wrote && s->status_.ok()) return absl::UnavailableError("stream closed before attach");
+      return s->status_;
+    }
+    greeting = s->greeting_;
+  }
+  if (absl::Status c = s->data_->Connect(greeting); !c.ok()) {
+    s->ctx_.TryCancel();  // no data path: the lifeline goes too
+    return c;
+  }
+  MutexLock lock(&s->mu_);
+  if (!s->reading_) {  // ended meanwhile: the window stays closed
+    s->mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->finished_; });
+    return s->status_.ok() ? absl::UnavailableError("stream closed right after attach")
+                           : s->status_;
+  }
+  s->window_open_ = true;
+  deps.window->Open();
+  s->writing_ = true;
+  s->writer_ = std::thread([p = s.get()] { p->WriterLoop(); });
+  return s;
+}
+
+AttachedStream::~AttachedStream() {
+  Close();
+  // The data path's send callbacks use this stream: end them while it is whole.
+  data_.reset();
+}
+
+void AttachedStream::Close() {
+  bool window_open = false;
+  {
+    MutexLock lock(&mu_);
+    closing_ = true;
+    window_open = window_open_;
+  }
+  if (window_open) deps_.window->Drain();
+  if (writer_.joinable()) writer_.join();  // sends what is queued, then half-closes
+  if (reader_.joinable()) {
+    {
+      // The daemon ends the call once it has what was sent.
+      MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !reading_; },
+                           absl::Seconds(2));
+    }
+    ctx_.TryCancel();
+    reader_.join();
+  }
+}
+
+bool AttachedStream::open() {
+  MutexLock lock(&mu_);
+  return reading_;
+}
+
+absl::Status AttachedStream::status() {
+  MutexLock lock(&mu_);
+  if (reading_) return absl::OkStatus();
+  mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return finished_; },
+                       absl::Seconds(10));
+  if (!finished_) return absl::UnavailableError("the stream ended; its final status is not known yet");
+  return status_;
+}
+
+void AttachedStream::ReaderLoop() {
+  v1::DownMessage msg;
+  while (call_->Read(&msg)) {
+    const int64_t bytes = static_cast<int64_t>(msg.ByteSizeLong());
+    OnDown(std::move(msg), bytes);
+    msg.Clear();
+  }
+  bool window_open = false;
+  {
+    MutexLock lock(&mu_);
+    reading_ = false;
+    window_open = window_open_;
+  }
+  // Nothing more is sent: the writer stops taking messages, and the data
+  // path's sends in flight fail now rather than at their timeouts.
+  if (window_open) deps_.window->Break();
+  data_->Abort();
+  {
+    // Finish() may only run once the writer no longer uses the call. A write
+    // into a call the daemon ended can stay blocked on flow control;
+    // cancelling releases it (the daemon's status, already received, is kept).
+    MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !writing_; },
+                              absl::Seconds(1))) {
+      ctx_.TryCancel();
+      mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !writing_; });
+    }
+  }
+  const grpc::Status st = call_->Finish();
+  absl::Status end;
+  {
+    MutexLock lock(&mu_);
+    if (!cancel_reason_.ok()) {
+      end = cancel_reason_;  // why this side cancelled
+    } else if (st.ok()) {
+      end = closing_ ? absl::OkStatus() : absl::CancelledError("stream closed by the daemon");
+    } else {
+      end = FromGrpcStatus(st);
+    }
+    status_ = end;
+    finished_ = true;
+  }
+  if (window_open) deps_.window->Close(end);
+  deps_.rounds->Close();
+}
+
+void AttachedStream::WriterLoop() {
+  SendWindow* window = deps_.window;
+  while (std::optional<Outgoing> out = window->Next()) {
+    const int64_t size = out->size;
+    if (!data_->Send(std::move(*out), [window, size](bool sent) { window->Complete(size, sent); })) {
+      break;
+    }
+  }
+  bool closing = false;
+  {
+    MutexLock lock(&mu_);
+    closing = closing_;
+  }
+  if (closing) {
+    // Everything sent on the data path reaches the daemon before the
+    // half-close tells it the rank is done.
+    data_->Flush();
+    call_->WritesDone();
+  }
+  MutexLock lock(&mu_);
+  writing_ = false;
+}
+
+void AttachedStream::OnDown(v1::DownMessage msg, int64_t bytes) {
+  if (msg.kind_case() == v1::DownMessage::kAttached) {
+    MutexLock lock(&mu_);
+    greeted_ = true;
+    greeting_ = std::move(*msg.mutable_attached());
+    return;
+  }
+  absl::Status fatal = deps_.rounds->Deliver(std::move(msg), bytes);
+  // The daemon ends this stream (the job is gone); so do we, now.
+  if (!fatal.ok()) Cancel(std::move(fatal));
+}
+
+void AttachedStream::OnUnreadable(absl::Status error) { deps_.rounds->AddError(std::move(error)); }
+
+void AttachedStream::OnFailure(absl::Status error) {
+  {
+    MutexLock lock(&mu_);
+    if (!cancel_reason_.ok() || closing_ || !reading_) return;
+  }
+  Cancel(std::move(error));
+}
+
+void AttachedStream::Cancel(absl::Status why) {
+  {
+    MutexLock lock(&mu_);
+    if (cancel_reason_.ok()) cancel_reason_ = std::move(why);
+  }
+  ctx_.TryCancel();
+}
+
+}  // namespace zenflow
