@@ -44,16 +44,6 @@ std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
 }
 
-bool AllFiniteF32(const float* p, size_t n, size_t* bad) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(p[i])) {
-      *bad = i;
-      return false;
-    }
-  }
-  return true;
-}
-
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -260,7 +250,9 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
       interval_(spec.zenflow().update_interval()),
       selection_(spec.world_size()),
       footprint_(footprint),
-      strand_(ctx.scheduler->NewStrand()) {
+      strand_(ctx.scheduler->NewStrand()),
+      hand_off_(spec.world_size(), spec.tensors_size()),
+      all_reduce_(spec.world_size()) {
   tensors_.resize(spec.tensors_size());
   for (int i = 0; i < spec.tensors_size(); ++i) {
     const v1::TensorSpec& ts = spec.tensors(i);
@@ -281,11 +273,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
   acc_ = std::make_unique<RoundAccumulator>(shapes, world_);
   for (const TensorState& t : tensors_) update_tensors_.push_back({t.name, t.rows, t.param_dtype});
   ranks_.resize(world_);
-  for (RankState& r : ranks_) {
-    r.tensor_handed_off.assign(tensors_.size(), 0);
-    r.mailbox = std::make_shared<Mailbox>(ctx_.outbox_limit_bytes);
-  }
-  handoff_applied_version_.assign(tensors_.size(), 0);
+  for (RankState& r : ranks_) r.mailbox = std::make_shared<Mailbox>(ctx_.outbox_limit_bytes);
 }
 
 absl::Status Job::CheckLive() const {
@@ -509,7 +497,7 @@ void Job::Stats(v1::JobStats* out) {
   out->set_state_bytes(footprint_.state_bytes);
   out->set_bookkeeping_bytes(footprint_.bookkeeping_bytes);
   out->set_delta_bytes(footprint_.delta_bytes);
-  out->set_pending_rendezvous_bytes(reduce_bytes_ + selection_.bytes());
+  out->set_pending_rendezvous_bytes(all_reduce_.bytes() + selection_.bytes());
   out->set_rounds_overflowed(rounds_overflowed_);
   for (int r = 0; r < world_; ++r) {
     const RankState& rs = ranks_[r];
@@ -540,7 +528,6 @@ v1::DownMessage Job::AttachedMessage(int32_t rank) {
 
 void Job::Shutdown() {
   std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
-  std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> reduce_waiters;
   std::vector<std::shared_ptr<Mailbox>> boxes;
   {
     MutexLock lock(&mu_);
@@ -549,17 +536,10 @@ void Job::Shutdown() {
       if (r.joined) boxes.push_back(r.mailbox);
     }
     for (auto& w : selection_.Take()) waiters.push_back(std::move(w));
-    for (auto& [step, pr] : reduces_) {
-      for (auto& w : pr.waiters) {
-        if (w) reduce_waiters.push_back(std::move(w));
-      }
-    }
-    reduces_.clear();
-    reduce_bytes_ = 0;
   }
   const absl::Status gone = absl::NotFoundError(absl::StrCat("job '", spec_.job_id(), "' was deleted"));
   for (auto& w : waiters) w(gone);
-  for (auto& w : reduce_waiters) w(gone);
+  all_reduce_.Shutdown(gone);
   // Attached ranks hear it at once, and their streams end.
   for (const auto& box : boxes) {
     box->Push(StreamErrorMessage(gone, 0, /*fatal=*/true));
@@ -577,8 +557,6 @@ absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up) {
       return HandleShard(rank, up.shard());
     case v1::UpMessage::kClose:
       return HandleClose(rank, up.close());
-    case v1::UpMessage::kAttach:
-      return absl::FailedPreconditionError("this stream is already attached");
     default:
       return absl::InvalidArgumentError("empty message: set shard or close");
   }
@@ -617,7 +595,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
         shard.selection_version() < selection_version_ ? "stale" : "unknown",
         "; the current version is ", selection_version_));
   }
-  if (rs.handed_off_version != selection_version_) {
+  if (hand_off_.rank_version(rank) != selection_version_) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " must call HandOff for selection version ",
                      selection_version_, " before sending shards"));
@@ -754,7 +732,7 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " is waiting for the selection at step ", selection_.step()));
   }
-  if (rs.handed_off_version != selection_version_) {
+  if (hand_off_.rank_version(rank) != selection_version_) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " must call HandOff for selection version ",
                      selection_version_, " before closing a round"));
@@ -898,14 +876,6 @@ void Job::RunUpdate(int64_t round) {
 
 namespace {
 
-int64_t PartsBytes(const v1::AllReduceRequest& req) {
-  int64_t n = 0;
-  for (const v1::ReducePart& p : req.parts()) {
-    n += static_cast<int64_t>(p.payload().size() + p.name().size());
-  }
-  return n;
-}
-
 absl::Status Replaced(const char* what, int32_t rank, int64_t step) {
   return absl::AbortedError(absl::StrCat(what, " of rank ", rank, " for step ", step,
                                          " was replaced by a newer call for the same step"));
@@ -1047,105 +1017,40 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
   if (rounds_updated_ != rounds_closed_) {
     return absl::FailedPreconditionError("an update is in flight; hand-off must follow a drain");
   }
-  std::vector<std::vector<int32_t>> leaving(tensors_.size()), joining(tensors_.size());
+  std::vector<HandOffTensor> changes(tensors_.size());
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     const TensorState& t = tensors_[ti];
-    std::set_difference(t.prev_important_cols.begin(), t.prev_important_cols.end(),
-                        t.important_cols.begin(), t.important_cols.end(),
-                        std::back_inserter(leaving[ti]));
-    std::set_difference(t.important_cols.begin(), t.important_cols.end(),
-                        t.prev_important_cols.begin(), t.prev_important_cols.end(),
-                        std::back_inserter(joining[ti]));
+    changes[ti].name = t.name;
+    changes[ti].rows = t.rows;
+    ColumnsChangingHands(t.prev_important_cols, t.important_cols, &changes[ti].leaving,
+                         &changes[ti].joining);
   }
-  // The tensors this call covers.
-  std::vector<bool> in_call(tensors_.size(), req.tensors_size() == 0);
-  for (const std::string& name : req.tensors()) {
-    ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(name));
-    if (in_call[ti]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", tensors_[ti].name, "' is listed twice in one hand-off"));
-    }
-    in_call[ti] = true;
-  }
-  std::vector<const v1::ColumnState*> given(tensors_.size(), nullptr);
-  for (const v1::ColumnState& cs : req.leaving()) {
-    ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(cs.tensor()));
-    if (given[ti] != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("leaving state of tensor '", tensors_[ti].name, "' is given twice"));
-    }
-    if (!in_call[ti]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "leaving state of tensor '", tensors_[ti].name, "' is not among this call's tensors"));
-    }
-    given[ti] = &cs;
-  }
-  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    if (!in_call[ti]) continue;
-    const TensorState& t = tensors_[ti];
-    const std::vector<int32_t>& want = leaving[ti];
-    const v1::ColumnState* cs = given[ti];
-    const int n = cs == nullptr ? 0 : cs->columns_size();
-    if (n != static_cast<int>(want.size()) ||
-        (n > 0 && !std::equal(want.begin(), want.end(), cs->columns().begin()))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "': expected the state of ", want.size(),
-          " leaving columns [", absl::StrJoin(want.begin(), want.begin() + std::min<size_t>(want.size(), 8), ", "),
-          want.size() > 8 ? ", ..." : "", "], got ", n));
-    }
-    if (n == 0) continue;
-    const int64_t need = static_cast<int64_t>(n) * t.rows;
-    if (cs->values_size() != need || cs->m_size() != need || cs->v_size() != need ||
-        cs->update_counts_size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "': leaving state needs ", need, " values, m and v and ", n,
-          " update counts; got ", cs->values_size(), ", ", cs->m_size(), ", ", cs->v_size(),
-          " and ", cs->update_counts_size()));
-    }
-    size_t bad = 0;
-    if (!AllFiniteF32(cs->values().data(), need, &bad) ||
-        !AllFiniteF32(cs->m().data(), need, &bad) || !AllFiniteF32(cs->v().data(), need, &bad)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", t.name, "': leaving state holds a non-finite value"));
-    }
-    for (int i = 0; i < n; ++i) {
-      if (cs->update_counts(i) < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name,
-                                                       "': negative update count for column ",
-                                                       cs->columns(i)));
-      }
-    }
-  }
+  ZF_ASSIGN_OR_RETURN(HandOffPlan plan,
+                      PlanHandOff(req, changes, [this](const std::string& name) {
+                        return TensorIndex(name);
+                      }));
   // Per tensor: the first rank's state is applied, later ranks' compared.
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    if (!in_call[ti] || handoff_applied_version_[ti] != req.version()) continue;
-    const TensorState& t = tensors_[ti];
-    const v1::ColumnState* cs = given[ti];
-    if (leaving[ti].empty()) continue;
-    const int differs = store_->FirstDifference(static_cast<int>(ti), *cs);
+    if (!plan.in_call[ti] || !hand_off_.applied(static_cast<int>(ti), req.version())) continue;
+    if (changes[ti].leaving.empty()) continue;
+    const int differs = store_->FirstDifference(static_cast<int>(ti), *plan.given[ti]);
     if (differs >= 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", req.rank(), ": state of tensor '", t.name, "' column ", leaving[ti][differs],
-          " differs from the state already handed off for version ", req.version(),
-          ": the ranks have diverged"));
+          "rank ", req.rank(), ": state of tensor '", tensors_[ti].name, "' column ",
+          changes[ti].leaving[differs], " differs from the state already handed off for version ",
+          req.version(), ": the ranks have diverged"));
     }
   }
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    if (!in_call[ti] || handoff_applied_version_[ti] == req.version()) continue;
-    if (!leaving[ti].empty()) store_->WriteColumns(static_cast<int>(ti), *given[ti]);
-    handoff_applied_version_[ti] = req.version();
+    if (!plan.in_call[ti] || hand_off_.applied(static_cast<int>(ti), req.version())) continue;
+    if (!changes[ti].leaving.empty()) store_->WriteColumns(static_cast<int>(ti), *plan.given[ti]);
+    hand_off_.MarkApplied(static_cast<int>(ti), req.version());
   }
-  RankState& rank = ranks_[req.rank()];
-  bool all = true;
-  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    if (in_call[ti]) rank.tensor_handed_off[ti] = req.version();
-    all = all && rank.tensor_handed_off[ti] == req.version();
-  }
-  if (all) rank.handed_off_version = req.version();
+  hand_off_.Record(req.rank(), plan.in_call, req.version());
   v1::HandOffResponse resp;
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    if (!in_call[ti] || joining[ti].empty()) continue;
-    FillColumnState(static_cast<int>(ti), joining[ti], resp.add_joining());
+    if (!plan.in_call[ti] || changes[ti].joining.empty()) continue;
+    FillColumnState(static_cast<int>(ti), changes[ti].joining, resp.add_joining());
   }
   return resp;
 }
@@ -1155,117 +1060,22 @@ void Job::WithdrawImportance(int32_t rank, uint64_t call) {
   selection_.Withdraw(rank, call);
 }
 
-void Job::WithdrawAllReduce(int32_t rank, uint64_t call) {
-  MutexLock lock(&mu_);
-  for (auto it = reduces_.begin(); it != reduces_.end(); ++it) {
-    PendingReduce& pr = it->second;
-    if (rank < 0 || rank >= world_ || !pr.submitted[rank] || pr.calls[rank] != call) continue;
-    reduce_bytes_ -= PartsBytes(pr.parts[rank]);
-    pr.submitted[rank] = false;
-    pr.parts[rank] = v1::AllReduceRequest();
-    pr.waiters[rank] = nullptr;
-    pr.calls[rank] = 0;
-    if (--pr.count == 0) reduces_.erase(it);
-    return;
-  }
-}
+void Job::WithdrawAllReduce(int32_t rank, uint64_t call) { all_reduce_.Withdraw(rank, call); }
 
 void Job::AllReduce(const v1::AllReduceRequest& req, uint64_t call,
                     std::function<void(absl::StatusOr<v1::AllReduceResponse>)> done) {
-  std::function<void(absl::StatusOr<v1::AllReduceResponse>)> replaced;
-  std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> waiters;
-  v1::AllReduceResponse result;
-  absl::Status status = [&]() -> absl::Status {
+  absl::Status s;
+  {
     MutexLock lock(&mu_);
-    ZF_RETURN_IF_ERROR(CheckLive());
-    ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
-    if (req.step() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("all-reduce step ", req.step(), " is negative"));
-    }
-    for (const v1::ReducePart& p : req.parts()) {
-      if (p.payload().size() % 4 != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "all-reduce part ", Quote(p.name()), ": ", p.payload().size(), " bytes is not fp32 values"));
-      }
-      size_t bad = 0;
-      if (!AllFinite(DType::kF32, p.payload().data(), p.payload().size() / 4, &bad)) {
-        return absl::InvalidArgumentError(absl::StrCat("all-reduce part ", Quote(p.name()),
-                                                       ": non-finite value at ", bad));
-      }
-    }
-    // A rank waits on one all-reduce at a time: that bounds what pending
-    // calls hold to world_size messages.
-    for (const auto& [step, other] : reduces_) {
-      if (step != req.step() && other.submitted[req.rank()]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", req.rank(), " is still in the all-reduce of step ", step,
-            "; a rank takes part in one all-reduce at a time (cancel that call first)"));
-      }
-    }
-    auto found = reduces_.find(req.step());
-    const bool fresh = found == reduces_.end();
-    PendingReduce& pr = reduces_[req.step()];
-    if (fresh) {
-      pr.submitted.assign(world_, false);
-      pr.parts.resize(world_);
-      pr.waiters.resize(world_);
-      pr.calls.assign(world_, 0);
-    }
-    // Every rank must send the same parts with the same sizes.
-    for (int r = 0; r < world_; ++r) {
-      if (!pr.submitted[r] || r == req.rank()) continue;
-      const v1::AllReduceRequest& other = pr.parts[r];
-      bool same = other.parts_size() == req.parts_size();
-      for (int i = 0; same && i < req.parts_size(); ++i) {
-        same = other.parts(i).name() == req.parts(i).name() &&
-               other.parts(i).payload().size() == req.parts(i).payload().size();
-      }
-      if (!same) {
-        if (fresh) reduces_.erase(req.step());
-        return absl::InvalidArgumentError(absl::StrCat(
-            "all-reduce for step ", req.step(), ": rank ", req.rank(),
-            "'s parts differ in names or sizes from rank ", r, "'s"));
-      }
-      break;
-    }
-    if (pr.submitted[req.rank()]) {
-      // A retry: the newer call wins.
-      replaced = std::move(pr.waiters[req.rank()]);
-      reduce_bytes_ -= PartsBytes(pr.parts[req.rank()]);
-    } else {
-      ++pr.count;
-    }
-    pr.submitted[req.rank()] = true;
-    pr.parts[req.rank()] = req;
-    pr.waiters[req.rank()] = std::move(done);
-    pr.calls[req.rank()] = call;
-    reduce_bytes_ += PartsBytes(req);
-    if (pr.count < world_) return absl::OkStatus();
-    // Everyone is in: the mean, summed in rank order.
-    const float inv = 1.0f / static_cast<float>(world_);
-    for (int i = 0; i < req.parts_size(); ++i) {
-      const size_t n = req.parts(i).payload().size() / 4;
-      std::vector<float> sum(n, 0.0f);
-      for (int r = 0; r < world_; ++r) {
-        DecodeAdd(DType::kF32, pr.parts[r].parts(i).payload().data(), n, sum.data());
-      }
-      for (float& x : sum) x *= inv;
-      v1::ReducePart* out = result.add_parts();
-      out->set_name(req.parts(i).name());
-      out->set_payload(reinterpret_cast<const char*>(sum.data()), n * 4);
-    }
-    waiters = std::move(pr.waiters);
-    for (int r = 0; r < world_; ++r) reduce_bytes_ -= PartsBytes(pr.parts[r]);
-    reduces_.erase(req.step());
-    return absl::OkStatus();
-  }();
-  if (replaced) replaced(Replaced("all-reduce", req.rank(), req.step()));
-  if (!status.ok()) {
-    rejected_.Add(status.code());
-    done(status);
-    return;
+    s = CheckLive();
+    if (s.ok()) s = CheckRank(req.rank());
   }
-  for (auto& w : waiters) w(result);
+  // After a Shutdown the barrier refuses too: no call waits on a deleted job.
+  if (s.ok()) s = all_reduce_.Submit(req, call, done);
+  if (!s.ok()) {
+    rejected_.Add(s.code());
+    done(s);
+  }
 }
 
 absl::StatusOr<v1::ColumnState> Job::ReadColumns(const std::string& tensor,

@@ -27,6 +27,8 @@
 #include "common/codec.h"
 #include "common/thread_pool.h"
 #include "common/adamw.h"
+#include "server/all_reduce_barrier.h"
+#include "server/hand_off.h"
 #include "server/mailbox.h"
 #include "server/round_accumulator.h"
 #include "server/round_update.h"
@@ -193,9 +195,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   struct RankState {
     bool joined = false;
-    int64_t next_round = 0;          // first round this rank has not closed
-    int64_t handed_off_version = 0;  // selection version whose state it has
-    std::vector<int64_t> tensor_handed_off;  // per tensor, the version handed off
+    int64_t next_round = 0;  // first round this rank has not closed
     std::shared_ptr<Mailbox> mailbox;
   };
 
@@ -206,14 +206,6 @@ class Job : public std::enable_shared_from_this<Job> {
     bool nonfinite = false;
     std::chrono::steady_clock::time_point last_close;
     double interval_seconds = 0;  // previous round's last close -> this one's
-  };
-
-  struct PendingReduce {
-    std::vector<bool> submitted;
-    int32_t count = 0;
-    std::vector<v1::AllReduceRequest> parts;  // by rank
-    std::vector<std::function<void(absl::StatusOr<v1::AllReduceResponse>)>> waiters;
-    std::vector<uint64_t> calls;  // by rank
   };
 
 
@@ -271,12 +263,10 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t rounds_updated_ ABSL_GUARDED_BY(mu_) = 0;  // updates finished
   int64_t selection_version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t selection_step_ ABSL_GUARDED_BY(mu_) = 0;
-  // Per tensor: the selection version whose leaving state has been applied.
-  std::vector<int64_t> handoff_applied_version_ ABSL_GUARDED_BY(mu_);
-
-  std::map<int64_t, PendingReduce> reduces_ ABSL_GUARDED_BY(mu_);
-  // Payload bytes held by pending all-reduces (the selection's: selection_).
-  int64_t reduce_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Who handed off which selection's state; guarded by mu_.
+  HandOffLedger hand_off_ ABSL_GUARDED_BY(mu_);
+  // The all-reduce rendezvous: its own lock (it needs no job state).
+  AllReduceBarrier all_reduce_;
   // When the last fully closed round closed (its last rank's close).
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
 

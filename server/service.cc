@@ -6,7 +6,6 @@
 #include <chrono>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "common/quote.h"
@@ -14,6 +13,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/ingest.h"
 #include "server/ucx_plane.h"
 
 namespace zenflow {
@@ -344,7 +344,6 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void OnReadDone(bool ok) override {
     if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
     absl::Status s = ParseRaw(&in_, ++index_, &up_, registry_);
-    const bool parsed = s.ok();
     if (job_ == nullptr) {
       if (s.ok()) s = Attach();
       if (!s.ok()) {
@@ -354,14 +353,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         return RequestFinish(s);
       }
     } else {
-      if (s.ok()) s = job_->HandleUp(rank_, up_);
-      if (!s.ok()) {
-        // In-band: the stream stays up. A message that did not parse has no
-        // seq: the error carries 0.
-        registry_->CountRejection(s.code());
-        job_->CountRejection(s.code());
-        mailbox_->Push(StreamErrorMessage(s, parsed ? up_.seq() : 0));
-      }
+      (void)IngestUp(registry_, job_.get(), rank_, mailbox_.get(), std::move(s), up_);
     }
     up_.Clear();
     {

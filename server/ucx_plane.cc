@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "common/stream_error.h"
 #include "common/ucx_frame.h"
+#include "server/ingest.h"
 
 namespace zenflow {
 
@@ -264,18 +264,9 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
                        ? registry_->CheckMessageSize(static_cast<size_t>(item.wire_bytes))
                        : registry_->CheckMessageSize(item.frame.size());
   if (s.ok()) s = ParseFrame(std::move(item.frame), &up);
-  if (s.ok() && up.kind_case() == v1::UpMessage::kAttach) {
-    s = absl::FailedPreconditionError(
-        "attach travels over the gRPC stream, not over UCX; this connection is already attached");
-  }
-  if (s.ok()) s = c->job()->HandleUp(c->rank(), up);
+  (void)IngestUp(registry_, c->job().get(), c->rank(), c->box().get(), std::move(s), up);
   if (up.kind_case() == v1::UpMessage::kShard) {
     worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
-  }
-  if (!s.ok()) {
-    registry_->CountRejection(s.code());
-    c->job()->CountRejection(s.code());
-    c->box()->Push(StreamErrorMessage(s, up.seq()));
   }
 }
 

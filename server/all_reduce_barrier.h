@@ -1,0 +1,67 @@
+// The all-reduce rendezvous of one job: every rank's named fp32 vectors for
+// one step, the calls waiting for the mean, and the payload they hold. The
+// mean is summed in rank order, so every rank gets bit-identical results
+// whatever order the calls arrived in. A rank waits on one all-reduce at a
+// time (that bounds what pending calls hold to one request per rank); a
+// retry for the same step replaces its earlier call, and a withdrawn
+// (cancelled) call leaves nothing behind.
+//
+//   AllReduceBarrier b(/*world=*/2);
+//   ZF_RETURN_IF_ERROR(b.Submit(req, call_id, done));   // done(mean) once all ranks are in
+//
+// Thread-safe; callbacks run without the lock held, on the calling thread.
+#ifndef ZENFLOW_SERVER_ALL_REDUCE_BARRIER_H_
+#define ZENFLOW_SERVER_ALL_REDUCE_BARRIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+class AllReduceBarrier {
+ public:
+  using Done = std::function<void(absl::StatusOr<v1::AllReduceResponse>)>;
+
+  explicit AllReduceBarrier(int world) : world_(world) {}
+
+  // Records the call of rank req.rank() (in [0, world), checked by the
+  // caller). A rejection (INVALID_ARGUMENT: negative step, a part that is
+  // not finite fp32, parts that differ in names or sizes from another
+  // rank's; FAILED_PRECONDITION: the rank waits on another step) records
+  // nothing and does not call `done`. Once every rank is in, every waiter
+  // gets the mean before this returns; a replaced call gets ABORTED.
+  absl::Status Submit(const v1::AllReduceRequest& req, uint64_t call, Done done);
+  // Drops `rank`'s call `call` (a no-op if it was replaced or completed).
+  void Withdraw(int32_t rank, uint64_t call);
+  // Fails every waiting call and every later Submit with `why`.
+  void Shutdown(absl::Status why);
+  // Payload bytes held by waiting calls.
+  int64_t bytes();
+
+ private:
+  struct Pending {
+    std::vector<bool> submitted;
+    int32_t count = 0;
+    std::vector<v1::AllReduceRequest> parts;  // by rank
+    std::vector<Done> waiters;
+    std::vector<uint64_t> calls;
+  };
+
+  const int world_;
+  Mutex mu_;
+  absl::Status shut_down_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by step
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_SERVER_ALL_REDUCE_BARRIER_H_
