@@ -35,10 +35,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -49,8 +47,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -269,20 +267,33 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   return r;
 }
 
-std::string ModeJson(const ModeResult& r) {
-  return absl::StrFormat(
-      "{\"mean_step_ms\": %.3f, \"stall_ms_per_step\": %.3f, \"wire_bytes_per_step\": %.1f, "
-      "\"steps\": %d, \"warmup_steps\": %d, \"measured_steps\": %d, \"update_interval\": %d, "
-      "\"mean_optimizer_ms\": %.3f, \"send_blocked_ms_per_step\": %.3f, "
-      "\"bytes_up_per_step\": %.1f, \"bytes_down_per_step\": %.1f, \"min_step_ms\": %.3f, "
-      "\"max_step_ms\": %.3f, \"finish_ms\": %.3f, \"setup_s\": %.3f, \"rounds_applied\": %d, "
-      "\"reselections\": %d, \"step_breakdown_ms\": {\"important\": %.3f, \"pack\": %.3f, "
-      "\"push\": %.3f, \"apply\": %.3f}}",
-      r.mean_step_ms, r.stall_ms_per_step, r.wire_bytes_per_step, r.steps, r.warmup_steps,
-      r.measured_steps, r.interval, r.mean_optimizer_ms, r.send_blocked_ms_per_step,
-      r.bytes_up_per_step, r.bytes_down_per_step, r.min_step_ms, r.max_step_ms, r.finish_ms,
-      r.setup_s, r.rounds_applied, r.reselections, r.important_ms, r.pack_ms, r.push_ms,
-      r.apply_ms);
+// One mode's figures as a JSON object (the value of "modes"."<mode>").
+void WriteMode(const ModeResult& r, JsonWriter* w) {
+  w->BeginObject();
+  w->Key("mean_step_ms").Double(r.mean_step_ms);
+  w->Key("stall_ms_per_step").Double(r.stall_ms_per_step);
+  w->Key("wire_bytes_per_step").Double(r.wire_bytes_per_step);
+  w->Key("steps").Int(r.steps);
+  w->Key("warmup_steps").Int(r.warmup_steps);
+  w->Key("measured_steps").Int(r.measured_steps);
+  w->Key("update_interval").Int(r.interval);
+  w->Key("mean_optimizer_ms").Double(r.mean_optimizer_ms);
+  w->Key("send_blocked_ms_per_step").Double(r.send_blocked_ms_per_step);
+  w->Key("bytes_up_per_step").Double(r.bytes_up_per_step);
+  w->Key("bytes_down_per_step").Double(r.bytes_down_per_step);
+  w->Key("min_step_ms").Double(r.min_step_ms);
+  w->Key("max_step_ms").Double(r.max_step_ms);
+  w->Key("finish_ms").Double(r.finish_ms);
+  w->Key("setup_s").Double(r.setup_s);
+  w->Key("rounds_applied").Int(r.rounds_applied);
+  w->Key("reselections").Int(r.reselections);
+  w->Key("step_breakdown_ms").BeginObject();
+  w->Key("important").Double(r.important_ms);
+  w->Key("pack").Double(r.pack_ms);
+  w->Key("push").Double(r.push_ms);
+  w->Key("apply").Double(r.apply_ms);
+  w->EndObject();
+  w->EndObject();
 }
 
 absl::Status Run() {
@@ -357,39 +368,57 @@ absl::Status Run() {
   const bool cpu_dominates = zo.mean_step_ms >= 3.0 * device_ms;
   const double runtime_s = Now() - t_start;
 
-  std::string json = absl::StrFormat(
-      "{\n  \"emulated\": true,\n  \"device_ms\": %d,\n  \"params\": %d,\n  \"threads\": %d,\n"
-      "  \"device\": \"%s\",\n"
-      "  \"transport\": \"%s\",\n"
-      "  \"gradients\": \"synthetic: one fixed random buffer per tensor, generated once, reused every step\",\n"
-      "  \"warmup\": \"the first round of each mode (S steps; 1 for zero_offload) is left out of the averages\",\n"
-      "  \"mean_step\": \"emulated device time + ZenFlowOptimizer::Step(); Finish() not included\",\n"
-      "  \"wire_dtype\": {\"zero_offload\": \"bf16\", \"zenflow\": \"%s\"},\n  \"zenflow_config\": {\"topk_ratio\": %g, \"update_interval\": %d, "
-      "\"apply_delay\": \"adaptive\"},\n"
-      "  \"modes\": {\n    \"zero_offload\": %s,\n    \"zenflow\": %s\n  },\n"
-      "  \"speedup_vs_zero_offload\": %.4f,\n  \"stall_fraction\": %.4f,\n  \"wire_ratio\": %.4f,\n"
-      "  \"wire_ratio_definition\": \"zenflow wire bytes per step / (4 B x params: zero_offload with bf16 "
-      "gradients down and bf16 parameters up)\",\n"
-      "  \"wire_ratio_vs_measured_zero_offload\": %.4f,\n"
-      "  \"cpu_dominates\": %s,\n"
-      "  \"goals\": {\"speedup\": 3, \"stall_fraction\": 0.05, \"wire_ratio\": 0.5},\n"
-      "  \"goals_met\": {\"speedup\": %s, \"stall_fraction\": %s, \"wire_ratio\": %s},\n"
-      "  \"runtime_s\": %.1f\n}\n",
-      device_ms, total, threads, device, absl::GetFlag(FLAGS_transport), absl::GetFlag(FLAGS_zenflow_wire), absl::GetFlag(FLAGS_topk), zf.interval, ModeJson(zo), ModeJson(zf),
-      speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "true" : "false",
-      speedup >= 3 ? "true" : "false", stall_fraction <= 0.05 ? "true" : "false",
-      wire_ratio <= 0.5 ? "true" : "false", runtime_s);
-
-  const std::filesystem::path out(absl::GetFlag(FLAGS_out));
-  if (out.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(out.parent_path(), ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot create ", out.parent_path().string(), ": ", ec.message()));
-  }
-  std::FILE* f = std::fopen(out.c_str(), "w");
-  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", out.string()));
-  std::fputs(json.c_str(), f);
-  if (std::fclose(f) != 0) return absl::InternalError(absl::StrCat("cannot write ", out.string()));
+  JsonWriter json;
+  json.BeginObject();
+  json.Key("emulated").Bool(true);
+  json.Key("device_ms").Int(device_ms);
+  json.Key("params").Int(total);
+  json.Key("threads").Int(threads);
+  json.Key("device").String(device);
+  json.Key("transport").String(absl::GetFlag(FLAGS_transport));
+  json.Key("gradients").String(
+      "synthetic: one fixed random buffer per tensor, generated once, reused every step");
+  json.Key("warmup").String(
+      "the first round of each mode (S steps; 1 for zero_offload) is left out of the averages");
+  json.Key("mean_step").String(
+      "emulated device time + ZenFlowOptimizer::Step(); Finish() not included");
+  json.Key("wire_dtype").BeginObject();
+  json.Key("zero_offload").String("bf16");
+  json.Key("zenflow").String(absl::GetFlag(FLAGS_zenflow_wire));
+  json.EndObject();
+  json.Key("zenflow_config").BeginObject();
+  json.Key("topk_ratio").Double(absl::GetFlag(FLAGS_topk));
+  json.Key("update_interval").Int(zf.interval);
+  json.Key("apply_delay").String("adaptive");
+  json.EndObject();
+  json.Key("modes").BeginObject();
+  json.Key("zero_offload");
+  WriteMode(zo, &json);
+  json.Key("zenflow");
+  WriteMode(zf, &json);
+  json.EndObject();
+  json.Key("speedup_vs_zero_offload").Double(speedup);
+  json.Key("stall_fraction").Double(stall_fraction);
+  json.Key("wire_ratio").Double(wire_ratio);
+  json.Key("wire_ratio_definition").String(
+      "zenflow wire bytes per step / (4 B x params: zero_offload with bf16 gradients down and "
+      "bf16 parameters up)");
+  json.Key("wire_ratio_vs_measured_zero_offload").Double(wire_ratio_measured);
+  json.Key("cpu_dominates").Bool(cpu_dominates);
+  json.Key("goals").BeginObject();
+  json.Key("speedup").Int(3);
+  json.Key("stall_fraction").Double(0.05);
+  json.Key("wire_ratio").Double(0.5);
+  json.EndObject();
+  json.Key("goals_met").BeginObject();
+  json.Key("speedup").Bool(speedup >= 3);
+  json.Key("stall_fraction").Bool(stall_fraction <= 0.05);
+  json.Key("wire_ratio").Bool(wire_ratio <= 0.5);
+  json.EndObject();
+  json.Key("runtime_s").Double(runtime_s);
+  json.EndObject();
+  const std::string out = absl::GetFlag(FLAGS_out);
+  ZF_RETURN_IF_ERROR(json.WriteFile(out));
 
   std::printf("\nstall_bench (EMULATED device %d ms/step, %lld params, kernels on %s, worker "
               "threads %d, %s; first round is warm-up)\n",

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -308,12 +309,18 @@ absl::Status Run() {
     last_loss_avg = t == 0 ? loss : 0.9 * last_loss_avg + 0.1 * loss;
     if (log != nullptr) {
       if (jsonl) {
-        std::fprintf(log,
-                     "{\"step\":%d,\"loss\":%.6f,\"step_ms\":%.3f,\"stall_ms\":%.3f,\"send_blocked_ms\":%.3f,"
-                     "\"bytes_up\":%lld,\"bytes_down\":%lld,\"emulated_device_ms\":%d}\n",
-                     t, loss, step_s * 1e3, st.stall_seconds * 1e3, st.send_blocked_seconds * 1e3,
-                     static_cast<long long>(st.bytes_sent), static_cast<long long>(st.bytes_received),
-                     emulate_ms);
+        JsonWriter line(JsonWriter::Style::kCompact);
+        line.BeginObject();
+        line.Key("step").Int(t);
+        line.Key("loss").Float(loss);
+        line.Key("step_ms").Double(step_s * 1e3);
+        line.Key("stall_ms").Double(st.stall_seconds * 1e3);
+        line.Key("send_blocked_ms").Double(st.send_blocked_seconds * 1e3);
+        line.Key("bytes_up").Int(st.bytes_sent);
+        line.Key("bytes_down").Int(st.bytes_received);
+        line.Key("emulated_device_ms").Int(emulate_ms);
+        line.EndObject();
+        std::fprintf(log, "%s\n", line.str().c_str());
       } else {
         std::fprintf(log, "%d,%.6f,%.3f,%.3f,%.3f,%lld,%lld,%d\n", t, loss, step_s * 1e3,
                      st.stall_seconds * 1e3, st.send_blocked_seconds * 1e3,
@@ -350,14 +357,23 @@ absl::Status Run() {
     ZF_RETURN_IF_ERROR(backend->Synchronize());
     ZF_RETURN_IF_ERROR(SaveParams(absl::GetFlag(FLAGS_save), cfg, params.data(), params.size()));
   }
-  std::printf(
-      "ZF_SUMMARY {\"mode\":\"%s\",\"rank\":%d,\"world\":%d,\"steps\":%d,\"params\":%zu,"
-      "\"train_loss_ema\":%.6f,\"val_loss\":%.6f,\"mean_step_ms\":%.3f,\"stall_ms_per_step\":%.3f,"
-      "\"wire_bytes_per_step\":%.1f,\"emulated_device_ms\":%d,\"transport\":\"%s\"}\n",
-      mode.c_str(), rank, world, steps, num_params, last_loss_avg, val,
-      sum_step / std::max(1, steps) * 1e3, sum_stall / std::max(1, steps) * 1e3,
-      static_cast<double>(sum_up + sum_down) / std::max(1, steps), emulate_ms,
-      mode == "local" ? "none" : absl::GetFlag(FLAGS_transport).c_str());
+  // One line that scripts pick out by its prefix (tools/json_get reads it).
+  JsonWriter summary(JsonWriter::Style::kCompact);
+  summary.BeginObject();
+  summary.Key("mode").String(mode);
+  summary.Key("rank").Int(rank);
+  summary.Key("world").Int(world);
+  summary.Key("steps").Int(steps);
+  summary.Key("params").Int(static_cast<int64_t>(num_params));
+  summary.Key("train_loss_ema").Double(last_loss_avg);
+  summary.Key("val_loss").Double(val);
+  summary.Key("mean_step_ms").Double(sum_step / std::max(1, steps) * 1e3);
+  summary.Key("stall_ms_per_step").Double(sum_stall / std::max(1, steps) * 1e3);
+  summary.Key("wire_bytes_per_step").Double(static_cast<double>(sum_up + sum_down) / std::max(1, steps));
+  summary.Key("emulated_device_ms").Int(emulate_ms);
+  summary.Key("transport").String(mode == "local" ? "none" : absl::GetFlag(FLAGS_transport));
+  summary.EndObject();
+  std::printf("ZF_SUMMARY %s\n", summary.str().c_str());
   return absl::OkStatus();
 }
 

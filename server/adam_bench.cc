@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -30,7 +29,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "common/codec.h"
+#include "common/json_writer.h"
 #include "common/thread_pool.h"
 #include "common/adamw.h"
 
@@ -266,44 +267,26 @@ int Main(int argc, char** argv) {
   const double checksum = static_cast<double>(p.get()[params / 3]) +
                           copy_dst.get()[params - 1] + acc.get()[params / 2];
 
-  char json[2048];
-  std::snprintf(json, sizeof(json),
-                "{\n"
-                "  \"params\": %zu,\n"
-                "  \"threads\": %d,\n"
-                "  \"rows\": %zu,\n"
-                "  \"iters\": %d,\n"
-                "  \"statistic\": \"median\",\n"
-                "  \"simd\": \"%s\",\n"
-                "  \"adam_params_per_s\": %.6g,\n"
-                "  \"adam_ns_per_param\": %.6g,\n"
-                "  \"stream_params_per_s\": %.6g,\n"
-                "  \"stream_bytes_per_s\": %.6g,\n"
-                "  \"bandwidth_fraction\": %.4f,\n"
-                "  \"copy_bytes_per_s\": %.6g,\n"
-                "  \"accumulate_bytes_per_s\": %.6g\n"
-                "}\n",
-                params, flags.threads, rows, flags.iters, SimdLevelName(level),
-                adam_pps, adam_ns, stream_pps, 28.0 * stream_pps, fraction,
-                copy_bps, acc_bps);
-
-  const std::filesystem::path out_path(flags.out);
-  if (out_path.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(out_path.parent_path(), ec);
-    if (ec) {
-      std::fprintf(stderr, "cannot create %s: %s\n",
-                   out_path.parent_path().c_str(), ec.message().c_str());
-      return 1;
-    }
-  }
-  FILE* f = std::fopen(flags.out.c_str(), "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", flags.out.c_str());
+  JsonWriter json;
+  json.BeginObject();
+  json.Key("params").Int(static_cast<int64_t>(params));
+  json.Key("threads").Int(flags.threads);
+  json.Key("rows").Int(static_cast<int64_t>(rows));
+  json.Key("iters").Int(flags.iters);
+  json.Key("statistic").String("median");
+  json.Key("simd").String(SimdLevelName(level));
+  json.Key("adam_params_per_s").Double(adam_pps);
+  json.Key("adam_ns_per_param").Double(adam_ns);
+  json.Key("stream_params_per_s").Double(stream_pps);
+  json.Key("stream_bytes_per_s").Double(28.0 * stream_pps);
+  json.Key("bandwidth_fraction").Double(fraction);
+  json.Key("copy_bytes_per_s").Double(copy_bps);
+  json.Key("accumulate_bytes_per_s").Double(acc_bps);
+  json.EndObject();
+  if (absl::Status s = json.WriteFile(flags.out); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 1;
   }
-  std::fputs(json, f);
-  std::fclose(f);
 
   std::printf(
       "adam_bench: %zu params (%zu cols x %zu rows), %d threads, simd=%s "

@@ -15,7 +15,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
 #include "client/client.h"
+#include "common/json_writer.h"
 #include "tests/testing/daemon_process.h"
 
 ABSL_FLAG(std::string, out, "", "write the results as JSON here");
@@ -69,22 +71,28 @@ int main(int argc, char** argv) {
   const int64_t allocated = j.state_bytes() + j.bookkeeping_bytes();
   const double create_ratio = static_cast<double>(created - baseline) / allocated;
   const double upload_ratio = static_cast<double>(uploaded - baseline) / allocated;
-  char json[1024];
-  std::snprintf(json, sizeof(json),
-                "{\n  \"params\": %lld,\n  \"memory_bytes\": %lld,\n  \"state_bytes\": %lld,\n"
-                "  \"bookkeeping_bytes\": %lld,\n  \"delta_bytes\": %lld,\n"
-                "  \"baseline_rss_bytes\": %lld,\n  \"rss_growth_create_bytes\": %lld,\n"
-                "  \"rss_growth_upload_bytes\": %lld,\n  \"create_rss_ratio\": %.4f,\n"
-                "  \"upload_rss_ratio\": %.4f\n}\n",
-                static_cast<long long>(j.params()), static_cast<long long>(j.memory_bytes()),
-                static_cast<long long>(j.state_bytes()),
-                static_cast<long long>(j.bookkeeping_bytes()),
-                static_cast<long long>(j.delta_bytes()), static_cast<long long>(baseline),
-                static_cast<long long>(created - baseline),
-                static_cast<long long>(uploaded - baseline), create_ratio, upload_ratio);
-  std::fputs(json, stdout);
+  zenflow::JsonWriter json;
+  json.BeginObject();
+  json.Key("params").Int(j.params());
+  json.Key("memory_bytes").Int(j.memory_bytes());
+  json.Key("state_bytes").Int(j.state_bytes());
+  json.Key("bookkeeping_bytes").Int(j.bookkeeping_bytes());
+  json.Key("delta_bytes").Int(j.delta_bytes());
+  json.Key("baseline_rss_bytes").Int(baseline);
+  json.Key("rss_growth_create_bytes").Int(created - baseline);
+  json.Key("rss_growth_upload_bytes").Int(uploaded - baseline);
+  json.Key("create_rss_ratio").Double(create_ratio);
+  json.Key("upload_rss_ratio").Double(upload_ratio);
+  json.EndObject();
+  std::printf("%s\n", json.str().c_str());
   const std::string out = absl::GetFlag(FLAGS_out);
-  if (!out.empty()) std::ofstream(out) << json;
+  if (!out.empty()) {
+    if (absl::Status s = json.WriteFile(out); !s.ok()) {
+      std::fprintf(stderr, "memory_bench: %s\n", std::string(s.message()).c_str());
+      (void)daemon.Stop();
+      return 1;
+    }
+  }
   (void)daemon.Stop();
   return 0;
 }

@@ -21,7 +21,8 @@ common=(--width=48 --layers=2 --heads=4 --context=48 --batch=8 --threads=1 --pro
 pretext=/usr/share/common-licenses/GPL-3
 fttext=/usr/share/common-licenses/Apache-2.0
 
-val() { sed -n 's/.*"val_loss":\([0-9.]*\).*/\1/p' <<<"$1"; }
+# summary OUTPUT PATH: a field of the ZF_SUMMARY line in zf_train's OUTPUT.
+summary() { "$R/tools/json_get" --line=ZF_SUMMARY - "$2" <<<"$1"; }
 
 "$TRAIN" --mode=local --steps=200 --data=$pretext --save="$dir/pre.params" "${common[@]}" >/dev/null
 ft=(--steps=100 --init="$dir/pre.params" --data=$fttext "${common[@]}")
@@ -34,7 +35,9 @@ cmp "$dir/local.params" "$dir/zo.params" || { echo "zero_offload (fp32 wire) dif
 
 zf_out=$("$TRAIN" --mode=zenflow --job=zf --target="$T" --log="$dir/zf.csv" "${ft[@]}")
 echo "$zf_out"
-awk -v a="$(val "$local_out")" -v b="$(val "$zf_out")" 'BEGIN {
+local_val=$(summary "$local_out" val_loss)
+zf_val=$(summary "$zf_out" val_loss)
+awk -v a="$local_val" -v b="$zf_val" 'BEGIN {
   r = b / a; printf "zenflow/local validation loss ratio %.4f\n", r;
   if (r > 1.02) { print "zenflow is more than 2% worse than local"; exit 1 } }'
 [ "$(wc -l < "$dir/zf.csv")" -eq 101 ] || { echo "the per-step log should have 100 rows"; exit 1; }
@@ -55,5 +58,6 @@ for t in grpc ucx; do
     --save="$dir/zf1_$t.params" "${ft[@]}" > "$dir/zf1_$t.out"
 done
 cmp "$dir/zf1_grpc.params" "$dir/zf1_ucx.params" || { echo "zenflow over UCX differs from gRPC"; exit 1; }
-grep -q '"transport":"ucx"' "$dir/zf1_ucx.out" || { echo "the UCX run's summary does not say ucx"; cat "$dir/zf1_ucx.out"; exit 1; }
+transport=$("$R/tools/json_get" --line=ZF_SUMMARY "$dir/zf1_ucx.out" transport)
+[ "$transport" = ucx ] || { echo "the UCX run's summary does not say ucx"; cat "$dir/zf1_ucx.out"; exit 1; }
 echo "trainer test passed"

@@ -113,8 +113,9 @@ run() {
   [ -n "$o" ] || { echo "bench_fidelity: zf_train ($name) printed no ZF_SUMMARY" >&2; return 1; }
   printf '%s\n' "$o"
 }
-# field JSON NAME: a numeric field of a flat JSON object.
-field() { sed -n "s/.*\"$2\":\(-\{0,1\}[0-9.eE+-]*\).*/\1/p" <<<"$1"; }
+# field JSON PATH...: fields of a JSON document, one per line; a missing one
+# stops the script (set -e) when the caller assigns the result.
+field() { local json=$1; shift; "$ROOT/tools/json_get" - "$@" <<<"$json"; }
 
 # ---- pretrained model (cached) ---------------------------------------------
 cache_dir="${XDG_CACHE_HOME:-$HOME/.cache}/zenflow"
@@ -142,9 +143,12 @@ else
   mv -f "$tmp.summary" "$pre_summary"
   mv -f "$tmp.params" "$pre"
 fi
+# The pretraining loss is informational: an unreadable cached summary (json_get
+# says why on stderr) leaves it null rather than failing the benchmark.
 pre_val=null
-[ -s "$pre_summary" ] && pre_val=$(field "$(cat "$pre_summary")" val_loss)
-[ -n "$pre_val" ] || pre_val=null
+if [ -s "$pre_summary" ]; then
+  pre_val=$("$ROOT/tools/json_get" "$pre_summary" val_loss) || pre_val=null
+fi
 
 # ---- zenflowd ---------------------------------------------------------------
 "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$work/port" --update_threads=1 2>"$work/zenflowd.log" &
@@ -161,7 +165,8 @@ log "fine-tuning reference: --mode=local, $steps steps on $FT_DATA"
 ref=$(run local --mode=local "${ft[@]}")
 local_val=$(field "$ref" val_loss)
 params=$(field "$ref" params)
-log "local val_loss $local_val"
+ref_step=$(field "$ref" mean_step_ms)
+log "local val_loss $(printf '%.6f' "$local_val")"
 
 # ---- zenflow grid -----------------------------------------------------------
 rows="$work/rows.tsv"   # k S delay val ratio same_as step_ms stall_ms wire_bytes train_ema
@@ -177,11 +182,12 @@ for k in "${KS[@]}"; do
       job="fid-$$-k$k-S$S-d$delay"
       s=$(run "$job" --mode=zenflow --job="$job" --target="$T" --topk="$k" --interval="$S" \
             --select_interval=$SELECT_INTERVAL --delay="$d" --wire=$WIRE "${ft[@]}")
-      v=$(field "$s" val_loss)
+      fields=$(field "$s" val_loss mean_step_ms stall_ms_per_step wire_bytes_per_step train_loss_ema)
+      mapfile -t f <<<"$fields"
+      v=${f[0]}
       r=$(awk -v a="$v" -v b="$local_val" 'BEGIN { printf "%.6f", a / b }')
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$k" "$S" "$delay" "$v" "$r" "${same:--}" \
-        "$(field "$s" mean_step_ms)" "$(field "$s" stall_ms_per_step)" \
-        "$(field "$s" wire_bytes_per_step)" "$(field "$s" train_loss_ema)" >> "$rows"
+        "${f[1]}" "${f[2]}" "${f[3]}" "${f[4]}" >> "$rows"
       printf '  [%2d/%d] k=%-4s S=%s delay=%-8s val_loss %s  ratio %s\n' "$i" "$total" "$k" "$S" "$delay" "$v" "$r" >&2
     done
   done
@@ -196,7 +202,7 @@ awk -F'\t' \
   -v lr=$LR -v wd=$WD -v seed=$SEED -v threads=$THREADS -v wire=$WIRE \
   -v pre_data="$PRE_DATA" -v pre_steps=$PRE_STEPS -v pre_val="$pre_val" -v pre_path="$pre" \
   -v pre_hash="$hash" -v pre_reused=$pre_reused -v ft_data="$FT_DATA" -v sel=$SELECT_INTERVAL \
-  -v quick=$quick -v runtime=$runtime -v ref_step="$(field "$ref" mean_step_ms)" '
+  -v quick=$quick -v runtime=$runtime -v ref_step="$ref_step" '
   {
     n++
     k[n] = $1; S[n] = $2; d[n] = $3; v[n] = $4; r[n] = $5; same[n] = $6
@@ -230,7 +236,7 @@ mv -f "$out.tmp" "$out"
 
 # ---- table ------------------------------------------------------------------
 echo
-echo "ZenFlow fine-tuning fidelity: val_loss / local val_loss ($local_val), $steps steps, R=$SELECT_INTERVAL"
+printf 'ZenFlow fine-tuning fidelity: val_loss / local val_loss (%.6f), %s steps, R=%s\n' "$local_val" "$steps" "$SELECT_INTERVAL"
 echo "(< 1: better than local; '=' marks S=1 delay S, the same setting as delay 1)"
 awk -F'\t' '
   { key = $1 SUBSEP $2; if (!(key in seen)) { seen[key] = 1; order[++n] = key; kk[n] = $1; ss[n] = $2 }

@@ -91,8 +91,8 @@ fi
 ft=(--steps="$steps" --init="$pre" --data="$data" --lr="$lr" --threads=1 "${model[@]}"
     --emulate_device_ms="$emulate" --progress=false)
 run=$(date +%s)
-summary() { grep '^ZF_SUMMARY' "$1" | sed 's/^ZF_SUMMARY //'; }
-field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
+# summary MODE PATH...: fields of the ZF_SUMMARY line in MODE's output, one per line.
+summary() { local m=$1; shift; "$ROOT/tools/json_get" --line=ZF_SUMMARY "$out/$m.out" "$@"; }
 
 two_ranks() {  # mode job extra...
   local mode=$1 job=$2; shift 2
@@ -111,18 +111,20 @@ two_ranks zero_offload "demo-zo-$run" --wire="$wire"
 echo "== local: 1 rank, in-process AdamW, batch $((2 * batch)) (the same tokens per step)"
 "$TRAIN" --mode=local --batch=$((2 * batch)) --log="$out/local.csv" "${ft[@]}" | tee "$out/local.out" | grep -v '^ZF_SUMMARY' || true
 
-zf=$(summary "$out/zenflow.out"); zo=$(summary "$out/zero_offload.out"); lo=$(summary "$out/local.out")
+# Each value is read into a variable first: a missing summary or field stops
+# the script here (set -e) instead of printing a row of zeros.
+zo_step=$(summary zero_offload mean_step_ms)
+zf_val=$(summary zenflow val_loss)
+lo_val=$(summary local val_loss)
 echo
 printf '%-14s %10s %14s %16s %16s %12s\n' mode val_loss mean_step_ms stall_ms/step wire_KiB/step speedup
-zo_step=$(field "$zo" mean_step_ms)
 for m in zenflow zero_offload local; do
-  s=$(summary "$out/$m.out")
-  awk -v m="$m" -v v="$(field "$s" val_loss)" -v st="$(field "$s" mean_step_ms)" \
-      -v sl="$(field "$s" stall_ms_per_step)" -v w="$(field "$s" wire_bytes_per_step)" -v z="$zo_step" \
+  fields=$(summary "$m" val_loss mean_step_ms stall_ms_per_step wire_bytes_per_step)
+  mapfile -t f <<<"$fields"
+  awk -v m="$m" -v v="${f[0]}" -v st="${f[1]}" -v sl="${f[2]}" -v w="${f[3]}" -v z="$zo_step" \
       'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
 done
-awk -v a="$(field "$zf" val_loss)" -v b="$(field "$lo" val_loss)" \
-  'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
+awk -v a="$zf_val" -v b="$lo_val" 'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
 if [ "$emulate" != "0" ]; then
   echo "NOTE: every step includes $emulate ms of EMULATED device time (sleep); no GPU ran."
 else

@@ -25,9 +25,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/codec.h"
+#include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "gpu_worker/backend.h"
@@ -248,7 +249,7 @@ int Main(int argc, char** argv) {
   }
   cpu.reset();
 
-  std::string cuda_json = "  \"cuda\": \"no device\"\n";
+  std::optional<Result> cuda_result;  // empty: no device
   std::string cuda_line = "  cuda: no device\n";
   if (CudaDeviceCount() > 0) {
     absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeCudaBackend(0);
@@ -263,12 +264,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "cuda backend: %s\n", res.status().ToString().c_str());
       return 1;
     }
-    cuda_json = absl::StrFormat(
-        "  \"cuda_pack_bytes_per_s\": %.6g,\n"
-        "  \"cuda_apply_bytes_per_s\": %.6g,\n"
-        "  \"cuda_memcpy_bytes_per_s\": %.6g,\n"
-        "  \"cuda_pack_vs_memcpy\": %.4f\n",
-        res->pack_bps, res->apply_bps, res->memcpy_bps, res->pack_bps / res->memcpy_bps);
+    cuda_result = *res;
     cuda_line = absl::StrFormat(
         "  cuda pack   %8.2f GB/s  apply %8.2f GB/s  memcpy(d2d) %8.2f GB/s  pack/memcpy %.3f\n",
         res->pack_bps / 1e9, res->apply_bps / 1e9, res->memcpy_bps / 1e9,
@@ -276,42 +272,34 @@ int Main(int argc, char** argv) {
   }
 
   const Result& c = *cpu_result;
-  const std::string json = absl::StrCat(
-      absl::StrFormat("{\n"
-                      "  \"backend\": \"cpu\",\n"
-                      "  \"threads\": %d,\n"
-                      "  \"rows\": %d,\n"
-                      "  \"cols\": %d,\n"
-                      "  \"ncols\": %d,\n"
-                      "  \"dtype\": \"bf16\",\n"
-                      "  \"iters\": %d,\n"
-                      "  \"statistic\": \"median\",\n"
-                      "  \"codec_simd\": \"%s\",\n"
-                      "  \"pack_bytes_per_s\": %.6g,\n"
-                      "  \"apply_bytes_per_s\": %.6g,\n"
-                      "  \"memcpy_bytes_per_s\": %.6g,\n"
-                      "  \"pack_vs_memcpy\": %.4f,\n",
-                      flags.threads, rows, cols, ncols, flags.iters, CodecSimdLevel(), c.pack_bps,
-                      c.apply_bps, c.memcpy_bps, c.pack_bps / c.memcpy_bps),
-      cuda_json, "}\n");
-
-  const std::filesystem::path out_path(flags.out);
-  if (out_path.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(out_path.parent_path(), ec);
-    if (ec) {
-      std::fprintf(stderr, "cannot create %s: %s\n", out_path.parent_path().c_str(),
-                   ec.message().c_str());
-      return 1;
-    }
+  JsonWriter json;
+  json.BeginObject();
+  json.Key("backend").String("cpu");
+  json.Key("threads").Int(flags.threads);
+  json.Key("rows").Int(rows);
+  json.Key("cols").Int(cols);
+  json.Key("ncols").Int(ncols);
+  json.Key("dtype").String("bf16");
+  json.Key("iters").Int(flags.iters);
+  json.Key("statistic").String("median");
+  json.Key("codec_simd").String(CodecSimdLevel());
+  json.Key("pack_bytes_per_s").Double(c.pack_bps);
+  json.Key("apply_bytes_per_s").Double(c.apply_bps);
+  json.Key("memcpy_bytes_per_s").Double(c.memcpy_bps);
+  json.Key("pack_vs_memcpy").Double(c.pack_bps / c.memcpy_bps);
+  if (cuda_result.has_value()) {
+    json.Key("cuda_pack_bytes_per_s").Double(cuda_result->pack_bps);
+    json.Key("cuda_apply_bytes_per_s").Double(cuda_result->apply_bps);
+    json.Key("cuda_memcpy_bytes_per_s").Double(cuda_result->memcpy_bps);
+    json.Key("cuda_pack_vs_memcpy").Double(cuda_result->pack_bps / cuda_result->memcpy_bps);
+  } else {
+    json.Key("cuda").String("no device");
   }
-  FILE* f = std::fopen(flags.out.c_str(), "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", flags.out.c_str());
+  json.EndObject();
+  if (absl::Status s = json.WriteFile(flags.out); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 1;
   }
-  std::fputs(json.c_str(), f);
-  std::fclose(f);
 
   std::printf(
       "worker_bench: %lld x %lld fp32, %lld unimportant columns (index %% 10 != 0) -> bf16, "
