@@ -1,5 +1,6 @@
-// Wire dtype conversion: scalar reference conversions and AVX2 / AVX-512
-// bulk kernels selected at runtime. See codec.h.
+// Wire dtype conversion: scalar bulk kernels (over the conversions of
+// common/float16.h) and AVX2 / AVX-512 bulk kernels selected at runtime. See
+// codec.h.
 //
 // This file is compiled without -march flags; SIMD kernels carry
 // __attribute__((target(...))) and are only called after a CPU check.
@@ -18,18 +19,6 @@ namespace {
   __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
 
 using codec_internal::Isa;
-
-inline uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-inline float BitsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 
 // Unaligned element access helpers for the scalar paths.
 inline uint16_t LoadU16(const void* base, size_t i) {
@@ -498,69 +487,6 @@ const char* DTypeName(DType dtype) {
       return "fp16";
   }
   return "unknown";
-}
-
-uint16_t FloatToBf16(float value) {
-  const uint32_t x = FloatBits(value);
-  if ((x & 0x7FFFFFFFu) > kF32ExpMask) {
-    return static_cast<uint16_t>((x >> 16) | 0x40u);  // Quiet NaN.
-  }
-  // Adding 0x7FFF (+1 when the kept lsb is odd) carries into the kept bits
-  // exactly when the dropped half is above (or at, for odd) the midpoint.
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-
-float Bf16ToFloat(uint16_t bits) {
-  return BitsFloat(static_cast<uint32_t>(bits) << 16);
-}
-
-uint16_t FloatToF16(float value) {
-  const uint32_t x = FloatBits(value);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t a = x & 0x7FFFFFFFu;
-  if (a > kF32ExpMask) {  // NaN: keep top payload bits, force quiet.
-    return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  }
-  if (a >= 0x477FF000u) {  // >= 65520 rounds to Inf (also Inf itself).
-    return static_cast<uint16_t>(sign | 0x7C00u);
-  }
-  if (a >= 0x38800000u) {  // Normal result (>= 2^-14): rebias 127 -> 15.
-    const uint32_t r = a - 0x38000000u;
-    return static_cast<uint16_t>(sign |
-                                 ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
-  }
-  if (a <= 0x33000000u) {  // <= 2^-25: rounds to (signed) zero.
-    return static_cast<uint16_t>(sign);
-  }
-  // Subnormal result: value = mant * 2^(e - 150); in units of 2^-24 that is
-  // mant >> (126 - e), with e in [102, 112] so the shift is in [14, 24].
-  const uint32_t e = a >> 23;
-  const uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t shift = 126u - e;
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;
-  return static_cast<uint16_t>(sign | r);
-}
-
-float F16ToFloat(uint16_t bits) {
-  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  const uint32_t exp = (bits >> 10) & 0x1Fu;
-  const uint32_t mant = bits & 0x3FFu;
-  if (exp == 0x1F) {
-    if (mant == 0) return BitsFloat(sign | kF32ExpMask);
-    return BitsFloat(sign | kF32ExpMask | 0x400000u | (mant << 13));
-  }
-  if (exp == 0) {
-    if (mant == 0) return BitsFloat(sign);
-    // Subnormal: mant * 2^-24 = 2^(k-24) * (mant / 2^k), k = leading one.
-    // Built with integer ops so it is exact regardless of FTZ/DAZ modes.
-    const uint32_t k = 31u - static_cast<uint32_t>(__builtin_clz(mant));
-    return BitsFloat(sign | ((k + 103u) << 23) |
-                     ((mant << (23u - k)) & 0x7FFFFFu));
-  }
-  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
 namespace codec_internal {

@@ -1,12 +1,13 @@
 // Wire dtype conversion for zenflow tensors.
 //
 // Gradients and parameters travel over the wire as fp32, bf16 or fp16 and are
-// accumulated / stored as fp32 on the server. This file provides exact scalar
-// conversions (round-to-nearest-even, IEEE semantics) plus bulk Encode /
-// Decode / DecodeAdd / AllFinite routines that are vectorized with AVX-512 or
-// AVX2 (+F16C) when the CPU supports them. The SIMD level is picked once at
-// runtime; the translation unit is compiled without -march flags and uses
-// per-function target attributes instead.
+// accumulated / stored as fp32 on the server. This file provides the exact
+// scalar conversions (round-to-nearest-even, IEEE semantics; defined in
+// common/float16.h) plus bulk Encode / Decode / DecodeAdd / AllFinite routines
+// that are vectorized with AVX-512 or AVX2 (+F16C) when the CPU supports
+// them. The SIMD level is picked once at runtime; the translation unit is
+// compiled without -march flags and uses per-function target attributes
+// instead.
 //
 // All functions are stateless and thread-safe. Pointers need not be aligned.
 
@@ -15,6 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+
+// FloatToBf16, Bf16ToFloat, FloatToF16, F16ToFloat: part of this API.
+#include "common/float16.h"
 
 namespace zenflow {
 
@@ -28,22 +32,9 @@ size_t DTypeSize(DType dtype);
 // Short lowercase name: "fp32", "bf16", "fp16" ("unknown" otherwise).
 const char* DTypeName(DType dtype);
 
-// fp32 -> bf16 with round-to-nearest-even. NaN stays NaN (returned quiet, sign
-// and top payload bits kept); +-Inf stays +-Inf; large finite values may round
-// to Inf.
-uint16_t FloatToBf16(float value);
-
-// bf16 -> fp32 (exact).
-float Bf16ToFloat(uint16_t bits);
-
-// fp32 -> IEEE binary16 with round-to-nearest-even, including subnormal
-// results. Values whose magnitude rounds above 65504 become +-Inf. NaN stays
-// NaN (quiet, sign and top payload bits kept).
-uint16_t FloatToF16(float value);
-
-// IEEE binary16 -> fp32 (exact for all non-NaN inputs; NaNs come back quiet,
-// matching the hardware F16C conversion).
-float F16ToFloat(uint16_t bits);
+// The scalar conversions (FloatToBf16, Bf16ToFloat, FloatToF16, F16ToFloat)
+// live in common/float16.h so that the CUDA kernels compile the same code;
+// every path of the bulk routines below produces their bits.
 
 // Converts n floats to `dtype`; dst must hold n * DTypeSize(dtype) bytes.
 void Encode(DType dtype, const float* src, size_t n, void* dst);

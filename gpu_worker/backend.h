@@ -4,7 +4,9 @@
 // the parity tests compare each backend against it.
 //
 //   std::unique_ptr<Backend> be = MakeCpuBackend(/*threads=*/2);
-//   ZF_ASSIGN_OR_RETURN(DeviceBuffer g, DeviceBuffer::Make(be.get(), bytes));
+//   DeviceBuffer g, scores;  // gpu_worker/device_buffer.h
+//   ZF_RETURN_IF_ERROR(g.Reserve(be.get(), bytes));
+//   ZF_RETURN_IF_ERROR(scores.Reserve(be.get(), cols * sizeof(float)));
 //   ZF_RETURN_IF_ERROR(be->ColumnImportance(g.f32(), rows, cols, Importance::kL1, scores.f32()));
 //
 // Layout: a tensor W is row-major [rows][cols] (rows = out, cols = in); a

@@ -1,4 +1,6 @@
-// Backend memory that frees itself, growable.
+// Backend memory that frees itself, growable: the worker's one owning buffer
+// type, for either backend (the optimizer's state, and the parameters and
+// gradients of the CPU and CUDA models alike).
 //
 //   DeviceBuffer buf;
 //   ZF_RETURN_IF_ERROR(buf.Reserve(backend, bytes));

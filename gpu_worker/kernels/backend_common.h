@@ -16,13 +16,8 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "common/float16.h"  // ZF_HOST_DEVICE, and the bf16 / fp16 conversions.
 #include "gpu_worker/backend.h"
-
-#if defined(__CUDACC__)
-#define ZF_HOST_DEVICE __host__ __device__
-#else
-#define ZF_HOST_DEVICE
-#endif
 
 namespace zenflow::worker::internal {
 

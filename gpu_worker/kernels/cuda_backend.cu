@@ -8,10 +8,11 @@
 // repeated, step counts < 1), which the kernels record in a device flag word.
 //
 // Numerics match the CPU backend bit for bit where the math allows: the
-// bf16 / fp16 encodings reimplement the codec's round-to-nearest-even bit
-// arithmetic, int8 uses the shared quantizer, ColumnImportance uses the same
-// fixed row blocks and fp32 summation order, and the file is compiled with
-// -fmad=false so no multiply-add is contracted behind the formulas' backs.
+// bf16 / fp16 encodings are the codec's own scalar conversions
+// (common/float16.h), int8 uses the shared quantizer, ColumnImportance uses
+// the same fixed row blocks and fp32 summation order, and the file is
+// compiled with -fmad=false so no multiply-add is contracted behind the
+// formulas' backs.
 // TopK is an exact radix select on 64-bit (score, index) keys followed by an
 // order-preserving compaction (no CUB: everything here is self-contained).
 #include <cuda_runtime.h>
@@ -28,8 +29,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/float16.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/cuda_util.h"
 #include "gpu_worker/kernels/backend_common.h"
 
 namespace zenflow::worker {
@@ -41,18 +44,8 @@ using internal::kImportanceRowBlock;
 // Errors.
 // ---------------------------------------------------------------------------
 
-absl::Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  const std::string msg = absl::StrCat("CUDA backend: ", what, " failed: ", cudaGetErrorName(err),
-                                       " (", cudaGetErrorString(err), ")");
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
-
-// Checks the launch that was just made (bad configuration, sticky errors).
-absl::Status CheckLaunch(const char* kernel) {
-  return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel).c_str());
-}
+// Names this component in CUDA error messages (see cuda_util.h).
+constexpr char kWho[] = "CUDA backend";
 
 // Bits of the device error word.
 enum ErrorBit : unsigned int {
@@ -79,64 +72,18 @@ std::string DescribeErrors(unsigned int bits) {
 }
 
 // ---------------------------------------------------------------------------
-// Device encodings: the codec's scalar rules (common/codec.cc), bit for bit.
+// Device encodings: bf16 / fp16 through common/float16.h, the code of the
+// codec's scalar path; int8 through the shared quantizer.
 // ---------------------------------------------------------------------------
-
-__device__ __forceinline__ uint16_t DevFloatToBf16(float value) {
-  const uint32_t x = __float_as_uint(value);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-
-__device__ __forceinline__ float DevBf16ToFloat(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
-__device__ __forceinline__ uint16_t DevFloatToF16(float value) {
-  const uint32_t x = __float_as_uint(value);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t a = x & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);
-  if (a >= 0x38800000u) {
-    const uint32_t r = a - 0x38000000u;
-    return static_cast<uint16_t>(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
-  }
-  if (a <= 0x33000000u) return static_cast<uint16_t>(sign);
-  const uint32_t e = a >> 23;
-  const uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t shift = 126u - e;
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;
-  return static_cast<uint16_t>(sign | r);
-}
-
-__device__ __forceinline__ float DevF16ToFloat(uint16_t bits) {
-  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  const uint32_t exp = (bits >> 10) & 0x1Fu;
-  const uint32_t mant = bits & 0x3FFu;
-  if (exp == 0x1F) {
-    if (mant == 0) return __uint_as_float(sign | 0x7F800000u);
-    return __uint_as_float(sign | 0x7F800000u | 0x400000u | (mant << 13));
-  }
-  if (exp == 0) {
-    if (mant == 0) return __uint_as_float(sign);
-    const uint32_t k = 31u - static_cast<uint32_t>(__clz(mant));
-    return __uint_as_float(sign | ((k + 103u) << 23) | ((mant << (23u - k)) & 0x7FFFFFu));
-  }
-  return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
-}
 
 template <PackDType kDType>
 __device__ __forceinline__ void DevStore(void* dst, int64_t i, float x, float scale) {
   if constexpr (kDType == PackDType::kF32) {
     static_cast<float*>(dst)[i] = x;
   } else if constexpr (kDType == PackDType::kBF16) {
-    static_cast<uint16_t*>(dst)[i] = DevFloatToBf16(x);
+    static_cast<uint16_t*>(dst)[i] = FloatToBf16(x);
   } else if constexpr (kDType == PackDType::kF16) {
-    static_cast<uint16_t*>(dst)[i] = DevFloatToF16(x);
+    static_cast<uint16_t*>(dst)[i] = FloatToF16(x);
   } else {
     static_cast<int8_t*>(dst)[i] = internal::QuantizeInt8(x, scale);
   }
@@ -147,9 +94,9 @@ __device__ __forceinline__ float DevLoad(const void* src, int64_t i, float scale
   if constexpr (kDType == PackDType::kF32) {
     return static_cast<const float*>(src)[i];
   } else if constexpr (kDType == PackDType::kBF16) {
-    return DevBf16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    return Bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
   } else if constexpr (kDType == PackDType::kF16) {
-    return DevF16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    return F16ToFloat(static_cast<const uint16_t*>(src)[i]);
   } else {
     return __fmul_rn(static_cast<float>(static_cast<const int8_t*>(src)[i]), scale);
   }
@@ -625,7 +572,7 @@ class CudaBackend final : public Backend {
 
  private:
   // Makes device_ current on the calling thread.
-  absl::Status Activate() { return CudaStatus(cudaSetDevice(device_), "cudaSetDevice"); }
+  absl::Status Activate() { return CudaStatus(kWho, cudaSetDevice(device_), "cudaSetDevice"); }
   absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* op);
   // Device scratch of at least `bytes` (contents undefined), valid until the
   // next call; only work on stream_ may use it.
@@ -635,7 +582,7 @@ class CudaBackend final : public Backend {
                                  unsigned int range_bit, unsigned int duplicate_bit);
 
   const int device_;
-  cudaStream_t stream_ = nullptr;
+  CudaStream stream_;
   char* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   unsigned int* errors_ = nullptr;       // Device error word.
@@ -648,30 +595,30 @@ class CudaBackend final : public Backend {
 
 CudaBackend::~CudaBackend() {
   if (Activate().ok()) {
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
     cudaFree(scratch_);
     cudaFree(errors_);
     cudaFreeHost(host_errors_);
     cudaFreeHost(norm_slots_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    stream_.Reset();
   }
 }
 
 absl::Status CudaBackend::Init() {
   ZF_RETURN_IF_ERROR(Activate());
-  ZF_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                                "cudaStreamCreateWithFlags"));
+  ZF_RETURN_IF_ERROR(stream_.Create(kWho, cudaStreamNonBlocking));
   ZF_RETURN_IF_ERROR(
-      CudaStatus(cudaMalloc(&errors_, sizeof(unsigned int)), "cudaMalloc (error word)"));
-  ZF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(errors_, 0, sizeof(unsigned int), stream_),
+      CudaStatus(kWho, cudaMalloc(&errors_, sizeof(unsigned int)), "cudaMalloc (error word)"));
+  ZF_RETURN_IF_ERROR(CudaStatus(kWho,
+                                cudaMemsetAsync(errors_, 0, sizeof(unsigned int), stream_.get()),
                                 "cudaMemsetAsync (error word)"));
-  ZF_RETURN_IF_ERROR(
-      CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&host_errors_), sizeof(unsigned int)),
-                 "cudaMallocHost (error word)"));
   ZF_RETURN_IF_ERROR(CudaStatus(
-      cudaMallocHost(reinterpret_cast<void**>(&norm_slots_), kNormSlots * sizeof(double)),
+      kWho, cudaMallocHost(reinterpret_cast<void**>(&host_errors_), sizeof(unsigned int)),
+      "cudaMallocHost (error word)"));
+  ZF_RETURN_IF_ERROR(CudaStatus(
+      kWho, cudaMallocHost(reinterpret_cast<void**>(&norm_slots_), kNormSlots * sizeof(double)),
       "cudaMallocHost (norm slots)"));
-  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  return CudaStatus(kWho, cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
 }
 
 absl::StatusOr<void*> CudaBackend::Alloc(size_t bytes) {
@@ -680,9 +627,10 @@ absl::StatusOr<void*> CudaBackend::Alloc(size_t bytes) {
   const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // Allocation failures are not sticky.
-    return CudaStatus(err, absl::StrCat("cudaMalloc of ", bytes, " bytes").c_str());
+    return CudaStatus(kWho, err, absl::StrCat("cudaMalloc of ", bytes, " bytes"));
   }
-  const absl::Status s = CudaStatus(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+  const absl::Status s =
+      CudaStatus(kWho, cudaMemsetAsync(p, 0, bytes, stream_.get()), "cudaMemsetAsync");
   if (!s.ok()) {
     cudaFree(p);
     return s;
@@ -701,7 +649,7 @@ absl::StatusOr<void*> CudaBackend::AllocHost(size_t bytes) {
   const cudaError_t err = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return CudaStatus(err, absl::StrCat("cudaMallocHost of ", bytes, " bytes").c_str());
+    return CudaStatus(kWho, err, absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
   }
   std::memset(p, 0, bytes);
   return p;
@@ -720,21 +668,24 @@ absl::Status CudaBackend::Copy(void* dst, const void* src, size_t bytes, cudaMem
         op, ": null ", dst == nullptr ? "destination" : "source", " for ", bytes, " bytes"));
   }
   ZF_RETURN_IF_ERROR(Activate());
-  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, stream_), op);
+  return CudaStatus(kWho, cudaMemcpyAsync(dst, src, bytes, kind, stream_.get()), op);
 }
 
 absl::Status CudaBackend::Synchronize() {
   ZF_RETURN_IF_ERROR(Activate());
-  ZF_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(host_errors_, errors_, sizeof(unsigned int), cudaMemcpyDeviceToHost, stream_),
-      "cudaMemcpyAsync (error word)"));
-  ZF_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  ZF_RETURN_IF_ERROR(CudaStatus(kWho,
+                                cudaMemcpyAsync(host_errors_, errors_, sizeof(unsigned int),
+                                                cudaMemcpyDeviceToHost, stream_.get()),
+                                "cudaMemcpyAsync (error word)"));
+  ZF_RETURN_IF_ERROR(
+      CudaStatus(kWho, cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize"));
   for (size_t i = 0; i < pending_norms_.size(); ++i) *pending_norms_[i] = norm_slots_[i];
   pending_norms_.clear();
   const unsigned int bits = *host_errors_;
   if (bits != 0) {
     *host_errors_ = 0;
-    ZF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(errors_, 0, sizeof(unsigned int), stream_),
+    ZF_RETURN_IF_ERROR(CudaStatus(kWho,
+                                  cudaMemsetAsync(errors_, 0, sizeof(unsigned int), stream_.get()),
                                   "cudaMemsetAsync (error word)"));
     return absl::InvalidArgumentError(absl::StrCat(
         DescribeErrors(bits), " (detected on the device; the affected elements were skipped)"));
@@ -745,7 +696,8 @@ absl::Status CudaBackend::Synchronize() {
 absl::StatusOr<char*> CudaBackend::Scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
   // Work already queued may still read the old buffer.
-  ZF_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  ZF_RETURN_IF_ERROR(
+      CudaStatus(kWho, cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize"));
   cudaFree(scratch_);
   scratch_ = nullptr;
   scratch_bytes_ = 0;
@@ -754,7 +706,7 @@ absl::StatusOr<char*> CudaBackend::Scratch(size_t bytes) {
   const cudaError_t err = cudaMalloc(&p, want);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return CudaStatus(err, absl::StrCat("cudaMalloc of ", want, " bytes of scratch").c_str());
+    return CudaStatus(kWho, err, absl::StrCat("cudaMalloc of ", want, " bytes of scratch"));
   }
   scratch_ = static_cast<char*>(p);
   scratch_bytes_ = want;
@@ -766,11 +718,12 @@ absl::Status CudaBackend::LaunchColumnCheck(const int32_t* columns, int64_t ncol
   const size_t words = static_cast<size_t>((cols + 31) / 32);
   ZF_ASSIGN_OR_RETURN(char* scratch, Scratch(words * sizeof(unsigned int)));
   unsigned int* seen = reinterpret_cast<unsigned int*>(scratch);
-  ZF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(seen, 0, words * sizeof(unsigned int), stream_),
-                                "cudaMemsetAsync (column bitmap)"));
-  ColumnCheckKernel<<<GridFor(ncols, kThreads, 4096), kThreads, 0, stream_>>>(
+  ZF_RETURN_IF_ERROR(
+      CudaStatus(kWho, cudaMemsetAsync(seen, 0, words * sizeof(unsigned int), stream_.get()),
+                 "cudaMemsetAsync (column bitmap)"));
+  ColumnCheckKernel<<<GridFor(ncols, kThreads, 4096), kThreads, 0, stream_.get()>>>(
       columns, ncols, cols, seen, errors_, range_bit, duplicate_bit);
-  return CheckLaunch("ColumnCheckKernel");
+  return CheckLaunch(kWho, "ColumnCheckKernel");
 }
 
 absl::Status CudaBackend::ColumnImportance(const float* grad, int64_t rows, int64_t cols,
@@ -780,8 +733,8 @@ absl::Status CudaBackend::ColumnImportance(const float* grad, int64_t rows, int6
   ZF_RETURN_IF_ERROR(Activate());
   const int col_blocks = GridFor(cols, kThreads, int64_t{1} << 30);
   if (rows == 0) {
-    FillZeroKernel<<<GridFor(cols, kThreads, 4096), kThreads, 0, stream_>>>(out, cols);
-    return CheckLaunch("FillZeroKernel");
+    FillZeroKernel<<<GridFor(cols, kThreads, 4096), kThreads, 0, stream_.get()>>>(out, cols);
+    return CheckLaunch(kWho, "FillZeroKernel");
   }
   const int64_t blocks = (rows + kImportanceRowBlock - 1) / kImportanceRowBlock;
   float* partials = out;
@@ -792,15 +745,15 @@ absl::Status CudaBackend::ColumnImportance(const float* grad, int64_t rows, int6
   const dim3 grid(col_blocks, static_cast<unsigned int>(std::min<int64_t>(blocks, kMaxGridY)));
   if (kind == Importance::kL1) {
     ImportancePartialKernel<Importance::kL1>
-        <<<grid, kThreads, 0, stream_>>>(grad, rows, cols, blocks, partials);
+        <<<grid, kThreads, 0, stream_.get()>>>(grad, rows, cols, blocks, partials);
   } else {
     ImportancePartialKernel<Importance::kL2Squared>
-        <<<grid, kThreads, 0, stream_>>>(grad, rows, cols, blocks, partials);
+        <<<grid, kThreads, 0, stream_.get()>>>(grad, rows, cols, blocks, partials);
   }
-  ZF_RETURN_IF_ERROR(CheckLaunch("ImportancePartialKernel"));
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "ImportancePartialKernel"));
   if (blocks == 1) return absl::OkStatus();
-  ImportanceReduceKernel<<<col_blocks, kThreads, 0, stream_>>>(partials, cols, blocks, out);
-  return CheckLaunch("ImportanceReduceKernel");
+  ImportanceReduceKernel<<<col_blocks, kThreads, 0, stream_.get()>>>(partials, cols, blocks, out);
+  return CheckLaunch(kWho, "ImportanceReduceKernel");
 }
 
 absl::Status CudaBackend::TopK(const float* scores, int64_t cols, int64_t k, int32_t* out) {
@@ -817,27 +770,27 @@ absl::Status CudaBackend::TopK(const float* scores, int64_t cols, int64_t k, int
   auto* block_counts = reinterpret_cast<unsigned long long*>(scratch + keys_bytes + state_bytes);
   const int grid = GridFor(cols, kThreads, 4096);
 
-  TopKKeysKernel<<<grid, kThreads, 0, stream_>>>(scores, cols, keys);
-  ZF_RETURN_IF_ERROR(CheckLaunch("TopKKeysKernel"));
-  SelectInitKernel<<<1, kThreads, 0, stream_>>>(state, k);
-  ZF_RETURN_IF_ERROR(CheckLaunch("SelectInitKernel"));
+  TopKKeysKernel<<<grid, kThreads, 0, stream_.get()>>>(scores, cols, keys);
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "TopKKeysKernel"));
+  SelectInitKernel<<<1, kThreads, 0, stream_.get()>>>(state, k);
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "SelectInitKernel"));
   // Radix select, 8 bits per pass from the top: afterwards state->prefix is
   // the k-th largest key (keys are distinct), the threshold.
   for (int shift = 56; shift >= 0; shift -= 8) {
-    SelectHistogramKernel<<<grid, kThreads, 0, stream_>>>(keys, cols, state, shift);
-    ZF_RETURN_IF_ERROR(CheckLaunch("SelectHistogramKernel"));
-    SelectDigitKernel<<<1, 1, 0, stream_>>>(state, shift);
-    ZF_RETURN_IF_ERROR(CheckLaunch("SelectDigitKernel"));
+    SelectHistogramKernel<<<grid, kThreads, 0, stream_.get()>>>(keys, cols, state, shift);
+    ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "SelectHistogramKernel"));
+    SelectDigitKernel<<<1, 1, 0, stream_.get()>>>(state, shift);
+    ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "SelectDigitKernel"));
   }
   // Exactly k keys are >= the threshold; write their indices in order.
-  CompactCountKernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream_>>>(keys, cols, state,
-                                                                                 block_counts);
-  ZF_RETURN_IF_ERROR(CheckLaunch("CompactCountKernel"));
-  ExclusiveScanKernel<<<1, 1024, 0, stream_>>>(block_counts, tiles);
-  ZF_RETURN_IF_ERROR(CheckLaunch("ExclusiveScanKernel"));
-  CompactScatterKernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream_>>>(
+  CompactCountKernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream_.get()>>>(
+      keys, cols, state, block_counts);
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "CompactCountKernel"));
+  ExclusiveScanKernel<<<1, 1024, 0, stream_.get()>>>(block_counts, tiles);
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "ExclusiveScanKernel"));
+  CompactScatterKernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream_.get()>>>(
       keys, cols, state, block_counts, out);
-  return CheckLaunch("CompactScatterKernel");
+  return CheckLaunch(kWho, "CompactScatterKernel");
 }
 
 absl::Status CudaBackend::PackColumns(const float* w, int64_t rows, int64_t cols,
@@ -849,9 +802,9 @@ absl::Status CudaBackend::PackColumns(const float* w, int64_t rows, int64_t cols
   ZF_RETURN_IF_ERROR(Activate());
   const unsigned int col_tiles = static_cast<unsigned int>((ncols + kTile - 1) / kTile);
   if (dtype == PackDType::kInt8) {
-    Int8ScaleKernel<<<col_tiles, dim3(kTile, kTileY), 0, stream_>>>(w, rows, cols, columns, ncols,
-                                                                    scales);
-    ZF_RETURN_IF_ERROR(CheckLaunch("Int8ScaleKernel"));
+    Int8ScaleKernel<<<col_tiles, dim3(kTile, kTileY), 0, stream_.get()>>>(w, rows, cols, columns,
+                                                                          ncols, scales);
+    ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "Int8ScaleKernel"));
   }
   const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
   const dim3 grid(col_tiles, static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
@@ -859,22 +812,22 @@ absl::Status CudaBackend::PackColumns(const float* w, int64_t rows, int64_t cols
   switch (dtype) {
     case PackDType::kF32:
       PackKernel<PackDType::kF32>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
       break;
     case PackDType::kBF16:
       PackKernel<PackDType::kBF16>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
       break;
     case PackDType::kF16:
       PackKernel<PackDType::kF16>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
       break;
     case PackDType::kInt8:
       PackKernel<PackDType::kInt8>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, dst, scales, errors_);
       break;
   }
-  return CheckLaunch("PackKernel");
+  return CheckLaunch(kWho, "PackKernel");
 }
 
 absl::Status CudaBackend::ApplyColumns(float* w, int64_t rows, int64_t cols, const int32_t* columns,
@@ -893,22 +846,22 @@ absl::Status CudaBackend::ApplyColumns(float* w, int64_t rows, int64_t cols, con
   switch (dtype) {
     case PackDType::kF32:
       ApplyKernel<PackDType::kF32>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, src, scales, add);
       break;
     case PackDType::kBF16:
       ApplyKernel<PackDType::kBF16>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, src, scales, add);
       break;
     case PackDType::kF16:
       ApplyKernel<PackDType::kF16>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, src, scales, add);
       break;
     case PackDType::kInt8:
       ApplyKernel<PackDType::kInt8>
-          <<<grid, block, 0, stream_>>>(w, rows, cols, columns, ncols, src, scales, add);
+          <<<grid, block, 0, stream_.get()>>>(w, rows, cols, columns, ncols, src, scales, add);
       break;
   }
-  return CheckLaunch("ApplyKernel");
+  return CheckLaunch(kWho, "ApplyKernel");
 }
 
 absl::Status CudaBackend::SelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w,
@@ -935,9 +888,9 @@ absl::Status CudaBackend::SelectiveAdamW(const AdamWHyper& h, float grad_scale, 
   const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
   const dim3 grid(static_cast<unsigned int>((ncols + kTile - 1) / kTile),
                   static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
-  AdamWKernel<<<grid, dim3(kTile, kTileY), 0, stream_>>>(k, w, rows, cols, columns, ncols, steps,
-                                                         grad, m, v, errors_);
-  return CheckLaunch("AdamWKernel");
+  AdamWKernel<<<grid, dim3(kTile, kTileY), 0, stream_.get()>>>(k, w, rows, cols, columns, ncols,
+                                                               steps, grad, m, v, errors_);
+  return CheckLaunch(kWho, "AdamWKernel");
 }
 
 absl::Status CudaBackend::SquaredNorm(const float* x, int64_t n, double* host_out) {
@@ -954,14 +907,14 @@ absl::Status CudaBackend::SquaredNorm(const float* x, int64_t n, double* host_ou
   ZF_ASSIGN_OR_RETURN(char* scratch, Scratch((blocks + 1) * sizeof(double)));
   double* partials = reinterpret_cast<double*>(scratch);
   double* result = partials + blocks;
-  NormPartialKernel<<<blocks, kThreads, 0, stream_>>>(x, n, partials);
-  ZF_RETURN_IF_ERROR(CheckLaunch("NormPartialKernel"));
-  NormFinalKernel<<<1, kNormMaxBlocks, 0, stream_>>>(partials, blocks, result);
-  ZF_RETURN_IF_ERROR(CheckLaunch("NormFinalKernel"));
+  NormPartialKernel<<<blocks, kThreads, 0, stream_.get()>>>(x, n, partials);
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "NormPartialKernel"));
+  NormFinalKernel<<<1, kNormMaxBlocks, 0, stream_.get()>>>(partials, blocks, result);
+  ZF_RETURN_IF_ERROR(CheckLaunch(kWho, "NormFinalKernel"));
   double* slot = norm_slots_ + pending_norms_.size();
-  ZF_RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(slot, result, sizeof(double), cudaMemcpyDeviceToHost, stream_),
-                 "cudaMemcpyAsync (SquaredNorm result)"));
+  ZF_RETURN_IF_ERROR(CudaStatus(
+      kWho, cudaMemcpyAsync(slot, result, sizeof(double), cudaMemcpyDeviceToHost, stream_.get()),
+      "cudaMemcpyAsync (SquaredNorm result)"));
   pending_norms_.push_back(host_out);
   return absl::OkStatus();
 }
@@ -989,13 +942,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
 
 bool CudaCompiled() { return true; }
 
-int CudaDeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
+int CudaDeviceCount() { return VisibleCudaDevices(); }
 
 }  // namespace zenflow::worker

@@ -423,6 +423,40 @@ absl::StatusOr<size_t> NumParams(const ModelConfig& cfg) {
   return t.back().offset + t.back().numel();
 }
 
+ParamOffsets BuildParamOffsets(const ModelConfig& cfg) {
+  const std::vector<TensorInfo> layout = BuildTensorLayout(cfg);
+  auto off = [&layout](const std::string& name) -> size_t {
+    for (const TensorInfo& t : layout) {
+      if (t.name == name) return t.offset;
+    }
+    return 0;  // Unreachable: the layout defines every name asked for below.
+  };
+  ParamOffsets out;
+  out.tok_emb = off("tok_emb");
+  out.pos_emb = off("pos_emb");
+  out.lnf_g = off("ln_f.g");
+  out.lnf_b = off("ln_f.b");
+  out.head = off("head");
+  for (int l = 0; l < cfg.layers; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    LayerOffsets o;
+    o.ln1_g = off(p + "ln1.g");
+    o.ln1_b = off(p + "ln1.b");
+    o.wqkv = off(p + "attn.wqkv");
+    o.bqkv = off(p + "attn.bqkv");
+    o.wo = off(p + "attn.wo");
+    o.bo = off(p + "attn.bo");
+    o.ln2_g = off(p + "ln2.g");
+    o.ln2_b = off(p + "ln2.b");
+    o.w1 = off(p + "mlp.w1");
+    o.b1 = off(p + "mlp.b1");
+    o.w2 = off(p + "mlp.w2");
+    o.b2 = off(p + "mlp.b2");
+    out.layers.push_back(o);
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------
 // Transformer.
 
@@ -440,6 +474,7 @@ Transformer::Transformer(const ModelConfig& cfg, int threads)
     : cfg_(cfg),
       pool_(std::make_unique<ThreadPool>(threads)),
       tensors_(BuildTensorLayout(cfg)),
+      off_(BuildParamOffsets(cfg)),
       last_loss_(std::numeric_limits<double>::quiet_NaN()) {
   num_params_ = tensors_.back().offset + tensors_.back().numel();
   auto ends_with = [](const std::string& s, const std::string& suffix) {
@@ -450,31 +485,6 @@ Transformer::Transformer(const ModelConfig& cfg, int threads)
     int kind = 0;
     if (t.shape.size() == 1) kind = ends_with(t.name, ".g") ? 2 : 1;
     init_kind_.push_back(kind);
-  }
-  auto off = [this](const std::string& name) {
-    return tensors_[FindTensor(name)].offset;
-  };
-  tok_emb_ = off("tok_emb");
-  pos_emb_ = off("pos_emb");
-  lnf_g_ = off("ln_f.g");
-  lnf_b_ = off("ln_f.b");
-  head_ = off("head");
-  for (int l = 0; l < cfg.layers; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    LayerOffsets o;
-    o.ln1_g = off(p + "ln1.g");
-    o.ln1_b = off(p + "ln1.b");
-    o.wqkv = off(p + "attn.wqkv");
-    o.bqkv = off(p + "attn.bqkv");
-    o.wo = off(p + "attn.wo");
-    o.bo = off(p + "attn.bo");
-    o.ln2_g = off(p + "ln2.g");
-    o.ln2_b = off(p + "ln2.b");
-    o.w1 = off(p + "mlp.w1");
-    o.b1 = off(p + "mlp.b1");
-    o.w2 = off(p + "mlp.w2");
-    o.b2 = off(p + "mlp.b2");
-    layer_off_.push_back(o);
   }
   acts_.resize(cfg.layers);
 }
@@ -745,8 +755,8 @@ absl::StatusOr<float> Transformer::Forward(const float* params,
   // Token + position embeddings.
   {
     float* x = acts_[0].x_in.data();
-    const float* te = params + tok_emb_;
-    const float* pe = params + pos_emb_;
+    const float* te = params + off_.tok_emb;
+    const float* pe = params + off_.pos_emb;
     pool->ParallelFor(n, 64, [&](size_t lo, size_t hi) {
       for (size_t r = lo; r < hi; ++r) {
         const int b = static_cast<int>(r) / seq;
@@ -761,7 +771,7 @@ absl::StatusOr<float> Transformer::Forward(const float* params,
 
   for (int l = 0; l < cfg_.layers; ++l) {
     LayerActs& a = acts_[l];
-    const LayerOffsets& o = layer_off_[l];
+    const LayerOffsets& o = off_.layers[l];
     LayerNormForward(pool, a.x_in.data(), params + o.ln1_g, params + o.ln1_b,
                      n, d, a.ln1_out.data(), a.ln1_mean.data(),
                      a.ln1_rstd.data());
@@ -793,9 +803,11 @@ absl::StatusOr<float> Transformer::Forward(const float* params,
     AddInPlace(pool, next, a.x_mid.data(), a.x_mid.size());
   }
 
-  LayerNormForward(pool, x_final_.data(), params + lnf_g_, params + lnf_b_, n,
-                   d, lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data());
-  Linear(params, head_, kNoBias, lnf_out_.data(), n, d, vocab, probs_.data());
+  LayerNormForward(pool, x_final_.data(), params + off_.lnf_g,
+                   params + off_.lnf_b, n, d, lnf_out_.data(), lnf_mean_.data(),
+                   lnf_rstd_.data());
+  Linear(params, off_.head, kNoBias, lnf_out_.data(), n, d, vocab,
+         probs_.data());
 
   // Softmax cross-entropy; logits become probabilities in place.
   pool->ParallelFor(n, std::max(1, 4096 / vocab), [&](size_t lo, size_t hi) {
@@ -862,15 +874,16 @@ absl::Status Transformer::Backward(const float* params, float* grads) {
       }
     });
   }
-  LinearBackward(params, head_, kNoBias, lnf_out_.data(), d_logits_.data(), n,
-                 d, vocab, grads, d_ln_.data());
+  LinearBackward(params, off_.head, kNoBias, lnf_out_.data(), d_logits_.data(),
+                 n, d, vocab, grads, d_ln_.data());
   LayerNormBackward(pool, x_final_.data(), lnf_mean_.data(), lnf_rstd_.data(),
-                    params + lnf_g_, d_ln_.data(), n, d, /*accumulate=*/false,
-                    d_res_.data(), grads + lnf_g_, grads + lnf_b_);
+                    params + off_.lnf_g, d_ln_.data(), n, d,
+                    /*accumulate=*/false, d_res_.data(), grads + off_.lnf_g,
+                    grads + off_.lnf_b);
 
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     const LayerActs& a = acts_[l];
-    const LayerOffsets& o = layer_off_[l];
+    const LayerOffsets& o = off_.layers[l];
     // MLP branch: x_out = x_mid + W2 gelu(W1 ln2(x_mid) + b1) + b2.
     LinearBackward(params, o.w2, o.b2, a.h_act.data(), d_res_.data(), n, f, d,
                    grads, d_h_.data());
@@ -906,8 +919,8 @@ absl::Status Transformer::Backward(const float* params, float* grads) {
   }
 
   // Embeddings: serial scatter keeps the summation order fixed.
-  float* gte = grads + tok_emb_;
-  float* gpe = grads + pos_emb_;
+  float* gte = grads + off_.tok_emb;
+  float* gpe = grads + off_.pos_emb;
   for (int r = 0; r < n; ++r) {
     const int b = r / seq;
     const int t = r % seq;

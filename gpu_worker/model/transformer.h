@@ -72,6 +72,22 @@ std::vector<TensorInfo> BuildTensorLayout(const ModelConfig& cfg);
 // Total number of parameters of `cfg`; error when cfg is invalid.
 absl::StatusOr<size_t> NumParams(const ModelConfig& cfg);
 
+// Offsets (in floats) of the tensors of one block.
+struct LayerOffsets {
+  size_t ln1_g, ln1_b, wqkv, bqkv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2;
+};
+
+// Where each tensor of BuildTensorLayout(cfg) starts, by role: the table the
+// forward and backward passes of both models (Transformer and
+// CudaTransformer) index the parameter and gradient buffers with.
+struct ParamOffsets {
+  size_t tok_emb = 0, pos_emb = 0, lnf_g = 0, lnf_b = 0, head = 0;
+  std::vector<LayerOffsets> layers;  // One per block.
+};
+
+// The offsets of BuildTensorLayout(cfg); `cfg` must be valid.
+ParamOffsets BuildParamOffsets(const ModelConfig& cfg);
+
 // The model: parameter layout, initialization, forward and backward passes.
 // The parameters are NOT owned; callers pass the flat buffer to each call.
 //
@@ -121,10 +137,6 @@ class Transformer {
   absl::Status Backward(const float* params, float* grads);
 
  private:
-  // Offsets (in floats) of the tensors of one block.
-  struct LayerOffsets {
-    size_t ln1_g, ln1_b, wqkv, bqkv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2;
-  };
   // Activations of one block kept for the backward pass.
   struct LayerActs {
     std::vector<float> x_in;      // [n][d] block input (residual stream).
@@ -165,8 +177,7 @@ class Transformer {
   std::vector<TensorInfo> tensors_;
   std::vector<int> init_kind_;  // Per tensor: 0 normal, 1 zeros, 2 ones.
   size_t num_params_ = 0;
-  size_t tok_emb_ = 0, pos_emb_ = 0, lnf_g_ = 0, lnf_b_ = 0, head_ = 0;
-  std::vector<LayerOffsets> layer_off_;
+  ParamOffsets off_;  // Where each tensor of tensors_ starts, by role.
 
   // Workspace of the last Forward.
   int batch_ = 0;

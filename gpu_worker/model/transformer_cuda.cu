@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "gpu_worker/cuda_util.h"
 #include "gpu_worker/model/transformer.h"
 #include "gpu_worker/model/transformer_cuda.h"
 
@@ -44,30 +45,20 @@ constexpr int kEwThreads = 256;   // Block size of elementwise kernels.
 // ---------------------------------------------------------------------------
 // Errors.
 
-absl::Status CudaStatus(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  const std::string msg =
-      absl::StrCat("CUDA transformer: ", what, " failed: ", cudaGetErrorName(err), " (",
-                   cudaGetErrorString(err), ")");
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
+// Names this component in CUDA error messages (see gpu_worker/cuda_util.h).
+constexpr char kWho[] = "CUDA transformer";
 
 absl::Status CublasStatus(cublasStatus_t st, const std::string& what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string msg = absl::StrCat("CUDA transformer: cuBLAS ", what, " failed: ",
-                                       cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
+  const std::string msg =
+      absl::StrCat(kWho, ": cuBLAS ", what, " failed: ", cublasGetStatusName(st), " (",
+                   cublasGetStatusString(st), ")");
   if (st == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
 
-// Checks the launch that was just made (bad configuration, sticky errors).
-absl::Status CheckLaunch(const char* kernel) {
-  return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel));
-}
-
-#define ZF_CUDA_TRY(expr, what) ZF_RETURN_IF_ERROR(CudaStatus((expr), (what)))
-#define ZF_LAUNCH_CHECK(kernel) ZF_RETURN_IF_ERROR(CheckLaunch(kernel))
+#define ZF_CUDA_TRY(expr, what) ZF_RETURN_IF_ERROR(worker::CudaStatus(kWho, (expr), (what)))
+#define ZF_LAUNCH_CHECK(kernel) ZF_RETURN_IF_ERROR(worker::CheckLaunch(kWho, (kernel)))
 
 unsigned int EwBlocks(size_t count) {
   size_t blocks = (count + kEwThreads - 1) / kEwThreads;
@@ -433,10 +424,6 @@ class Carver {
   size_t used_ = 0;
 };
 
-struct LayerOffsets {
-  size_t ln1_g, ln1_b, wqkv, bqkv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2;
-};
-
 struct LayerActs {
   float* x_in;      // [n][d]
   float* ln1_out;   // [n][d]
@@ -457,18 +444,9 @@ struct LayerActs {
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Free functions and CudaBuffer.
+// Free functions.
 
 bool CudaModelCompiled() { return true; }
-
-int CudaModelDeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
 
 namespace {
 
@@ -491,58 +469,16 @@ absl::Status CheckDevice(int device) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(size_t count, int device) {
-  if (count == 0) return absl::InvalidArgumentError("CudaBuffer: count must be >= 1");
-  ZF_RETURN_IF_ERROR(CheckDevice(device));
-  ZF_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
-  void* p = nullptr;
-  ZF_CUDA_TRY(cudaMalloc(&p, count * sizeof(float)),
-              absl::StrCat("cudaMalloc of ", count, " floats"));
-  return std::unique_ptr<CudaBuffer>(new CudaBuffer(static_cast<float*>(p), count, device));
-}
-
-CudaBuffer::~CudaBuffer() {
-  if (data_ != nullptr) {
-    (void)cudaSetDevice(device_);
-    (void)cudaFree(data_);
-  }
-}
-
-absl::Status CudaBuffer::CopyFromHost(const float* src, size_t n) {
-  if (n > count_) return absl::InvalidArgumentError("CudaBuffer::CopyFromHost: n > size()");
-  if (n == 0) return absl::OkStatus();
-  if (src == nullptr) return absl::InvalidArgumentError("CudaBuffer::CopyFromHost: null src");
-  ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-  ZF_CUDA_TRY(cudaMemcpy(data_, src, n * sizeof(float), cudaMemcpyHostToDevice),
-              "cudaMemcpy host to device");
-  // A pageable cudaMemcpy may return before its DMA lands; wait for it.
-  ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBuffer::CopyToHost(float* dst, size_t n) const {
-  if (n > count_) return absl::InvalidArgumentError("CudaBuffer::CopyToHost: n > size()");
-  if (n == 0) return absl::OkStatus();
-  if (dst == nullptr) return absl::InvalidArgumentError("CudaBuffer::CopyToHost: null dst");
-  ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-  ZF_CUDA_TRY(cudaMemcpy(dst, data_, n * sizeof(float), cudaMemcpyDeviceToHost),
-              "cudaMemcpy device to host");
-  // A pageable cudaMemcpy may return before its DMA lands; wait for it.
-  ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------
 // CudaTransformer.
 
 struct CudaTransformer::Impl {
   int device = 0;
-  cudaStream_t stream = nullptr;
+  worker::CudaStream stream;
   cublasHandle_t cublas = nullptr;
 
   // Offsets (floats) into the parameter buffer.
-  size_t tok_emb = 0, pos_emb = 0, lnf_g = 0, lnf_b = 0, head = 0;
-  std::vector<LayerOffsets> layer_off;
+  ParamOffsets offsets;
 
   // Workspace for (ws_batch, ws_seq).
   char* ws = nullptr;
@@ -578,10 +514,10 @@ struct CudaTransformer::Impl {
 
   ~Impl() {
     (void)cudaSetDevice(device);
-    if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+    if (stream.get() != nullptr) (void)cudaStreamSynchronize(stream.get());
     if (ws != nullptr) (void)cudaFree(ws);
     if (cublas != nullptr) (void)cublasDestroy(cublas);
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    stream.Reset();
   }
 
   // Assigns every workspace pointer inside `base` (or only measures when
@@ -638,7 +574,7 @@ struct CudaTransformer::Impl {
   absl::Status Reserve(const ModelConfig& cfg, int batch, int seq) {
     if (ws != nullptr && batch == ws_batch && seq == ws_seq) return absl::OkStatus();
     if (ws != nullptr) {
-      ZF_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      ZF_CUDA_TRY(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
       ZF_CUDA_TRY(cudaFree(ws), "cudaFree of the workspace");
       ws = nullptr;
       ws_bytes = 0;
@@ -689,8 +625,8 @@ struct CudaTransformer::Impl {
                               in_dim, 0.0f, out, out_dim, what));
     if (bias == nullptr && residual == nullptr) return absl::OkStatus();
     const size_t count = static_cast<size_t>(n) * out_dim;
-    AddBiasResidualKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(out, bias, residual,
-                                                                      out_dim, count);
+    AddBiasResidualKernel<<<EwBlocks(count), kEwThreads, 0, stream.get()>>>(out, bias, residual,
+                                                                            out_dim, count);
     ZF_LAUNCH_CHECK("AddBiasResidualKernel");
     return absl::OkStatus();
   }
@@ -703,7 +639,7 @@ struct CudaTransformer::Impl {
     ZF_RETURN_IF_ERROR(GemmRM(true, false, out_dim, in_dim, n, 1.0f, dy, out_dim, x, in_dim,
                               0.0f, grads + w_off, in_dim, what));
     if (db != nullptr) {
-      ColumnSumsKernel<<<(out_dim + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream>>>(
+      ColumnSumsKernel<<<(out_dim + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream.get()>>>(
           dy, n, out_dim, db);
       ZF_LAUNCH_CHECK("ColumnSumsKernel");
     }
@@ -714,7 +650,7 @@ struct CudaTransformer::Impl {
 
   absl::Status LayerNormForward(const float* x, const float* g, const float* b, int n, int d,
                                 float* y, float* mean, float* rstd) {
-    LayerNormForwardKernel<<<n, kRowThreads, 0, stream>>>(x, g, b, d, y, mean, rstd);
+    LayerNormForwardKernel<<<n, kRowThreads, 0, stream.get()>>>(x, g, b, d, y, mean, rstd);
     ZF_LAUNCH_CHECK("LayerNormForwardKernel");
     return absl::OkStatus();
   }
@@ -722,11 +658,11 @@ struct CudaTransformer::Impl {
   absl::Status LayerNormBackward(const float* x, const float* mean, const float* rstd,
                                  const float* g, const float* dy, int n, int d, bool accumulate,
                                  float* dx, float* dg, float* db) {
-    LayerNormBackwardDxKernel<<<n, kRowThreads, 0, stream>>>(x, mean, rstd, g, dy, d,
-                                                             accumulate ? 1 : 0, dx);
+    LayerNormBackwardDxKernel<<<n, kRowThreads, 0, stream.get()>>>(x, mean, rstd, g, dy, d,
+                                                                   accumulate ? 1 : 0, dx);
     ZF_LAUNCH_CHECK("LayerNormBackwardDxKernel");
-    LayerNormBackwardParamsKernel<<<(d + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream>>>(
-        x, mean, rstd, dy, n, d, dg, db);
+    LayerNormBackwardParamsKernel<<<(d + kEwThreads - 1) / kEwThreads, kEwThreads, 0,
+                                    stream.get()>>>(x, mean, rstd, dy, n, d, dg, db);
     ZF_LAUNCH_CHECK("LayerNormBackwardParamsKernel");
     return absl::OkStatus();
   }
@@ -734,8 +670,8 @@ struct CudaTransformer::Impl {
   absl::Status SplitHeads(const float* src, int ld, int off, int batch, int seq, int heads,
                           int hd, float* dst) {
     const size_t count = static_cast<size_t>(batch) * heads * seq * hd;
-    SplitHeadsKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(src, ld, off, seq, heads, hd,
-                                                                 count, dst);
+    SplitHeadsKernel<<<EwBlocks(count), kEwThreads, 0, stream.get()>>>(src, ld, off, seq, heads, hd,
+                                                                       count, dst);
     ZF_LAUNCH_CHECK("SplitHeadsKernel");
     return absl::OkStatus();
   }
@@ -743,8 +679,8 @@ struct CudaTransformer::Impl {
   absl::Status MergeHeads(const float* src, int ld, int off, int batch, int seq, int heads,
                           int hd, float* dst) {
     const size_t count = static_cast<size_t>(batch) * heads * seq * hd;
-    MergeHeadsKernel<<<EwBlocks(count), kEwThreads, 0, stream>>>(src, ld, off, seq, heads, hd,
-                                                                 count, dst);
+    MergeHeadsKernel<<<EwBlocks(count), kEwThreads, 0, stream.get()>>>(src, ld, off, seq, heads, hd,
+                                                                       count, dst);
     ZF_LAUNCH_CHECK("MergeHeadsKernel");
     return absl::OkStatus();
   }
@@ -764,8 +700,8 @@ struct CudaTransformer::Impl {
     // scores[t][u] = scale * q_t . k_u
     ZF_RETURN_IF_ERROR(GemmRMBatched(false, true, seq, seq, hd, scale, q, hd, s_qkv, k, hd, s_qkv,
                                      0.0f, a.probs, seq, s_p, bh, "attention scores"));
-    CausalSoftmaxKernel<<<static_cast<unsigned int>(static_cast<size_t>(bh) * seq), kRowThreads,
-                          0, stream>>>(a.probs, seq);
+    CausalSoftmaxKernel<<<static_cast<unsigned int>(static_cast<size_t>(bh) * seq), kRowThreads, 0,
+                          stream.get()>>>(a.probs, seq);
     ZF_LAUNCH_CHECK("CausalSoftmaxKernel");
     // o[t] = sum_u p[t][u] v_u
     ZF_RETURN_IF_ERROR(GemmRMBatched(false, false, seq, hd, seq, 1.0f, a.probs, seq, s_p, v, hd,
@@ -796,7 +732,7 @@ struct CudaTransformer::Impl {
                                      s_qkv, 0.0f, dv, hd, s_qkv, bh, "attention dV"));
     // dS = P (dP - rowsum(P dP)) * scale, in place in dp.
     CausalSoftmaxBackwardKernel<<<static_cast<unsigned int>(static_cast<size_t>(bh) * seq),
-                                  kRowThreads, 0, stream>>>(a.probs, dp, seq, scale);
+                                  kRowThreads, 0, stream.get()>>>(a.probs, dp, seq, scale);
     ZF_LAUNCH_CHECK("CausalSoftmaxBackwardKernel");
     // dQ = dS K, dK = dS^T Q
     ZF_RETURN_IF_ERROR(GemmRMBatched(false, false, seq, hd, seq, 1.0f, dp, seq, s_p, k, hd, s_qkv,
@@ -818,9 +754,9 @@ absl::StatusOr<std::unique_ptr<CudaTransformer>> CudaTransformer::Create(const M
   ZF_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
   // A blocking stream: ordered with the legacy default stream, so plain
   // cudaMemcpy / kernels on stream 0 that write the parameters are seen.
-  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&im.stream, cudaStreamDefault), "cudaStreamCreate");
+  ZF_RETURN_IF_ERROR(im.stream.Create(kWho, cudaStreamDefault));
   ZF_RETURN_IF_ERROR(CublasStatus(cublasCreate(&im.cublas), "cublasCreate"));
-  ZF_RETURN_IF_ERROR(CublasStatus(cublasSetStream(im.cublas, im.stream), "cublasSetStream"));
+  ZF_RETURN_IF_ERROR(CublasStatus(cublasSetStream(im.cublas, im.stream.get()), "cublasSetStream"));
   // Plain fp32 arithmetic (no TF32 tensor-op downconversion).
   ZF_RETURN_IF_ERROR(
       CublasStatus(cublasSetMathMode(im.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
@@ -836,34 +772,7 @@ CudaTransformer::CudaTransformer(const ModelConfig& cfg, int device)
   num_params_ = tensors_.back().offset + tensors_.back().numel();
   Impl& im = *impl_;
   im.device = device;
-  auto off = [this](const std::string& name) -> size_t {
-    for (const TensorInfo& t : tensors_) {
-      if (t.name == name) return t.offset;
-    }
-    return 0;  // Unreachable: BuildTensorLayout defines every name below.
-  };
-  im.tok_emb = off("tok_emb");
-  im.pos_emb = off("pos_emb");
-  im.lnf_g = off("ln_f.g");
-  im.lnf_b = off("ln_f.b");
-  im.head = off("head");
-  for (int l = 0; l < cfg.layers; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    LayerOffsets o;
-    o.ln1_g = off(p + "ln1.g");
-    o.ln1_b = off(p + "ln1.b");
-    o.wqkv = off(p + "attn.wqkv");
-    o.bqkv = off(p + "attn.bqkv");
-    o.wo = off(p + "attn.wo");
-    o.bo = off(p + "attn.bo");
-    o.ln2_g = off(p + "ln2.g");
-    o.ln2_b = off(p + "ln2.b");
-    o.w1 = off(p + "mlp.w1");
-    o.b1 = off(p + "mlp.b1");
-    o.w2 = off(p + "mlp.w2");
-    o.b2 = off(p + "mlp.b2");
-    im.layer_off.push_back(o);
-  }
+  im.offsets = BuildParamOffsets(cfg);
 }
 
 CudaTransformer::~CudaTransformer() = default;
@@ -925,7 +834,7 @@ absl::StatusOr<float> CudaTransformer::Forward(const float* d_params, const uint
   ZF_RETURN_IF_ERROR(CheckDevicePointer(d_params, device_, "Forward params"));
   im.have_forward = false;
   ZF_RETURN_IF_ERROR(im.Reserve(cfg_, batch, seq));
-  cudaStream_t stream = im.stream;
+  cudaStream_t stream = im.stream.get();
   ZF_CUDA_TRY(cudaMemcpyAsync(im.tokens, host_tokens, tok_count, cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync of the tokens");
 
@@ -937,12 +846,13 @@ absl::StatusOr<float> CudaTransformer::Forward(const float* d_params, const uint
   const size_t nd = static_cast<size_t>(n) * d;
 
   EmbeddingForwardKernel<<<EwBlocks(nd), kEwThreads, 0, stream>>>(
-      params + im.tok_emb, params + im.pos_emb, im.tokens, seq, d, nd, im.acts[0].x_in);
+      params + im.offsets.tok_emb, params + im.offsets.pos_emb, im.tokens, seq, d, nd,
+      im.acts[0].x_in);
   ZF_LAUNCH_CHECK("EmbeddingForwardKernel");
 
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerActs& a = im.acts[l];
-    const LayerOffsets& o = im.layer_off[l];
+    const LayerOffsets& o = im.offsets.layers[l];
     ZF_RETURN_IF_ERROR(im.LayerNormForward(a.x_in, params + o.ln1_g, params + o.ln1_b, n, d,
                                            a.ln1_out, a.ln1_mean, a.ln1_rstd));
     ZF_RETURN_IF_ERROR(im.Linear(params, o.wqkv, params + o.bqkv, a.ln1_out, n, d, 3 * d,
@@ -962,10 +872,11 @@ absl::StatusOr<float> CudaTransformer::Forward(const float* d_params, const uint
         im.Linear(params, o.w2, params + o.b2, a.h_act, n, f, d, a.x_mid, next, "mlp.w2"));
   }
 
-  ZF_RETURN_IF_ERROR(im.LayerNormForward(im.x_final, params + im.lnf_g, params + im.lnf_b, n, d,
-                                         im.lnf_out, im.lnf_mean, im.lnf_rstd));
-  ZF_RETURN_IF_ERROR(
-      im.Linear(params, im.head, nullptr, im.lnf_out, n, d, vocab, nullptr, im.probs, "head"));
+  ZF_RETURN_IF_ERROR(im.LayerNormForward(im.x_final, params + im.offsets.lnf_g,
+                                         params + im.offsets.lnf_b, n, d, im.lnf_out, im.lnf_mean,
+                                         im.lnf_rstd));
+  ZF_RETURN_IF_ERROR(im.Linear(params, im.offsets.head, nullptr, im.lnf_out, n, d, vocab, nullptr,
+                               im.probs, "head"));
   CrossEntropyKernel<<<n, kRowThreads, 0, stream>>>(im.probs, im.tokens, seq, vocab,
                                                     im.row_loss);
   ZF_LAUNCH_CHECK("CrossEntropyKernel");
@@ -992,7 +903,7 @@ absl::Status CudaTransformer::Backward(const float* d_params, float* d_grads) {
   ZF_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
   ZF_RETURN_IF_ERROR(CheckDevicePointer(d_params, device_, "Backward params"));
   ZF_RETURN_IF_ERROR(CheckDevicePointer(d_grads, device_, "Backward grads"));
-  cudaStream_t stream = im.stream;
+  cudaStream_t stream = im.stream.get();
   const float* params = d_params;
   float* grads = d_grads;
   const int batch = im.ws_batch;
@@ -1010,15 +921,15 @@ absl::Status CudaTransformer::Backward(const float* d_params, float* d_grads) {
                                                               1.0f / n, count, im.d_logits);
     ZF_LAUNCH_CHECK("DLogitsKernel");
   }
-  ZF_RETURN_IF_ERROR(im.LinearBackward(params, im.head, grads, nullptr, im.lnf_out, im.d_logits,
-                                       n, d, vocab, im.d_ln, "head backward"));
-  ZF_RETURN_IF_ERROR(im.LayerNormBackward(im.x_final, im.lnf_mean, im.lnf_rstd, params + im.lnf_g,
-                                          im.d_ln, n, d, /*accumulate=*/false, im.d_res,
-                                          grads + im.lnf_g, grads + im.lnf_b));
+  ZF_RETURN_IF_ERROR(im.LinearBackward(params, im.offsets.head, grads, nullptr, im.lnf_out,
+                                       im.d_logits, n, d, vocab, im.d_ln, "head backward"));
+  ZF_RETURN_IF_ERROR(im.LayerNormBackward(
+      im.x_final, im.lnf_mean, im.lnf_rstd, params + im.offsets.lnf_g, im.d_ln, n, d,
+      /*accumulate=*/false, im.d_res, grads + im.offsets.lnf_g, grads + im.offsets.lnf_b));
 
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     const LayerActs& a = im.acts[l];
-    const LayerOffsets& o = im.layer_off[l];
+    const LayerOffsets& o = im.offsets.layers[l];
     // MLP branch.
     ZF_RETURN_IF_ERROR(im.LinearBackward(params, o.w2, grads, grads + o.b2, a.h_act, im.d_res, n,
                                          f, d, im.d_h, "mlp.w2 backward"));
@@ -1042,11 +953,11 @@ absl::Status CudaTransformer::Backward(const float* d_params, float* d_grads) {
   }
 
   EmbeddingTokBackwardKernel<<<(d + kEwThreads - 1) / kEwThreads, kEwThreads, 0, stream>>>(
-      im.d_res, im.tokens, n, seq, d, grads + im.tok_emb);
+      im.d_res, im.tokens, n, seq, d, grads + im.offsets.tok_emb);
   ZF_LAUNCH_CHECK("EmbeddingTokBackwardKernel");
   const size_t sd = static_cast<size_t>(seq) * d;
   EmbeddingPosBackwardKernel<<<EwBlocks(sd), kEwThreads, 0, stream>>>(im.d_res, batch, seq, d,
-                                                                      grads + im.pos_emb);
+                                                                      grads + im.offsets.pos_emb);
   ZF_LAUNCH_CHECK("EmbeddingPosBackwardKernel");
   ZF_CUDA_TRY(cudaStreamSynchronize(stream), "Backward (cudaStreamSynchronize)");
   return absl::OkStatus();

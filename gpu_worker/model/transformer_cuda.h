@@ -15,13 +15,22 @@
 // otherwise transformer_cuda_stub.cc provides the same API and Create returns
 // UNAVAILABLE.
 //
-//   ZF_ASSIGN_OR_RETURN(auto model, CudaTransformer::Create(cfg));
-//   ZF_ASSIGN_OR_RETURN(auto params, CudaBuffer::Create(model->num_params()));
-//   ZF_ASSIGN_OR_RETURN(auto grads, CudaBuffer::Create(model->num_params()));
-//   ZF_RETURN_IF_ERROR(params->CopyFromHost(host_params.data(), n));
-//   ZF_ASSIGN_OR_RETURN(float loss, model->Forward(params->data(), tokens,
+// The parameter and gradient buffers are ordinary worker device memory (a
+// DeviceBuffer of a CUDA Backend, gpu_worker/device_buffer.h), which the
+// optimizer then updates in place. The backend's stream is non-blocking, so
+// synchronize it before handing the model what it wrote:
+//
+//   ZF_ASSIGN_OR_RETURN(auto backend, worker::MakeCudaBackend(0));
+//   ZF_ASSIGN_OR_RETURN(auto model, CudaTransformer::Create(cfg, 0));
+//   const size_t bytes = model->num_params() * sizeof(float);
+//   worker::DeviceBuffer params, grads;
+//   ZF_RETURN_IF_ERROR(params.Reserve(backend.get(), bytes));
+//   ZF_RETURN_IF_ERROR(grads.Reserve(backend.get(), bytes));
+//   ZF_RETURN_IF_ERROR(backend->CopyToDevice(params.p(), host_params, bytes));
+//   ZF_RETURN_IF_ERROR(backend->Synchronize());
+//   ZF_ASSIGN_OR_RETURN(float loss, model->Forward(params.f32(), tokens,
 //                                                  batch, seq));
-//   ZF_RETURN_IF_ERROR(model->Backward(params->data(), grads->data()));
+//   ZF_RETURN_IF_ERROR(model->Backward(params.f32(), grads.f32()));
 
 #ifndef ZENFLOW_GPU_WORKER_MODEL_TRANSFORMER_CUDA_H_
 #define ZENFLOW_GPU_WORKER_MODEL_TRANSFORMER_CUDA_H_
@@ -40,37 +49,6 @@ namespace model {
 
 // True when this binary was built with the CUDA implementation (nvcc).
 bool CudaModelCompiled();
-
-// Number of visible CUDA devices; 0 without CUDA or when the query fails.
-int CudaModelDeviceCount();
-
-// An fp32 device allocation (cudaMalloc) with host copies, so callers and
-// tests need no CUDA headers. Not thread-safe; movable only via unique_ptr.
-class CudaBuffer {
- public:
-  // `count` floats (>= 1) on `device`. UNAVAILABLE without CUDA or device,
-  // RESOURCE_EXHAUSTED when the allocation fails.
-  static absl::StatusOr<std::unique_ptr<CudaBuffer>> Create(size_t count,
-                                                            int device = 0);
-  CudaBuffer(const CudaBuffer&) = delete;
-  CudaBuffer& operator=(const CudaBuffer&) = delete;
-  ~CudaBuffer();
-
-  float* data() const { return data_; }
-  size_t size() const { return count_; }
-  int device() const { return device_; }
-
-  // Copies of the first n <= size() floats; complete when they return.
-  absl::Status CopyFromHost(const float* src, size_t n);
-  absl::Status CopyToHost(float* dst, size_t n) const;
-
- private:
-  CudaBuffer(float* data, size_t count, int device)
-      : data_(data), count_(count), device_(device) {}
-  float* data_;
-  size_t count_;
-  int device_;
-};
 
 // The model on one CUDA device. The parameters are NOT owned: callers pass a
 // device buffer of num_params() floats to each call.

@@ -19,23 +19,6 @@ absl::Status NotCompiled(const char* what) {
 
 bool CudaModelCompiled() { return false; }
 
-int CudaModelDeviceCount() { return 0; }
-
-absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(size_t count,
-                                                               int device) {
-  return NotCompiled("CudaBuffer::Create");
-}
-
-CudaBuffer::~CudaBuffer() = default;
-
-absl::Status CudaBuffer::CopyFromHost(const float* src, size_t n) {
-  return NotCompiled("CudaBuffer::CopyFromHost");
-}
-
-absl::Status CudaBuffer::CopyToHost(float* dst, size_t n) const {
-  return NotCompiled("CudaBuffer::CopyToHost");
-}
-
 struct CudaTransformer::Impl {};
 
 absl::StatusOr<std::unique_ptr<CudaTransformer>> CudaTransformer::Create(

@@ -1,5 +1,7 @@
 // The CUDA transformer against the CPU reference model. Device tests skip
 // when no CUDA device is visible (or the binary was built without CUDA).
+// Parameters and gradients live in DeviceBuffers of a CUDA backend, as in
+// zf_train.
 #include "gpu_worker/model/transformer_cuda.h"
 
 #include <algorithm>
@@ -10,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu_worker/backend.h"
+#include "gpu_worker/device_buffer.h"
 #include "gpu_worker/model/transformer.h"
 #include "gtest/gtest.h"
 
@@ -55,7 +59,7 @@ class CudaTransformerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!CudaModelCompiled()) GTEST_SKIP() << "built without CUDA";
-    if (CudaModelDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+    if (worker::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
     cfg_ = SmallConfig();
     auto cpu = Transformer::Create(cfg_, /*threads=*/2);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -65,13 +69,25 @@ class CudaTransformerTest : public ::testing::Test {
     gpu_ = std::move(*gpu);
     ASSERT_EQ(gpu_->num_params(), cpu_->num_params());
     params_ = TestParams(*cpu_);
-    auto dp = CudaBuffer::Create(params_.size(), 0);
-    ASSERT_TRUE(dp.ok()) << dp.status();
-    d_params_ = std::move(*dp);
-    ASSERT_TRUE(d_params_->CopyFromHost(params_.data(), params_.size()).ok());
-    auto dg = CudaBuffer::Create(params_.size(), 0);
-    ASSERT_TRUE(dg.ok()) << dg.status();
-    d_grads_ = std::move(*dg);
+    auto backend = worker::MakeCudaBackend(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = std::move(*backend);
+    const size_t bytes = params_.size() * sizeof(float);
+    ASSERT_TRUE(d_params_.Reserve(backend_.get(), bytes).ok());
+    ASSERT_TRUE(d_grads_.Reserve(backend_.get(), bytes).ok());
+    ASSERT_NO_FATAL_FAILURE(Upload(params_, &d_params_));
+  }
+
+  // Copies `host` into `dst`. The backend's stream is not ordered with the
+  // model's, so this waits for the copy.
+  void Upload(const std::vector<float>& host, worker::DeviceBuffer* dst) {
+    ASSERT_TRUE(backend_->CopyToDevice(dst->p(), host.data(), host.size() * sizeof(float)).ok());
+    ASSERT_TRUE(backend_->Synchronize().ok());
+  }
+
+  void Download(const worker::DeviceBuffer& src, std::vector<float>* host) {
+    ASSERT_TRUE(backend_->CopyToHost(host->data(), src.p(), host->size() * sizeof(float)).ok());
+    ASSERT_TRUE(backend_->Synchronize().ok());
   }
 
   // Runs both models on the same tokens and compares loss and gradients.
@@ -85,12 +101,12 @@ class CudaTransformerTest : public ::testing::Test {
 
     // Poison the device gradients: Backward must overwrite every entry.
     std::vector<float> poison(params_.size(), 12345.0f);
-    ASSERT_TRUE(d_grads_->CopyFromHost(poison.data(), poison.size()).ok());
-    auto gpu_loss = gpu_->Forward(d_params_->data(), tokens.data(), batch, seq);
+    ASSERT_NO_FATAL_FAILURE(Upload(poison, &d_grads_));
+    auto gpu_loss = gpu_->Forward(d_params_.f32(), tokens.data(), batch, seq);
     ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status();
-    ASSERT_TRUE(gpu_->Backward(d_params_->data(), d_grads_->data()).ok());
+    ASSERT_TRUE(gpu_->Backward(d_params_.f32(), d_grads_.f32()).ok());
     std::vector<float> gpu_grads(params_.size());
-    ASSERT_TRUE(d_grads_->CopyToHost(gpu_grads.data(), gpu_grads.size()).ok());
+    ASSERT_NO_FATAL_FAILURE(Download(d_grads_, &gpu_grads));
 
     EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-4 * std::fabs(*cpu_loss));
     EXPECT_NEAR(gpu_->last_loss(), cpu_->last_loss(), 1e-4 * std::fabs(cpu_->last_loss()));
@@ -118,26 +134,24 @@ class CudaTransformerTest : public ::testing::Test {
   std::unique_ptr<Transformer> cpu_;
   std::unique_ptr<CudaTransformer> gpu_;
   std::vector<float> params_;
-  std::unique_ptr<CudaBuffer> d_params_;
-  std::unique_ptr<CudaBuffer> d_grads_;
+  std::unique_ptr<worker::Backend> backend_;  // Outlives the buffers below.
+  worker::DeviceBuffer d_params_;
+  worker::DeviceBuffer d_grads_;
 };
 
 TEST(CudaTransformerBuildTest, CompiledMatchesToolkit) {
   EXPECT_EQ(CudaModelCompiled(), ZF_EXPECT_CUDA_COMPILED != 0)
       << "CudaModelCompiled() disagrees with whether nvcc was found at build time";
   if (!CudaModelCompiled()) {
-    EXPECT_EQ(CudaModelDeviceCount(), 0);
+    EXPECT_EQ(worker::CudaDeviceCount(), 0);
   }
 }
 
 TEST(CudaTransformerBuildTest, CreateUnavailableWithoutDevice) {
-  if (CudaModelDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  if (worker::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is visible";
   auto m = CudaTransformer::Create(SmallConfig(), 0);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
-  auto b = CudaBuffer::Create(16, 0);
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
 }
 
 TEST(CudaTransformerBuildTest, CreateRejectsInvalidConfig) {
@@ -171,13 +185,13 @@ TEST_F(CudaTransformerTest, MatchesCpuWhenShapesChangeAndRepeat) {
 }
 
 TEST_F(CudaTransformerTest, RejectsBadArguments) {
-  EXPECT_EQ(gpu_->Backward(d_params_->data(), d_grads_->data()).code(),
+  EXPECT_EQ(gpu_->Backward(d_params_.f32(), d_grads_.f32()).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(std::isnan(gpu_->last_loss()));
   std::vector<uint8_t> tokens = RandomTokens(2, 4, cfg_.vocab, 9);
-  EXPECT_EQ(gpu_->Forward(d_params_->data(), tokens.data(), 2, cfg_.context + 1).status().code(),
+  EXPECT_EQ(gpu_->Forward(d_params_.f32(), tokens.data(), 2, cfg_.context + 1).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(gpu_->Forward(d_params_->data(), tokens.data(), 0, 4).status().code(),
+  EXPECT_EQ(gpu_->Forward(d_params_.f32(), tokens.data(), 0, 4).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(gpu_->Forward(nullptr, tokens.data(), 2, 4).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -185,16 +199,16 @@ TEST_F(CudaTransformerTest, RejectsBadArguments) {
   EXPECT_EQ(gpu_->Forward(params_.data(), tokens.data(), 2, 4).status().code(),
             absl::StatusCode::kInvalidArgument);
   tokens[3] = static_cast<uint8_t>(cfg_.vocab);
-  EXPECT_EQ(gpu_->Forward(d_params_->data(), tokens.data(), 2, 4).status().code(),
+  EXPECT_EQ(gpu_->Forward(d_params_.f32(), tokens.data(), 2, 4).status().code(),
             absl::StatusCode::kInvalidArgument);
   tokens[3] = 0;
-  auto loss = gpu_->Forward(d_params_->data(), tokens.data(), 2, 4);
+  auto loss = gpu_->Forward(d_params_.f32(), tokens.data(), 2, 4);
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_TRUE(std::isfinite(*loss));
-  EXPECT_TRUE(gpu_->Backward(d_params_->data(), d_grads_->data()).ok());
+  EXPECT_TRUE(gpu_->Backward(d_params_.f32(), d_grads_.f32()).ok());
   // An argument error leaves the last Forward usable (as in the CPU model).
-  EXPECT_FALSE(gpu_->Forward(d_params_->data(), tokens.data(), 0, 4).ok());
-  EXPECT_TRUE(gpu_->Backward(d_params_->data(), d_grads_->data()).ok());
+  EXPECT_FALSE(gpu_->Forward(d_params_.f32(), tokens.data(), 0, 4).ok());
+  EXPECT_TRUE(gpu_->Backward(d_params_.f32(), d_grads_.f32()).ok());
 }
 
 }  // namespace

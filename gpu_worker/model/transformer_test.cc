@@ -103,6 +103,24 @@ TEST(TransformerTest, LayoutIsContiguousAndNamed) {
   EXPECT_EQ(model->FindTensor("nope"), -1);
 }
 
+// BuildParamOffsets (the table both models index their buffers with) names
+// every tensor once, in the layout's documented order.
+TEST(TransformerTest, ParamOffsetsFollowLayout) {
+  ModelConfig cfg;
+  cfg.layers = 3;
+  const ParamOffsets off = BuildParamOffsets(cfg);
+  ASSERT_EQ(off.layers.size(), 3u);
+  std::vector<size_t> got = {off.tok_emb, off.pos_emb};
+  for (const LayerOffsets& o : off.layers) {
+    got.insert(got.end(), {o.ln1_g, o.ln1_b, o.wqkv, o.bqkv, o.wo, o.bo,
+                           o.ln2_g, o.ln2_b, o.w1, o.b1, o.w2, o.b2});
+  }
+  got.insert(got.end(), {off.lnf_g, off.lnf_b, off.head});
+  std::vector<size_t> want;
+  for (const TensorInfo& t : BuildTensorLayout(cfg)) want.push_back(t.offset);
+  EXPECT_EQ(got, want);
+}
+
 TEST(TransformerTest, InitIsDeterministicAndTyped) {
   ModelConfig cfg = TinyConfig();
   auto a = Transformer::Create(cfg, 1).value();
