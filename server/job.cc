@@ -779,8 +779,11 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
     if (close.round() > 0) round.interval_seconds = Seconds(round.last_close - last_full_close_);
     last_full_close_ = round.last_close;
     std::shared_ptr<Job> self = shared_from_this();
-    const int64_t r = close.round();
-    strand_->Schedule([self, r] { self->RunUpdate(r); });
+    // The update's right to the round's buffers; HandleShard and HandOff
+    // keep off them until rounds_updated_ passes the round.
+    auto lease = std::make_shared<UpdateLease>(
+        UpdateLease::Grant(close.round(), store_.get(), acc_.get()));
+    strand_->Schedule([self, lease] { self->RunUpdate(std::move(*lease)); });
   }
   return absl::OkStatus();
 }
@@ -791,7 +794,8 @@ namespace {
 
 }  // namespace
 
-void Job::RunUpdate(int64_t round) {
+void Job::RunUpdate(UpdateLease lease) {
+  const int64_t round = lease.round();
   const auto t0 = std::chrono::steady_clock::now();
   RoundState rs;
   std::vector<std::vector<int32_t>> remote(tensors_.size());
@@ -824,7 +828,7 @@ void Job::RunUpdate(int64_t round) {
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
   in.pool = ctx_.pool;
-  RoundUpdateResult result = UpdateRound(in, store_.get(), acc_.get());
+  RoundUpdateResult result = UpdateRound(in, std::move(lease));
   const bool skip = result.skipped, overflowed = result.overflowed;
   const float grad_norm = result.grad_norm;
   std::vector<v1::DownMessage>& deltas = result.deltas;

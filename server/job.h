@@ -219,8 +219,8 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleClose(int32_t rank, const v1::RoundClose& close)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs on the executor.
-  void RunUpdate(int64_t round);
+  // Runs on the job's strand, holding the round's lease.
+  void RunUpdate(UpdateLease lease);
   // Completes a pending selection if it is complete and drained. Returns the
   // callbacks to run (outside the lock).
   std::vector<std::function<void()>> MaybeFinishSelectionLocked()
@@ -245,10 +245,8 @@ class Job : public std::enable_shared_from_this<Job> {
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
   bool uploaded_ ABSL_GUARDED_BY(mu_) = false;
   bool uploading_ ABSL_GUARDED_BY(mu_) = false;  // an Upload is staging
-  // Tensor buffers: metadata immutable; contents guarded by mu_, except that
-  // the update of a round owns master/m/v/count of its columns and the
-  // round's accumulation buffer while it runs (no other writer can exist
-  // then: see HandleShard/HandOff preconditions).
+  // Tensor buffers: metadata immutable; contents guarded by mu_, except what
+  // an UpdateLease (round_update.h) grants its round's update.
   std::vector<TensorState> tensors_;
   // fp32 master, m, v and update counts; access as for tensors_' contents.
   std::unique_ptr<TensorStore> store_;

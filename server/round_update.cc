@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -27,14 +29,19 @@ struct ColumnRun {
 
 }  // namespace
 
-RoundUpdateResult UpdateRound(const RoundUpdateInput& in, TensorStore* store,
-                              RoundAccumulator* acc) {
+RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
+  if (lease.round() != in.round || lease.store() == nullptr) {
+    // A programming error: the update would write buffers it does not own.
+    std::fprintf(stderr, "UpdateRound: round %lld run without its lease\n",
+                 static_cast<long long>(in.round));
+    std::abort();
+  }
   const bool arithmetic = in.arithmetic;
   const std::vector<RoundUpdateTensor>& tensors_ = *in.tensors;
   const std::vector<std::vector<int32_t>>& remote = *in.remote;
   const int64_t round = in.round;
-  TensorStore* const store_ = store;
-  RoundAccumulator* const acc_ = acc;
+  TensorStore* const store_ = lease.store();
+  RoundAccumulator* const acc_ = lease.acc();
 
   // Runs of adjacent columns with equal counts, split to bound their size.
   std::vector<ColumnRun> runs;

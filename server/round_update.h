@@ -6,12 +6,11 @@
 // round whose shards were non-finite, or whose mean cannot give a finite
 // update, is skipped: the store is untouched and the sums are cleared.
 //
-//   RoundUpdateResult r = UpdateRound(input, &store, &accumulator);
+//   UpdateLease lease = UpdateLease::Grant(round, &store, &accumulator);  // the owner, under its lock
+//   RoundUpdateResult r = UpdateRound(input, std::move(lease));
 //   for (v1::DownMessage& d : r.deltas) ...   // to every rank
 //
-// Thread-compatible: the caller owns the round's sums and the store's
-// columns in `remote` for the duration (Job guarantees it: no shard of the
-// round can arrive and no hand-off can run while its update runs).
+// Runs without the owner's lock: the lease is its right to the buffers.
 #ifndef ZENFLOW_SERVER_ROUND_UPDATE_H_
 #define ZENFLOW_SERVER_ROUND_UPDATE_H_
 
@@ -33,6 +32,39 @@ struct RoundUpdateTensor {
   std::string name;
   int64_t rows = 0;
   DType param_dtype = DType::kF32;  // of the deltas (values kind)
+};
+
+// Exclusive use, for one round's update, of that round's accumulation
+// buffer and of the daemon's (remote) columns' master, m, v and counts in
+// the store. Move-only: exactly one update holds it. The owner of the
+// buffers (Job) grants it, under its lock, once the round has fully closed,
+// and keeps everything else off those buffers until the update finished:
+// no shard is taken for the round that would reuse the buffer (round + 2),
+// and a hand-off or reselection waits for every update to finish.
+class UpdateLease {
+ public:
+  static UpdateLease Grant(int64_t round, TensorStore* store, RoundAccumulator* acc) {
+    return UpdateLease(round, store, acc);
+  }
+  UpdateLease(UpdateLease&& other) noexcept
+      : round_(other.round_), store_(other.store_), acc_(other.acc_) {
+    other.store_ = nullptr;
+    other.acc_ = nullptr;
+  }
+  UpdateLease& operator=(UpdateLease&&) = delete;
+  UpdateLease(const UpdateLease&) = delete;
+  UpdateLease& operator=(const UpdateLease&) = delete;
+
+  int64_t round() const { return round_; }
+  TensorStore* store() const { return store_; }       // null once moved from
+  RoundAccumulator* acc() const { return acc_; }
+
+ private:
+  UpdateLease(int64_t round, TensorStore* store, RoundAccumulator* acc)
+      : round_(round), store_(store), acc_(acc) {}
+  int64_t round_;
+  TensorStore* store_;
+  RoundAccumulator* acc_;
 };
 
 struct RoundUpdateInput {
@@ -58,8 +90,8 @@ struct RoundUpdateResult {
   std::vector<v1::DownMessage> deltas;
 };
 
-RoundUpdateResult UpdateRound(const RoundUpdateInput& in, TensorStore* store,
-                              RoundAccumulator* acc);
+// `lease` must be for in.round; the update ends it.
+RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease);
 
 }  // namespace zenflow
 

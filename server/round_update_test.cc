@@ -60,7 +60,8 @@ TEST(RoundUpdateTest, MatchesReferenceAdamWOnTheMean) {
     AdamWReference(h, f.store.count(0, c) + 1, 0.25f, &g[c * kRows], &p[c * kRows],
                    &m[c * kRows], &v[c * kRows], kRows);
   }
-  RoundUpdateResult r = UpdateRound(f.Input(), &f.store, &f.acc);
+  RoundUpdateResult r =
+      UpdateRound(f.Input(), UpdateLease::Grant(f.Input().round, &f.store, &f.acc));
   ASSERT_FALSE(r.skipped);
   for (int64_t c = 0; c < kCols; ++c) {
     const bool remote = c != 2;
@@ -91,7 +92,7 @@ TEST(RoundUpdateTest, ArithmeticDeltasAreNewMinusOld) {
   std::memcpy(old.data(), f.store.master(0, 3), kRows * 4);
   RoundUpdateInput in = f.Input();
   in.arithmetic = true;
-  RoundUpdateResult r = UpdateRound(in, &f.store, &f.acc);
+  RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(in.round, &f.store, &f.acc));
   ASSERT_EQ(r.deltas.size(), 2u);
   const float* d = reinterpret_cast<const float*>(r.deltas[1].delta().payload().data());
   for (int64_t i = 0; i < kRows; ++i) EXPECT_EQ(d[i], f.store.master(0, 3)[i] - old[i]);
@@ -103,7 +104,8 @@ TEST(RoundUpdateTest, ANonFiniteSumIsSkippedAndCleared) {
   Fixture f;
   f.acc.sum(0, 1, 1)[0] = std::numeric_limits<float>::infinity();
   const float before = f.store.master(0, 1)[0];
-  RoundUpdateResult r = UpdateRound(f.Input(), &f.store, &f.acc);
+  RoundUpdateResult r =
+      UpdateRound(f.Input(), UpdateLease::Grant(f.Input().round, &f.store, &f.acc));
   EXPECT_TRUE(r.skipped);
   EXPECT_TRUE(r.overflowed);
   EXPECT_TRUE(r.deltas.empty());
