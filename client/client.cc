@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/backoff.h"
 #include "client/data_stream.h"
 #include "client/stream.h"
 #include "client/ucx_data_stream.h"
@@ -37,9 +38,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // gRPC's reconnect backoff does the retrying while Connect waits (its
-  // defaults start at 1 s, long for a daemon that is still starting).
+  // defaults start at 1 s, long for a daemon that is still starting). Not
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the deadline
+  // of each connection attempt, and a handshake on a loaded host can take
+  // longer than a short backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   c->channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
   const auto deadline =
@@ -132,19 +135,18 @@ absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
 
 absl::StatusOr<v1::GetJobResponse> Client::WaitForUpload(const std::string& job_id,
                                                          absl::Duration timeout) {
-  absl::Duration backoff = absl::Milliseconds(10);
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    absl::StatusOr<v1::GetJobResponse> job = GetJob(job_id);
-    if (job.ok() && job->parameters_uploaded()) return job;
-    if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
-    if (absl::Now() + backoff > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "job '", job_id, "' was not created and uploaded within ", absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  absl::StatusOr<v1::GetJobResponse> job;
+  const bool ready = RetryWithBackoff(timeout, absl::Milliseconds(10), absl::Milliseconds(500), [&] {
+    job = GetJob(job_id);
+    if (job.ok()) return job->parameters_uploaded();
+    return job.status().code() != absl::StatusCode::kNotFound;  // other errors end the wait
+  });
+  if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
+  if (!ready) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "job '", job_id, "' was not created and uploaded within ", absl::FormatDuration(timeout)));
   }
+  return job;
 }
 
 absl::Status Client::DeleteJob(const std::string& job_id) {
@@ -216,6 +218,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
     }
     old = std::move(stream_);
   }
+  const bool reattach = old != nullptr;
   if (old != nullptr) {
     old->Close();
     old.reset();
@@ -237,10 +240,19 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   deps.window = &window_;
   deps.rounds = &rounds_;
   deps.ucx = options_.transport == Transport::kUcx ? ucx_.get() : nullptr;
-  ZF_ASSIGN_OR_RETURN(std::unique_ptr<AttachedStream> stream,
-                      AttachedStream::Open(deps, job_id, rank));
+  // The daemon lets go of a rank's stream once that call is done, which it
+  // can learn a moment after this client did: right after our own stream
+  // ended, the rank may still look attached (ALREADY_EXISTS). A first
+  // attach tries once.
+  absl::StatusOr<std::unique_ptr<AttachedStream>> stream;
+  RetryWithBackoff(reattach ? absl::Seconds(10) : absl::ZeroDuration(), absl::Milliseconds(10),
+                   absl::Milliseconds(200), [&] {
+                     stream = AttachedStream::Open(deps, job_id, rank);
+                     return stream.ok() || stream.status().code() != absl::StatusCode::kAlreadyExists;
+                   });
+  ZF_RETURN_IF_ERROR(stream.status());
   MutexLock lock(&mu_);
-  stream_ = std::move(stream);
+  stream_ = *std::move(stream);
   return absl::OkStatus();
 }
 
