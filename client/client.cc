@@ -419,10 +419,19 @@ absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
 }
 
 absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps) {
+  return CloseRound(round, lr, steps, WorkerReport());
+}
+
+absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps,
+                                const WorkerReport& report) {
   v1::UpMessage msg;
-  msg.mutable_close()->set_round(round);
-  msg.mutable_close()->set_lr(lr);
-  msg.mutable_close()->set_steps(steps);
+  v1::RoundClose* close = msg.mutable_close();
+  close->set_round(round);
+  close->set_lr(lr);
+  close->set_steps(steps);
+  close->mutable_step_reports()->Add(report.steps.begin(), report.steps.end());
+  close->set_apply_delay_steps(report.apply_delay_steps);
+  close->set_staleness_steps(report.staleness_steps);
   return Enqueue(std::move(msg));
 }
 

@@ -150,6 +150,14 @@ class Client {
                                 const int32_t* columns, int64_t ncols, const int8_t* payload,
                                 const float* scales, int64_t rows, std::function<void()> release);
   absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
+  // The same, carrying the worker's figures for its steps since the last
+  // close (README "Metrics"): at most `steps` (the round's steps) of them.
+  struct WorkerReport {
+    std::vector<v1::StepReport> steps;
+    int32_t apply_delay_steps = 0;
+    int32_t staleness_steps = 0;
+  };
+  absl::Status CloseRound(int64_t round, float lr, int32_t steps, const WorkerReport& report);
   // Blocks until everything queued was handed to the transport.
   absl::Status Flush(absl::Duration timeout);
 

@@ -307,7 +307,7 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   ZF_RETURN_IF_ERROR(PushRemote(step));
   const int64_t round = step / interval_;
   if (step % interval_ == interval_ - 1) {
-    ZF_RETURN_IF_ERROR(client_->CloseRound(round, lr));
+    ZF_RETURN_IF_ERROR(CloseRound(round, lr, static_cast<int32_t>(interval_)));
     pending_.push_back({round, step, -1});
   }
   next_step_ = step + 1;
@@ -327,6 +327,48 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   totals_.bytes_sent += last_.bytes_sent;
   totals_.bytes_received += last_.bytes_received;
   totals_.rounds_applied += last_.rounds_applied;
+  v1::StepReport report;
+  report.set_step_seconds(last_.step_seconds);
+  report.set_stall_seconds(last_.stall_seconds);
+  report.set_send_blocked_seconds(last_.send_blocked_seconds);
+  report.set_up_bytes(last_.bytes_sent);
+  report.set_down_bytes(last_.bytes_received);
+  unreported_.push_back(report);
+  last_staleness_ = std::max<int64_t>(last_staleness_, last_.max_staleness_steps);
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::CloseRound(int64_t round, float lr, int32_t steps) {
+  Client::WorkerReport report;
+  // A close carries at most `steps` reports: fold any excess into the first
+  // (sums stay exact; only the per-step histogram sees one merged step).
+  while (static_cast<int32_t>(unreported_.size()) > std::max(steps, 1)) {
+    v1::StepReport& a = unreported_[0];
+    const v1::StepReport& b = unreported_[1];
+    a.set_step_seconds(a.step_seconds() + b.step_seconds());
+    a.set_stall_seconds(a.stall_seconds() + b.stall_seconds());
+    a.set_send_blocked_seconds(a.send_blocked_seconds() + b.send_blocked_seconds());
+    a.set_up_bytes(a.up_bytes() + b.up_bytes());
+    a.set_down_bytes(a.down_bytes() + b.down_bytes());
+    unreported_.erase(unreported_.begin() + 1);
+  }
+  report.steps = unreported_;
+  const int32_t delay = apply_delay(round - 1);
+  report.apply_delay_steps = std::max(delay, 0);
+  report.staleness_steps = static_cast<int32_t>(std::min<int64_t>(last_staleness_, 1 << 30));
+  ZF_RETURN_IF_ERROR(client_->CloseRound(round, lr, steps, report));
+  for (const v1::StepReport& r : unreported_) {
+    reported_.set_steps(reported_.steps() + 1);
+    reported_.set_step_seconds(reported_.step_seconds() + r.step_seconds());
+    reported_.set_stall_seconds(reported_.stall_seconds() + r.stall_seconds());
+    reported_.set_send_blocked_seconds(reported_.send_blocked_seconds() + r.send_blocked_seconds());
+    reported_.set_up_bytes(reported_.up_bytes() + r.up_bytes());
+    reported_.set_down_bytes(reported_.down_bytes() + r.down_bytes());
+  }
+  reported_.set_apply_delay_steps(report.apply_delay_steps);
+  reported_.set_staleness_steps(report.staleness_steps);
+  unreported_.clear();
+  last_staleness_ = 0;
   return absl::OkStatus();
 }
 
@@ -334,8 +376,7 @@ absl::Status ZenFlowOptimizer::Finish() {
   if (next_step_ % interval_ != 0) {
     // A partial last round: close it with the steps it has.
     const int64_t round = next_step_ / interval_;
-    ZF_RETURN_IF_ERROR(client_->CloseRound(round, last_lr_,
-                                           static_cast<int32_t>(next_step_ % interval_)));
+    ZF_RETURN_IF_ERROR(CloseRound(round, last_lr_, static_cast<int32_t>(next_step_ % interval_)));
     pending_.push_back({round, next_step_ - 1, 0});
   }
   return ApplyDue(next_step_ - 1, /*drain=*/true);

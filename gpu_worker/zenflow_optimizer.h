@@ -95,6 +95,10 @@ class ZenFlowOptimizer {
 
   const StepStats& last_step() const { return last_; }
   const OptimizerTotals& totals() const { return totals_; }
+  // What this rank has reported to the daemon with its round closes (every
+  // step's figures go with the next close; the last steps after the final
+  // close are not reported).
+  const v1::WorkerStats& reported() const { return reported_; }
   int64_t selection_version() const { return version_; }
   // The apply delay chosen for `round` (-1 if not decided yet).
   int32_t apply_delay(int64_t round) const;
@@ -114,6 +118,8 @@ class ZenFlowOptimizer {
   absl::Status Reselect(int64_t step);
   absl::Status UpdateImportant(int64_t step, float lr);
   absl::Status PushRemote(int64_t step);
+  // Closes `round` (of `steps` steps), carrying the unreported step figures.
+  absl::Status CloseRound(int64_t round, float lr, int32_t steps);
   absl::Status ApplyRound(const Pending& p, int64_t step);
   absl::Status ApplyDue(int64_t step, bool drain);
   int32_t DecideDelay(int64_t round);
@@ -156,6 +162,11 @@ class ZenFlowOptimizer {
   bool have_snapshot_ = false;
   StepStats last_;
   OptimizerTotals totals_;
+  // Steps whose figures have not gone to the daemon yet, and the sums of
+  // those that have.
+  std::vector<v1::StepReport> unreported_;
+  v1::WorkerStats reported_;
+  int64_t last_staleness_ = 0;  // the largest since the last close
 };
 
 }  // namespace zenflow

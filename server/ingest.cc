@@ -7,7 +7,7 @@
 
 namespace zenflow {
 
-absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Mailbox* box,
+absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Wire wire, Mailbox* box,
                       absl::Status read, const v1::UpMessage& up) {
   absl::Status s = std::move(read);
   const bool parsed = s.ok();
@@ -16,9 +16,9 @@ absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Mailbox* bo
         "this stream is already attached: attach travels over the gRPC stream, as its first "
         "message, once (never over UCX)");
   }
-  if (s.ok()) s = job->HandleUp(rank, up);
+  if (s.ok()) s = job->HandleUp(rank, up, wire);
   if (!s.ok()) {
-    registry->CountRejection(s.code());
+    registry->CountRejection(s.code(), "stream");
     job->CountRejection(s.code());
     box->Push(StreamErrorMessage(s, parsed ? up.seq() : 0));
   }

@@ -22,7 +22,7 @@ namespace zenflow {
 // `read` is OK when `up` holds the message, else why its bytes could not be
 // read (too large, not an UpMessage); the answer then carries number 0.
 // Returns the rejection (OK when applied). Thread-safe as Job is.
-absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Mailbox* box,
+absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Wire wire, Mailbox* box,
                       absl::Status read, const v1::UpMessage& up);
 
 }  // namespace zenflow

@@ -508,6 +508,78 @@ void Job::Stats(v1::JobStats* out) {
     o->set_outbox_bytes(rs.mailbox->bytes());
     o->set_outbox_messages(static_cast<int64_t>(rs.mailbox->queued()));
     o->set_reading_paused(rs.mailbox->paused());
+    Wire wire;
+    if (rs.mailbox->attached(&wire)) {
+      o->set_attached(true);
+      o->set_transport(WireName(wire));
+    }
+    *o->mutable_worker() = rs.worker;
+    rs.stall_per_step.Export(o->mutable_worker()->mutable_stall_per_step_seconds());
+  }
+  out->set_world_size(world_);
+  for (Wire wire : {Wire::kGrpc, Wire::kUcx}) {
+    v1::TransportStats* t = out->add_transports();
+    t->set_transport(WireName(wire));
+    t->set_shards_received(received_[static_cast<int>(wire)].shards);
+    t->set_shard_bytes_received(received_[static_cast<int>(wire)].bytes);
+    for (const RankState& rs : ranks_) {
+      const Mailbox::Sent sent = rs.mailbox->sent(wire);
+      t->set_deltas_sent(t->deltas_sent() + sent.deltas);
+      t->set_delta_bytes_sent(t->delta_bytes_sent() + sent.bytes);
+    }
+  }
+  update_seconds_.Export(out->mutable_round_update_seconds());
+  accumulate_seconds_.Export(out->mutable_round_accumulate_seconds());
+  out->set_update_queue_depth(rounds_closed_ - rounds_updated_);
+}
+
+absl::Status Job::CheckWorkerReport(const v1::RoundClose& close, int64_t steps) const {
+  if (close.step_reports_size() > steps) {
+    return absl::InvalidArgumentError(absl::StrCat("round ", close.round(), ": ",
+                                                   close.step_reports_size(),
+                                                   " step reports for a round of ", steps,
+                                                   " steps"));
+  }
+  if (close.apply_delay_steps() < 0 || close.staleness_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round ", close.round(), ": apply_delay_steps ", close.apply_delay_steps(),
+        " and staleness_steps ", close.staleness_steps(), " must be >= 0"));
+  }
+  for (int i = 0; i < close.step_reports_size(); ++i) {
+    const v1::StepReport& r = close.step_reports(i);
+    const double seconds[] = {r.step_seconds(), r.stall_seconds(), r.send_blocked_seconds()};
+    for (double x : seconds) {
+      // A day per step bounds what a report can add to the sums.
+      if (!(x >= 0 && x <= 86400)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "round ", close.round(), ": step report ", i, " has a time of ", x,
+            " s; times must be in [0, 86400]"));
+      }
+    }
+    if (r.up_bytes() < 0 || r.down_bytes() < 0 || r.up_bytes() > (int64_t{1} << 50) ||
+        r.down_bytes() > (int64_t{1} << 50)) {
+      return absl::InvalidArgumentError(absl::StrCat("round ", close.round(), ": step report ", i,
+                                                     " has byte counts ", r.up_bytes(), " and ",
+                                                     r.down_bytes(), "; they must be in [0, 2^50]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Job::AddWorkerReport(const v1::RoundClose& close, RankState* rs) {
+  v1::WorkerStats& w = rs->worker;
+  for (const v1::StepReport& r : close.step_reports()) {
+    w.set_steps(w.steps() + 1);
+    w.set_step_seconds(w.step_seconds() + r.step_seconds());
+    w.set_stall_seconds(w.stall_seconds() + r.stall_seconds());
+    w.set_send_blocked_seconds(w.send_blocked_seconds() + r.send_blocked_seconds());
+    w.set_up_bytes(w.up_bytes() + r.up_bytes());
+    w.set_down_bytes(w.down_bytes() + r.down_bytes());
+    rs->stall_per_step.Observe(r.stall_seconds());
+  }
+  if (close.step_reports_size() > 0) {
+    w.set_apply_delay_steps(close.apply_delay_steps());
+    w.set_staleness_steps(close.staleness_steps());
   }
 }
 
@@ -548,13 +620,13 @@ void Job::Shutdown() {
 
 // ---- Data ------------------------------------------------------------------
 
-absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up) {
+absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
   MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(rank));
   switch (up.kind_case()) {
     case v1::UpMessage::kShard:
-      return HandleShard(rank, up.shard());
+      return HandleShard(rank, up.shard(), wire);
     case v1::UpMessage::kClose:
       return HandleClose(rank, up.close());
     default:
@@ -562,7 +634,7 @@ absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up) {
   }
 }
 
-absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
+absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire) {
   if (!uploaded_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", spec_.job_id(), "': upload the parameters before sending gradients"));
@@ -710,6 +782,13 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard) {
   }
   ++shards_received_;
   shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
+  ++received_[static_cast<int>(wire)].shards;
+  received_[static_cast<int>(wire)].bytes += static_cast<int64_t>(shard.payload().size());
+  RoundState& rstate = rounds_[round];
+  if (!rstate.first_shard_seen) {
+    rstate.first_shard_seen = true;
+    rstate.first_shard = std::chrono::steady_clock::now();
+  }
   return absl::OkStatus();
 }
 
@@ -743,6 +822,7 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
         absl::StrCat("round ", close.round(), ": steps ", close.steps(), " must be in [1, ",
                      interval_, "] (0 means update_interval)"));
   }
+  ZF_RETURN_IF_ERROR(CheckWorkerReport(close, steps));
   if (!(close.lr() >= 0 && std::isfinite(close.lr()))) {
     return absl::InvalidArgumentError(
         absl::StrCat("round ", close.round(), ": lr ", close.lr(), " must be finite and >= 0"));
@@ -768,6 +848,7 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
   // Apply.
   acc_->ResetRank(rank);
   rs.next_round = close.round() + 1;
+  AddWorkerReport(close, &rs);
   RoundState& round = rounds_[close.round()];
   round.closed += 1;
   round.steps_sum += steps;
@@ -775,6 +856,9 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
   round.last_close = std::chrono::steady_clock::now();
   if (round.closed == world_) {
     rounds_closed_ = close.round() + 1;
+    if (round.first_shard_seen) {
+      accumulate_seconds_.Observe(Seconds(round.last_close - round.first_shard));
+    }
     // Rounds close fully in order from 0, so only round 0 has no predecessor.
     if (close.round() > 0) round.interval_seconds = Seconds(round.last_close - last_full_close_);
     last_full_close_ = round.last_close;
@@ -869,6 +953,7 @@ void Job::RunUpdate(UpdateLease lease) {
     delta_bytes_sent_ += delta_bytes * static_cast<int64_t>(boxes.size());
     last_update_seconds_ = Seconds(t1 - t0);
     update_seconds_total_ += last_update_seconds_;
+    update_seconds_.Observe(last_update_seconds_);
     callbacks = MaybeFinishSelectionLocked();
   }
   auto done_shared = std::make_shared<const v1::DownMessage>(std::move(done));

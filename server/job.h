@@ -29,6 +29,7 @@
 #include "common/adamw.h"
 #include "server/all_reduce_barrier.h"
 #include "server/hand_off.h"
+#include "server/histogram.h"
 #include "server/mailbox.h"
 #include "server/round_accumulator.h"
 #include "server/round_update.h"
@@ -145,7 +146,7 @@ class Job : public std::enable_shared_from_this<Job> {
   v1::DownMessage AttachedMessage(int32_t rank);
 
   // A shard or a round-close marker from `rank` (already attached).
-  absl::Status HandleUp(int32_t rank, const v1::UpMessage& up);
+  absl::Status HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire);
 
   // Calls `done` (possibly on another thread, possibly before returning)
   // once every rank has submitted importance for the same step and every
@@ -196,6 +197,8 @@ class Job : public std::enable_shared_from_this<Job> {
   struct RankState {
     bool joined = false;
     int64_t next_round = 0;  // first round this rank has not closed
+    v1::WorkerStats worker;  // what its worker reported (sums)
+    HistogramCounts stall_per_step{StallSecondsBuckets()};
     std::shared_ptr<Mailbox> mailbox;
   };
 
@@ -206,6 +209,8 @@ class Job : public std::enable_shared_from_this<Job> {
     bool nonfinite = false;
     std::chrono::steady_clock::time_point last_close;
     double interval_seconds = 0;  // previous round's last close -> this one's
+    bool first_shard_seen = false;
+    std::chrono::steady_clock::time_point first_shard;
   };
 
 
@@ -215,9 +220,13 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRoundBuffer(int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard)
+  absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleClose(int32_t rank, const v1::RoundClose& close)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The figures a worker sends with a round's close (RoundClose.step_reports).
+  absl::Status CheckWorkerReport(const v1::RoundClose& close, int64_t steps) const;
+  void AddWorkerReport(const v1::RoundClose& close, RankState* rs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs on the job's strand, holding the round's lease.
   void RunUpdate(UpdateLease lease);
@@ -271,6 +280,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // Statistics.
   int64_t shards_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t shard_bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Received {
+    int64_t shards = 0;
+    int64_t bytes = 0;
+  };
+  Received received_[2] ABSL_GUARDED_BY(mu_);  // by Wire
+  HistogramCounts update_seconds_ ABSL_GUARDED_BY(mu_){RoundSecondsBuckets()};
+  HistogramCounts accumulate_seconds_ ABSL_GUARDED_BY(mu_){RoundSecondsBuckets()};
   int64_t rounds_skipped_ ABSL_GUARDED_BY(mu_) = 0;
   // Of those, rounds whose accepted shards summed to a non-finite gradient.
   int64_t rounds_overflowed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -103,12 +103,12 @@ TEST(JobTest, OneRankTwoStepsEqualsHandComputedAdamW) {
     for (int c = 0; c < 3; ++c) s->add_columns(c);
     const float g[6] = {0, 0, 1.0f + 2 * step, 3.0f + 2 * step, 0, 0};
     s->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
-    ASSERT_TRUE(job->HandleUp(0, m).ok());
+    ASSERT_TRUE(job->HandleUp(0, m, Wire::kGrpc).ok());
   }
   v1::UpMessage close;
   close.mutable_close()->set_round(0);
   close.mutable_close()->set_lr(0.1f);
-  ASSERT_TRUE(job->HandleUp(0, close).ok());
+  ASSERT_TRUE(job->HandleUp(0, close, Wire::kGrpc).ok());
   absl::StatusOr<v1::ColumnState> st = job->ReadColumns("w", {1, 0});
   ASSERT_TRUE(st.ok()) << st.status();
   // Mean gradient of column 1: (2, 4). First AdamW step: m = 0.1 g,
@@ -126,6 +126,7 @@ TEST(JobTest, OneRankTwoStepsEqualsHandComputedAdamW) {
 
 TEST(MailboxTest, QueuesUntilAWriterAttachesThenWritesOneAtATime) {
   struct FakeWriter : Mailbox::Writer {
+    Wire wire() const override { return Wire::kGrpc; }
     std::vector<std::string> written;
     void Write(const v1::DownMessage* msg) override {
       written.push_back(msg->done().DebugString());
@@ -156,6 +157,7 @@ TEST(MailboxTest, QueuesUntilAWriterAttachesThenWritesOneAtATime) {
 // the writer has drained them below half of it.
 TEST(MailboxTest, FullUntilDrainedBelowHalfTheLimitThenResumes) {
   struct FakeWriter : Mailbox::Writer {
+    Wire wire() const override { return Wire::kGrpc; }
     int writes = 0, resumes = 0;
     void Write(const v1::DownMessage*) override { ++writes; }
     void Resume() override { ++resumes; }
@@ -252,11 +254,11 @@ TEST(JobRegistryTest, ALargeUpdateDoesNotDelayAnotherJobsRound) {
   for (int c = 0; c < 3; ++c) sh->add_columns(c);
   const float g[6] = {1, 1, 1, 1, 1, 1};
   sh->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
-  ASSERT_TRUE(job->HandleUp(0, m).ok());
+  ASSERT_TRUE(job->HandleUp(0, m, Wire::kGrpc).ok());
   v1::UpMessage close;
   close.mutable_close()->set_round(0);
   close.mutable_close()->set_lr(0.1f);
-  ASSERT_TRUE(job->HandleUp(0, close).ok());
+  ASSERT_TRUE(job->HandleUp(0, close, Wire::kGrpc).ok());
   int64_t updated = 0;
   for (int i = 0; i < 3000 && updated == 0; ++i) {
     v1::GetJobResponse d;

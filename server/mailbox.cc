@@ -71,6 +71,11 @@ bool Mailbox::WriteDone(Writer* w, bool ok) {
         queue_.push_front(std::move(current_));
       } else {
         bytes_ -= current_.bytes;
+        if (current_.msg->kind_case() == v1::DownMessage::kDelta) {
+          Sent& sent = sent_[static_cast<int>(w->wire())];
+          ++sent.deltas;
+          sent.bytes += current_.bytes;
+        }
         current_ = Item();
       }
     }
@@ -113,6 +118,18 @@ bool Mailbox::paused() const {
 int64_t Mailbox::bytes() const {
   MutexLock lock(&mu_);
   return bytes_;
+}
+
+bool Mailbox::attached(Wire* wire) const {
+  MutexLock lock(&mu_);
+  if (writer_ == nullptr) return false;
+  *wire = writer_->wire();
+  return true;
+}
+
+Mailbox::Sent Mailbox::sent(Wire wire) const {
+  MutexLock lock(&mu_);
+  return sent_[static_cast<int>(wire)];
 }
 
 }  // namespace zenflow

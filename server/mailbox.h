@@ -21,6 +21,10 @@
 
 namespace zenflow {
 
+// The transport a rank's data stream uses.
+enum class Wire { kGrpc = 0, kUcx = 1 };
+inline const char* WireName(Wire w) { return w == Wire::kUcx ? "ucx" : "grpc"; }
+
 // Thread-safe. Messages stay queued while no writer is attached, so deltas
 // computed while a rank reconnects are delivered on its next stream. At most
 // one write is in flight at a time; a message whose write failed goes back to
@@ -37,6 +41,8 @@ class Mailbox {
    public:
     virtual ~Writer() = default;
     virtual void Write(const v1::DownMessage* msg) = 0;
+    // The transport this writer writes on.
+    virtual Wire wire() const = 0;
     // The outbox went from full to below half its limit: a stream that
     // paused reading because of Full() may read again. Called without the
     // mailbox's lock, on the thread that completed a write.
@@ -77,6 +83,15 @@ class Mailbox {
   int64_t limit_bytes() const { return limit_; }
   // True while a stream waits for Resume().
   bool paused() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The attached writer's transport; false when none is attached.
+  bool attached(Wire* wire) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Parameter deltas written (completed writes) on each transport, and
+  // their serialized bytes, since the mailbox was made.
+  struct Sent {
+    int64_t deltas = 0;
+    int64_t bytes = 0;
+  };
+  Sent sent(Wire wire) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Item {
@@ -95,6 +110,7 @@ class Mailbox {
   Writer* in_flight_on_ ABSL_GUARDED_BY(mu_) = nullptr;
   Writer* paused_ ABSL_GUARDED_BY(mu_) = nullptr;  // waits for Resume()
   Item current_;  // owned by the in-flight write
+  Sent sent_[2] ABSL_GUARDED_BY(mu_);  // by Wire
 };
 
 }  // namespace zenflow

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "server/version.h"
 
 namespace zenflow {
 
@@ -63,6 +65,11 @@ absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
     if (jobs_.count(spec.job_id()) > 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           "job '", spec.job_id(), "' already exists (DeleteJob it first or pick another id)"));
+    }
+    if (static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon holds ", jobs_.size(), " jobs, its limit (--max_jobs ", options_.max_jobs,
+          "): delete a job or use another daemon"));
     }
     // Compared without adding, so that nothing can overflow.
     if (f.params > options_.max_params - params_) {
@@ -154,10 +161,56 @@ absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_i
   }
   for (auto& job : jobs) job->Stats(resp.add_jobs());
   rejected_.Export(resp.mutable_rejected());
+  {
+    MutexLock lock(&counts_mu_);
+    for (const auto& [key, n] : rejections_) {
+      v1::RejectionCount* r = resp.add_rejections();
+      r->set_code(absl::StatusCodeToString(key.first));
+      r->set_reason(key.second);
+      r->set_count(n);
+    }
+    for (const auto& [key, n] : calls_) {
+      v1::CallCount* c = resp.add_calls();
+      c->set_method(key.first);
+      c->set_code(absl::StatusCodeToString(key.second));
+      c->set_count(n);
+    }
+  }
+  resp.set_version(kZenflowVersion);
+  resp.set_commit(ZenflowCommit());
+  resp.set_max_jobs(options_.max_jobs);
+  const ProcessUsage usage = ReadProcessUsage();
+  resp.set_resident_bytes(usage.resident_bytes);
+  resp.set_cpu_seconds(usage.cpu_seconds);
   resp.set_simd(SimdLevelName(ctx_.simd));
   resp.set_update_threads(pool_.num_threads());
   resp.set_max_outbox_bytes(options_.max_outbox_bytes);
   return resp;
+}
+
+void JobRegistry::CountRejection(absl::StatusCode code, const char* reason) {
+  rejected_.Add(code);
+  MutexLock lock(&counts_mu_);
+  ++rejections_[{code, reason}];
+}
+
+void JobRegistry::CountCall(const std::string& method, absl::StatusCode code) {
+  MutexLock lock(&counts_mu_);
+  ++calls_[{method, code}];
+}
+
+ProcessUsage ReadProcessUsage() {
+  ProcessUsage u;
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) == 0) {
+    u.cpu_seconds = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                    static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+  }
+  // /proc/self/statm: sizes in pages; the second is the resident set.
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (statm >> size >> resident) u.resident_bytes = resident * sysconf(_SC_PAGESIZE);
+  return u;
 }
 
 }  // namespace zenflow

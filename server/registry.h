@@ -30,7 +30,17 @@ struct RegistryOptions {
   int64_t memory_budget_bytes = 0;
   // Per rank: outbox bytes above which its stream stops reading.
   int64_t max_outbox_bytes = int64_t{256} << 20;
+  // Jobs held at once: bounds the daemon's per-job bookkeeping and the
+  // label cardinality of its metrics.
+  int max_jobs = 64;
 };
+
+// This process's resident memory and CPU time (user + system).
+struct ProcessUsage {
+  int64_t resident_bytes = 0;
+  double cpu_seconds = 0;
+};
+ProcessUsage ReadProcessUsage();
 
 // 3/4 of the memory this process may use: physical memory, or the cgroup's
 // memory.max when that is lower.
@@ -50,8 +60,12 @@ class JobRegistry {
   absl::Status DeleteJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::GetStatsResponse> Stats(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Counts a rejected request (daemon-wide; jobs count their own too).
-  void CountRejection(absl::StatusCode code) { rejected_.Add(code); }
+  // Counts a rejected request or stream message (daemon-wide; jobs count
+  // their own too) by code and where (`reason`: the RPC in snake_case, or
+  // "stream").
+  void CountRejection(absl::StatusCode code, const char* reason) ABSL_LOCKS_EXCLUDED(counts_mu_);
+  // Counts a finished gRPC call by method and code.
+  void CountCall(const std::string& method, absl::StatusCode code) ABSL_LOCKS_EXCLUDED(counts_mu_);
 
   SimdLevel simd() const { return ctx_.simd; }
   int64_t max_message_bytes() const { return options_.max_message_bytes; }
@@ -73,6 +87,10 @@ class JobRegistry {
   int64_t params_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // footprints of jobs and reservations
   RejectionCounter rejected_;
+  Mutex counts_mu_;
+  std::map<std::pair<absl::StatusCode, std::string>, int64_t> rejections_
+      ABSL_GUARDED_BY(counts_mu_);
+  std::map<std::pair<std::string, absl::StatusCode>, int64_t> calls_ ABSL_GUARDED_BY(counts_mu_);
 };
 
 }  // namespace zenflow

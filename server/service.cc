@@ -4,8 +4,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "common/quote.h"
@@ -13,7 +18,9 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "server/ingest.h"
+#include "common/metrics.h"
 #include "server/ucx_plane.h"
 
 namespace zenflow {
@@ -26,6 +33,64 @@ absl::Status CheckSize(const google::protobuf::Message& m, JobRegistry* registry
   return registry->CheckMessageSize(m.ByteSizeLong());
 }
 
+// The method label of zenflow_grpc_calls_total: the RPC's name for the
+// daemon's own services, "other" for anything else (a client's made-up
+// method names must not grow the label set).
+std::string MethodLabel(const char* full) {
+  static const char* const kKnown[] = {
+      "/zenflow.v1.ZenFlow/", "/grpc.health.v1.Health/",
+      "/grpc.reflection.v1alpha.ServerReflection/"};
+  const absl::string_view m(full == nullptr ? "" : full);
+  for (const char* prefix : kKnown) {
+    if (absl::StartsWith(m, prefix)) {
+      const absl::string_view name = m.substr(strlen(prefix));
+      if (!name.empty() && name.size() <= 32 &&
+          name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") ==
+              absl::string_view::npos) {
+        return std::string(name);
+      }
+    }
+  }
+  return "other";
+}
+
+// Counts every finished call by method and status code.
+class CallCounter final : public grpc::experimental::Interceptor {
+ public:
+  CallCounter(grpc::experimental::ServerRpcInfo* info, JobRegistry* registry)
+      : method_(MethodLabel(info->method())), registry_(registry) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      registry_->CountCall(method_,
+                           static_cast<absl::StatusCode>(methods->GetSendStatus().error_code()));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  JobRegistry* const registry_;
+};
+
+class CallCounterFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCounterFactory(JobRegistry* registry) : registry_(registry) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new CallCounter(info, registry_);
+  }
+
+ private:
+  JobRegistry* const registry_;
+};
+
+// Where a rejection happened, for zenflow_rejections_total{reason}.
+const char* RpcReason(const v1::SubmitImportanceRequest&) { return "submit_importance"; }
+const char* RpcReason(const v1::HandOffRequest&) { return "hand_off"; }
+const char* RpcReason(const v1::AllReduceRequest&) { return "all_reduce"; }
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
@@ -33,9 +98,10 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-void ZenFlowService::Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job) {
+void ZenFlowService::Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job,
+                            const char* reason) {
   if (!s.ok()) {
-    registry_->CountRejection(s.code());
+    registry_->CountRejection(s.code(), reason);
     if (job != nullptr) job->CountRejection(s.code());
   }
   reactor->Finish(ToGrpcStatus(s));
@@ -46,12 +112,12 @@ grpc::ServerUnaryReactor* ZenFlowService::CreateJob(grpc::CallbackServerContext*
                                                     v1::CreateJobResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
   if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
-    Finish(reactor, s, nullptr);
+    Finish(reactor, s, nullptr, "create_job");
     return reactor;
   }
   absl::StatusOr<v1::JobSpec> spec = registry_->CreateJob(req->spec());
   if (spec.ok()) *resp->mutable_spec() = *std::move(spec);
-  Finish(reactor, spec.status(), nullptr);
+  Finish(reactor, spec.status(), nullptr, "create_job");
   return reactor;
 }
 
@@ -61,12 +127,12 @@ grpc::ServerUnaryReactor* ZenFlowService::JoinJob(grpc::CallbackServerContext* c
   auto* reactor = ctx->DefaultReactor();
   absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
   if (!job.ok()) {
-    Finish(reactor, job.status(), nullptr);
+    Finish(reactor, job.status(), nullptr, "join_job");
     return reactor;
   }
   absl::StatusOr<v1::JoinJobResponse> r = (*job)->Join(req->rank());
   if (r.ok()) *resp = *std::move(r);
-  Finish(reactor, r.status(), job->get());
+  Finish(reactor, r.status(), job->get(), "join_job");
   return reactor;
 }
 
@@ -76,7 +142,7 @@ grpc::ServerUnaryReactor* ZenFlowService::GetJob(grpc::CallbackServerContext* ct
   auto* reactor = ctx->DefaultReactor();
   absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
   if (job.ok()) (*job)->Describe(resp);
-  Finish(reactor, job.status(), nullptr);
+  Finish(reactor, job.status(), nullptr, "get_job");
   return reactor;
 }
 
@@ -84,7 +150,7 @@ grpc::ServerUnaryReactor* ZenFlowService::DeleteJob(grpc::CallbackServerContext*
                                                     const v1::DeleteJobRequest* req,
                                                     v1::DeleteJobResponse*) {
   auto* reactor = ctx->DefaultReactor();
-  Finish(reactor, registry_->DeleteJob(req->job_id()), nullptr);
+  Finish(reactor, registry_->DeleteJob(req->job_id()), nullptr, "delete_job");
   return reactor;
 }
 
@@ -97,7 +163,7 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
     *resp = *std::move(s);
     if (ucx_ != nullptr) ucx_->FillStats(resp->mutable_ucx());
   }
-  Finish(reactor, s.status(), nullptr);
+  Finish(reactor, s.status(), nullptr, "get_stats");
   return reactor;
 }
 
@@ -115,7 +181,7 @@ grpc::ServerUnaryReactor* ZenFlowService::LookUp(grpc::CallbackServerContext* ct
     return nullptr;
   }
   auto* reactor = ctx->DefaultReactor();
-  Finish(reactor, s, found.ok() ? found->get() : nullptr);
+  Finish(reactor, s, found.ok() ? found->get() : nullptr, RpcReason(req));
   return reactor;
 }
 
@@ -128,10 +194,12 @@ std::atomic<uint64_t> next_call_id{1};
 // it holds no memory and a retry of the same step is welcome.
 class RendezvousReactor final : public grpc::ServerUnaryReactor {
  public:
-  RendezvousReactor(JobRegistry* registry, std::function<void(uint64_t)> withdraw)
+  RendezvousReactor(JobRegistry* registry, const char* reason,
+                    std::function<void(uint64_t)> withdraw)
       : state_(std::make_shared<State>()), withdraw_(std::move(withdraw)) {
     state_->reactor = this;
     state_->registry = registry;
+    state_->reason = reason;
   }
 
   uint64_t call_id() const { return call_id_; }
@@ -147,7 +215,7 @@ class RendezvousReactor final : public grpc::ServerUnaryReactor {
       if (r.ok()) {
         store(*std::move(r));
       } else {
-        st->registry->CountRejection(r.status().code());
+        st->registry->CountRejection(r.status().code(), st->reason);
       }
       st->reactor->Finish(ToGrpcStatus(r.status()));
     };
@@ -171,6 +239,7 @@ class RendezvousReactor final : public grpc::ServerUnaryReactor {
     bool finished ABSL_GUARDED_BY(mu) = false;
     grpc::ServerUnaryReactor* reactor = nullptr;
     JobRegistry* registry = nullptr;
+    const char* reason = "";
   };
   const std::shared_ptr<State> state_;
   const std::function<void(uint64_t)> withdraw_;
@@ -185,8 +254,9 @@ grpc::ServerUnaryReactor* ZenFlowService::SubmitImportance(grpc::CallbackServerC
   std::shared_ptr<Job> job;
   if (grpc::ServerUnaryReactor* failed = LookUp(ctx, *req, &job)) return failed;
   const int32_t rank = req->rank();
-  auto* reactor = new RendezvousReactor(
-      registry_, [job, rank](uint64_t call) { job->WithdrawImportance(rank, call); });
+  auto* reactor = new RendezvousReactor(registry_, "submit_importance", [job, rank](uint64_t call) {
+    job->WithdrawImportance(rank, call);
+  });
   job->SubmitImportance(*req, reactor->call_id(),
                         reactor->Completion<v1::Selection>([resp](v1::Selection sel) {
                           *resp->mutable_selection() = std::move(sel);
@@ -202,7 +272,7 @@ grpc::ServerUnaryReactor* ZenFlowService::HandOff(grpc::CallbackServerContext* c
   auto* reactor = ctx->DefaultReactor();
   absl::StatusOr<v1::HandOffResponse> r = job->HandOff(*req);
   if (r.ok()) *resp = *std::move(r);
-  Finish(reactor, r.status(), job.get());
+  Finish(reactor, r.status(), job.get(), "hand_off");
   return reactor;
 }
 
@@ -212,8 +282,9 @@ grpc::ServerUnaryReactor* ZenFlowService::AllReduce(grpc::CallbackServerContext*
   std::shared_ptr<Job> job;
   if (grpc::ServerUnaryReactor* failed = LookUp(ctx, *req, &job)) return failed;
   const int32_t rank = req->rank();
-  auto* reactor = new RendezvousReactor(
-      registry_, [job, rank](uint64_t call) { job->WithdrawAllReduce(rank, call); });
+  auto* reactor = new RendezvousReactor(registry_, "all_reduce", [job, rank](uint64_t call) {
+    job->WithdrawAllReduce(rank, call);
+  });
   job->AllReduce(*req, reactor->call_id(),
                  reactor->Completion<v1::AllReduceResponse>(
                      [resp](v1::AllReduceResponse r) { *resp = std::move(r); }));
@@ -290,7 +361,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  private:
   void Done(const absl::Status& s) {
     if (!s.ok()) {
-      registry_->CountRejection(s.code());
+      registry_->CountRejection(s.code(), "upload_parameters");
       if (job_ != nullptr) job_->CountRejection(s.code());
     }
     upload_.reset();  // an upload that did not commit clears its staging now
@@ -347,13 +418,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     if (job_ == nullptr) {
       if (s.ok()) s = Attach();
       if (!s.ok()) {
-        registry_->CountRejection(s.code());
+        registry_->CountRejection(s.code(), "stream");
         if (job_ != nullptr) job_->CountRejection(s.code());
         job_ = nullptr;
         return RequestFinish(s);
       }
     } else {
-      (void)IngestUp(registry_, job_.get(), rank_, mailbox_.get(), std::move(s), up_);
+      (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_);
     }
     up_.Clear();
     {
@@ -378,6 +449,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     StartRead(&in_);
   }
 
+  Wire wire() const override { return Wire::kGrpc; }
   void Write(const v1::DownMessage* msg) override {
     if (msg->kind_case() == v1::DownMessage::kError && msg->error().fatal()) {
       MutexLock lock(&mu_);
@@ -587,12 +659,31 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   builder.SetMaxReceiveMessageSize(static_cast<int>(hard));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counters;
+  counters.push_back(std::make_unique<CallCounterFactory>(s->registry_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(counters));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
                                                " (address in use or not local?)"));
   }
+  if (!options.metrics_listen.empty()) {
+    ZenFlowServer* raw = s.get();
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
+        options.metrics_listen, [raw] { return RenderMetrics(raw->Snapshot()); });
+    if (!m.ok()) return m.status();
+    s->metrics_ = *std::move(m);
+  }
   return s;
+}
+
+int ZenFlowServer::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
+
+v1::GetStatsResponse ZenFlowServer::Snapshot() {
+  absl::StatusOr<v1::GetStatsResponse> s = registry_->Stats("");
+  v1::GetStatsResponse out = s.ok() ? *std::move(s) : v1::GetStatsResponse();
+  if (ucx_ != nullptr) ucx_->FillStats(out.mutable_ucx());
+  return out;
 }
 
 void ZenFlowServer::Shutdown() {
@@ -602,6 +693,7 @@ void ZenFlowServer::Shutdown() {
 }
 
 ZenFlowServer::~ZenFlowServer() {
+  metrics_.reset();  // its scrapes read the registry
   Shutdown();
   server_.reset();
   service_.reset();

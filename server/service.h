@@ -21,6 +21,7 @@
 
 namespace zenflow {
 
+class MetricsServer;
 class UcxDataPlane;
 
 // Converts at the RPC boundary; the codes are the same numbers.
@@ -74,7 +75,8 @@ class ZenFlowService final : public ZenFlowServiceBase {
 
  private:
   // Finishes a unary call, counting a rejection.
-  void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job);
+  void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job,
+              const char* reason);
   // Looks up the request's job and checks the request's size: null with
   // *job set, or the default reactor already finished with the error.
   template <typename Request>
@@ -92,6 +94,8 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{512} << 20;  // service limit (gRPC: 2x)
   bool ucx = true;  // offer the UCX data plane (ranks choose it at attach)
   UcxOptions ucx_options;
+  // host:port of the Prometheus /metrics endpoint; empty: none.
+  std::string metrics_listen;
 };
 
 // Owns the registry, the service and the gRPC server. Thread-safe.
@@ -106,6 +110,10 @@ class ZenFlowServer {
   UcxDataPlane* ucx() { return ucx_.get(); }
   const absl::Status& ucx_status() const { return ucx_status_; }
   JobRegistry* registry() { return registry_.get(); }
+  // What GetStats answers for all jobs (the metrics' source).
+  v1::GetStatsResponse Snapshot();
+  // The /metrics port; 0 without one.
+  int metrics_port() const;
   void Wait() { server_->Wait(); }
   // Stops accepting calls and cancels the ones in flight (bounded by deadline).
   void Shutdown();
@@ -117,6 +125,7 @@ class ZenFlowServer {
   absl::Status ucx_status_;
   std::unique_ptr<ZenFlowService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_;
   int port_ = 0;
 };
 

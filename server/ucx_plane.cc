@@ -264,7 +264,8 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
                        ? registry_->CheckMessageSize(static_cast<size_t>(item.wire_bytes))
                        : registry_->CheckMessageSize(item.frame.size());
   if (s.ok()) s = ParseFrame(std::move(item.frame), &up);
-  (void)IngestUp(registry_, c->job().get(), c->rank(), c->box().get(), std::move(s), up);
+  (void)IngestUp(registry_, c->job().get(), c->rank(), Wire::kUcx, c->box().get(), std::move(s),
+                 up);
   if (up.kind_case() == v1::UpMessage::kShard) {
     worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
   }

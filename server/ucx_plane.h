@@ -125,6 +125,7 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
       : plane_(plane), worker_(worker), ep_(ep), tag_(tag), job_(std::move(job)), rank_(rank),
         box_(std::move(box)), lifeline_(std::move(lifeline)) {}
 
+  Wire wire() const override { return Wire::kUcx; }
   void Write(const v1::DownMessage* msg) override;
   void Resume() override;
 

@@ -46,6 +46,12 @@ ABSL_FLAG(std::string, ucx_tls, "sm,self",
 ABSL_FLAG(std::string, ucx_net_devices, "",
           "network devices for UCX's network transports (UCX_NET_DEVICES syntax, e.g. \"lo\" or "
           "\"eth0\"); empty: all");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9464; empty: "
+          "none. See README \"Metrics\"");
+ABSL_FLAG(int32_t, max_jobs, 64,
+          "most jobs held at once; a CreateJob beyond gets RESOURCE_EXHAUSTED (this also bounds "
+          "the label cardinality of the metrics)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once serving (for scripts and tests)");
 
@@ -78,6 +84,12 @@ int main(int argc, char** argv) {
                  "zenflowd: --memory_budget_bytes must be >= 0 and --max_outbox_bytes >= 65536\n");
     return 2;
   }
+  opts.registry.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  if (opts.registry.max_jobs < 1 || opts.registry.max_jobs > 4096) {
+    std::fprintf(stderr, "zenflowd: --max_jobs must be in [1, 4096]\n");
+    return 2;
+  }
+  opts.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
