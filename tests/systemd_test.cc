@@ -16,11 +16,13 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -48,14 +50,28 @@ std::string Runfile(const std::string& path) {
   return absl::StrCat(srcdir, "/", ws != nullptr ? ws : "zenflow", "/", path);
 }
 
-std::string TempDir() {
-  const char* tmp = getenv("TEST_TMPDIR");
-  // A notify socket's path must fit in sockaddr_un (108 bytes).
-  std::string templ = absl::StrCat(tmp != nullptr && strlen(tmp) < 64 ? tmp : "/tmp",
-                                   "/zf_systemd.XXXXXX");
-  if (mkdtemp(templ.data()) == nullptr) return "";
-  return templ;
-}
+// A fresh directory, removed with everything in it on destruction. Under
+// TEST_TMPDIR when that is short: a notify socket's path must fit in
+// sockaddr_un (108 bytes).
+class ScopedTempDir {
+ public:
+  ScopedTempDir() {
+    const char* tmp = getenv("TEST_TMPDIR");
+    std::string templ = absl::StrCat(tmp != nullptr && strlen(tmp) < 64 ? tmp : "/tmp",
+                                     "/zf_systemd.XXXXXX");
+    if (mkdtemp(templ.data()) != nullptr) path_ = templ;
+  }
+  ~ScopedTempDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string& path() const { return path_; }  // empty if mkdtemp failed
+
+ private:
+  std::string path_;
+};
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -232,7 +248,8 @@ TEST(SystemdUnitTest, VerifyPrintsNothing) {
   ASSERT_NE(realpath(DaemonProcess::BinaryPath().c_str(), binary), nullptr);
   std::string copy = unit;
   copy.replace(at, exec.size(), absl::StrCat("\nExecStart=", binary, " "));
-  const std::string dir = TempDir();
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   const std::string path = dir + "/zenflowd.service";  // the unit's name is the file's
   ASSERT_TRUE(WriteFile(path, copy));
@@ -244,7 +261,8 @@ TEST(SystemdUnitTest, VerifyPrintsNothing) {
 TEST(SystemdUnitTest, SecurityExposureAtMostFour) {
   const std::string analyze = SystemdAnalyze();
   ASSERT_FALSE(analyze.empty()) << "systemd-analyze not found: install systemd (./zf setup)";
-  const std::string dir = TempDir();
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   const Command c =
       RunCommand({analyze, "security", "--offline=true", "--no-pager", Runfile(kUnit)}, dir);
@@ -313,7 +331,8 @@ class NotifySocket {
 };
 
 TEST(SystemdNotifyTest, ReadyWatchdogPingsAndStopping) {
-  const std::string dir = TempDir();
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   NotifySocket notify(dir + "/notify");
   ASSERT_TRUE(notify.ok()) << dir;
@@ -339,7 +358,8 @@ TEST(SystemdNotifyTest, ReadyWatchdogPingsAndStopping) {
 TEST(SystemdDaemonTest, SecondDaemonOnTakenPortFails) {
   DaemonProcess first;
   ASSERT_OK(first.Start({"--ucx=false"}));
-  const std::string dir = TempDir();
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   const std::string address = first.target();  // 127.0.0.1:<port>
   SpawnOptions o;
@@ -359,7 +379,8 @@ TEST(SystemdDaemonTest, SecondDaemonOnTakenPortFails) {
 }
 
 TEST(SystemdDaemonTest, FlagFile) {
-  const std::string dir = TempDir();
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   const std::string flags = dir + "/zenflowd.flags";
   ASSERT_TRUE(WriteFile(flags, absl::StrCat("# a comment, then an empty line\n\n",
@@ -391,7 +412,8 @@ TEST(SystemdDaemonTest, ShippedFlagFileParses) {
 }
 
 TEST(SystemdDaemonTest, Version) {
-  const std::string dir = TempDir();
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
   ASSERT_FALSE(dir.empty());
   const Command c = RunCommand({DaemonProcess::BinaryPath(), "--version"}, dir);
   EXPECT_EQ(c.exit_code, 0) << c.output;
