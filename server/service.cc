@@ -1,8 +1,13 @@
 // gRPC adapter of zenflowd; see service.h.
 #include "server/service.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -628,6 +633,49 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ZenFlowService::Str
 
 // ---- Server -----------------------------------------------------------------
 
+namespace {
+
+// Why gRPC could not bind `listen` (it logs the reason but only returns a
+// null server): binds each of the address's resolutions again, as gRPC does
+// (SO_REUSEADDR, no SO_REUSEPORT), and describes the first failure.
+std::string WhyCannotListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return "not a host:port address";
+  std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* addrs = nullptr;
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &addrs);
+  if (rc != 0) return absl::StrCat("cannot resolve it: ", gai_strerror(rc));
+  std::string why;
+  for (addrinfo* a = addrs; a != nullptr && why.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      const int err = errno;
+      if (err == EADDRINUSE) {
+        why = "the address is already in use (another process listens on it)";
+      } else if (err == EADDRNOTAVAIL) {
+        why = "no interface of this host has that address";
+      } else {
+        why = std::strerror(err);
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(addrs);
+  return why.empty() ? "see gRPC's error above" : why;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const ServerOptions& options) {
   std::unique_ptr<ZenFlowServer> s(new ZenFlowServer());
   RegistryOptions ro = options.registry;
@@ -653,6 +701,10 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  // gRPC sets SO_REUSEPORT by default on Linux, and then a second daemon on
+  // the same port also "serves" and the kernel splits connections between
+  // the two. Without it, binding a port another process listens on fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // gRPC's own limit is twice the service's, so moderately oversized
   // messages reach the service and get a counted, in-band rejection.
   const int64_t hard = std::min<int64_t>(2 * options.max_message_bytes, (int64_t{1} << 31) - 1);
@@ -664,8 +716,8 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   builder.experimental().SetInterceptorCreators(std::move(counters));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
-                                               " (address in use or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, ": ", WhyCannotListen(options.listen)));
   }
   if (!options.metrics_listen.empty()) {
     ZenFlowServer* raw = s.get();

@@ -1,4 +1,5 @@
-// zenflowd's version, for --version and the zenflow_build_info metric.
+// The daemon's release version, for `zenflowd --version` and for anything
+// that reports what is running (e.g. a build_info metric).
 #ifndef ZENFLOW_SERVER_VERSION_H_
 #define ZENFLOW_SERVER_VERSION_H_
 
@@ -6,15 +7,10 @@ namespace zenflow {
 
 inline constexpr char kZenflowVersion[] = "0.1.0";
 
-// The source commit when the build was stamped with one (ZF_COMMIT), else
-// "unknown".
-inline const char* ZenflowCommit() {
-#ifdef ZF_COMMIT
-  return ZF_COMMIT;
-#else
-  return "unknown";
-#endif
-}
+// The git commit the binary was built from. The build does not stamp it yet
+// (that needs Bazel's --stamp and a workspace status command for every
+// build), so this is "unknown".
+inline const char* ZenflowCommit() { return "unknown"; }
 
 }  // namespace zenflow
 

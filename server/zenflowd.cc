@@ -2,6 +2,11 @@
 // (jobs, gradient shards in, parameter deltas out) until SIGTERM or SIGINT.
 //
 //   zenflowd --listen=127.0.0.1:50051 --update_threads=2
+//   zenflowd --flagfile=/etc/zenflowd/zenflowd.flags   (one --flag=value a line)
+//
+// Under systemd (deploy/systemd/zenflowd.service) it tells the service
+// manager READY=1 once it serves, WATCHDOG=1 while it answers its own health
+// check (see WatchdogLoop), and STOPPING=1 on SIGTERM.
 #include <pthread.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
@@ -10,13 +15,23 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
 #include "server/service.h"
 #include "server/ucx_plane.h"
+#include "server/version.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve gRPC on; port 0 picks a free port (see --port_file)");
@@ -55,8 +70,89 @@ ABSL_FLAG(int32_t, max_jobs, 64,
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once serving (for scripts and tests)");
 
+namespace {
+
+// The address the daemon dials to check itself: the one it listens on, with
+// a wildcard host replaced by loopback.
+std::string SelfTarget(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "[::]") host = "[::1]";
+  return absl::StrCat(host, ":", port);
+}
+
+// gRPC's standard health check (grpc.health.v1.Health/Check for the whole
+// server), as raw bytes: the request {service: ""} encodes as no bytes and
+// the answer SERVING as {status: 1}.
+absl::Status CheckHealth(grpc::GenericStub& stub, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),  // same numbers
+                        absl::StrCat("health check: ", status.error_message()));
+  }
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  if (bytes != std::string("\x08\x01", 2)) {
+    return absl::UnavailableError("health check: the server does not report SERVING");
+  }
+  return absl::OkStatus();
+}
+
+// systemd's watchdog: every `interval`, dials `target` and sends WATCHDOG=1
+// if the health check answers SERVING within the interval. A ping proves
+// that the listening socket accepts connections and that the gRPC server
+// dispatches and answers a call (it is not shut down, and its call handlers
+// run).
+// It does not prove that jobs make progress: no job state is looked at.
+void WatchdogLoop(const std::string& target, absl::Duration interval, absl::Notification* stop) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  // A failed check must not leave the channel backing off past the watchdog.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  grpc::GenericStub stub(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  bool healthy = true;
+  while (!stop->WaitForNotificationWithTimeout(interval)) {
+    const absl::Status s = CheckHealth(stub, interval);
+    if (stop->HasBeenNotified()) break;
+    if (s.ok()) sd_notify(0, "WATCHDOG=1");
+    if (s.ok() != healthy) {
+      std::fprintf(stderr, "zenflowd: watchdog: %s\n",
+                   s.ok() ? "health check answers again; pinging systemd"
+                          : absl::StrCat(s.ToString(), " (", target, "); not pinging systemd").c_str());
+    }
+    healthy = s.ok();
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See README.md for the API.");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] {
+    return absl::StrCat("zenflowd ", zenflow::kZenflowVersion, " (commit ",
+                        zenflow::ZenflowCommit(), ")\n");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   zenflow::TuneMallocForBulkBuffers();
 
@@ -126,11 +222,26 @@ int main(int argc, char** argv) {
                                            : std::string((*server)->ucx_status().message()).c_str());
   sd_notify(0, "READY=1");
 
+  // WATCHDOG_USEC (and WATCHDOG_PID, when set, naming this process) come
+  // from systemd's WatchdogSec=.
+  uint64_t watchdog_usec = 0;
+  absl::Notification stop_watchdog;
+  std::thread watchdog;
+  if (sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) {
+    const absl::Duration interval = absl::Microseconds(watchdog_usec) / 3;
+    const std::string target = SelfTarget(opts.listen, (*server)->port());
+    std::fprintf(stderr, "zenflowd: systemd watchdog: health check on %s every %s\n",
+                 target.c_str(), absl::FormatDuration(interval).c_str());
+    watchdog = std::thread(WatchdogLoop, target, interval, &stop_watchdog);
+  }
+
   int sig = 0;
   sigwait(&stop, &sig);
   std::fprintf(stderr, "zenflowd: signal %d, shutting down\n", sig);
   sd_notify(0, "STOPPING=1");
-  (*server)->Shutdown();
+  stop_watchdog.Notify();
+  (*server)->Shutdown();  // a health check in flight now fails at once
+  if (watchdog.joinable()) watchdog.join();
   server->reset();
   return 0;
 }
