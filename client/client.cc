@@ -265,6 +265,9 @@ absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
                                                    options_.max_message_bytes));
   }
   Outgoing out;
+  out.payload_bytes = msg.has_shard()
+                          ? static_cast<int64_t>(msg.shard().payload().size() + borrowed.size())
+                          : 0;
   out.msg = std::move(msg);
   out.borrowed = borrowed;
   out.hold = std::move(hold);
@@ -477,6 +480,9 @@ ClientStats Client::stats() {
   out.rounds_received = r.rounds_received;
   out.wait_seconds = r.wait_seconds;
   out.stream_errors = r.stream_errors;
+  out.shard_bytes_sent = w.payload_bytes_sent;
+  out.deltas_received = r.deltas_received;
+  out.delta_bytes_received = r.delta_bytes_received;
   if (UcxLink* l = ucx_ready_.load(std::memory_order_acquire)) {
     out.ucx_frames_dropped = l->frames_dropped();
   }

@@ -67,6 +67,13 @@ struct ClientStats {
   double wait_seconds = 0;          // WaitRound waiting for deltas (the stall)
   int64_t stream_errors = 0;        // rejected up messages
   int64_t ucx_frames_dropped = 0;   // UCX messages of an older connection
+  // For checks against the daemon's figures (zenflow_job_received_bytes_total
+  // and zenflow_job_sent_bytes_total count the same things): gradient
+  // payload bytes of the shards sent, and the deltas received with their
+  // serialized sizes (whatever the transport's framing).
+  int64_t shard_bytes_sent = 0;
+  int64_t deltas_received = 0;
+  int64_t delta_bytes_received = 0;
 };
 
 // Thread-safe: any method may be called from any thread. Deltas arrive on an

@@ -29,6 +29,8 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
     stats_.bytes_received += bytes;
     switch (msg.kind_case()) {
       case v1::DownMessage::kDelta: {
+        ++stats_.deltas_received;
+        stats_.delta_bytes_received += static_cast<int64_t>(msg.ByteSizeLong());
         RoundUpdate& u = partial_[msg.delta().round()];
         u.round = msg.delta().round();
         u.deltas.push_back(std::move(*msg.mutable_delta()));

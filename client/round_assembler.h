@@ -67,6 +67,8 @@ class RoundAssembler {
     int64_t rounds_received = 0;
     double wait_seconds = 0;  // Wait blocked: the stall
     int64_t stream_errors = 0;
+    int64_t deltas_received = 0;
+    int64_t delta_bytes_received = 0;  // serialized DownMessage sizes
   };
   Stats stats();
   // Counts an error found below this layer (a frame that cannot be read).

@@ -61,13 +61,14 @@ std::optional<Outgoing> SendWindow::Next() {
   return out;
 }
 
-void SendWindow::Complete(int64_t size, bool sent) {
+void SendWindow::Complete(int64_t size, bool sent, int64_t payload_bytes) {
   MutexLock lock(&mu_);
   --sending_;
   bytes_ -= size;
   if (sent) {
     ++stats_.messages_sent;
     stats_.bytes_sent += size;
+    stats_.payload_bytes_sent += payload_bytes;
   }
 }
 

@@ -32,6 +32,7 @@ struct Outgoing {
   absl::string_view borrowed;
   std::shared_ptr<void> hold;
   int64_t size = 0;
+  int64_t payload_bytes = 0;  // a shard's gradient payload (counted once sent)
 };
 
 // Thread-safe. States: closed (the start) -> open (Open) -> broken (Break:
@@ -55,7 +56,7 @@ class SendWindow {
   // drained empty. A message returned stays counted until Complete().
   std::optional<Outgoing> Next();
   // The transport is done with a message of `size` bytes (`sent`: it left).
-  void Complete(int64_t size, bool sent);
+  void Complete(int64_t size, bool sent, int64_t payload_bytes = 0);
 
   // No more sends: queued messages are dropped (their borrowed payloads
   // released). Producers wait for Close() to learn the status.
@@ -74,7 +75,8 @@ class SendWindow {
   struct Stats {
     int64_t messages_sent = 0;
     int64_t bytes_sent = 0;
-    double blocked_seconds = 0;  // Push waiting for space
+    int64_t payload_bytes_sent = 0;  // shards' gradient payloads
+    double blocked_seconds = 0;      // Push waiting for space
   };
   Stats stats();
 

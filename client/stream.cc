@@ -152,8 +152,10 @@ void AttachedStream::ReaderLoop() {
 void AttachedStream::WriterLoop() {
   SendWindow* window = deps_.window;
   while (std::optional<Outgoing> out = window->Next()) {
-    const int64_t size = out->size;
-    if (!data_->Send(std::move(*out), [window, size](bool sent) { window->Complete(size, sent); })) {
+    const int64_t size = out->size, payload = out->payload_bytes;
+    if (!data_->Send(std::move(*out), [window, size, payload](bool sent) {
+          window->Complete(size, sent, payload);
+        })) {
       break;
     }
   }

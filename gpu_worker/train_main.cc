@@ -30,7 +30,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "common/histogram.h"
 #include "common/json_writer.h"
+#include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -68,6 +71,11 @@ ABSL_FLAG(std::string, wire, "bf16",
           "gradient wire dtype: fp32, bf16, fp16, or int8 (one fp32 scale per column)");
 ABSL_FLAG(int, emulate_device_ms, 0,
           "adds this much emulated device time per step (sleep), to study stalls on a CPU machine");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve this rank's own Prometheus metrics on (/metrics: the "
+          "zenflow_worker_* series), for setups that scrape workers directly; empty: none");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, the bound metrics port is written here (with --metrics_listen=HOST:0)");
 ABSL_FLAG(std::string, log, "", "per-step log file (.csv, or .jsonl for JSON lines)");
 ABSL_FLAG(std::string, init, "", "start from these parameters (a file written by --save)");
 ABSL_FLAG(std::string, save, "", "write the final parameters here");
@@ -106,6 +114,26 @@ absl::Status Run() {
   }
   if (mode == "local" && world != 1) {
     return absl::InvalidArgumentError("--mode=local runs one rank (--world=1)");
+  }
+  // Served from the start (empty until the first step): a scraper finds the
+  // rank as soon as it runs.
+  // This rank's own figures for --metrics_listen, read by scrapes.
+  Mutex worker_mu;
+  v1::WorkerStats worker_stats;
+  HistogramCounts stall_per_step(StallSecondsBuckets());
+  std::unique_ptr<MetricsServer> metrics;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    const std::string job = absl::GetFlag(FLAGS_job);
+    ZF_ASSIGN_OR_RETURN(metrics, MetricsServer::Start(absl::GetFlag(FLAGS_metrics_listen), [&, job] {
+                          MutexLock lock(&worker_mu);
+                          return RenderWorkerMetrics(job, rank, worker_stats);
+                        }));
+    std::fprintf(stderr, "zf_train: rank %d serves its metrics on port %d\n", rank,
+                 metrics->port());
+    if (const std::string f = absl::GetFlag(FLAGS_metrics_port_file); !f.empty()) {
+      std::ofstream(f + ".tmp") << metrics->port() << "\n";
+      std::rename((f + ".tmp").c_str(), f.c_str());
+    }
   }
   std::string data_path = absl::GetFlag(FLAGS_data);
   if (data_path.empty()) data_path = DefaultTextPath();
@@ -284,6 +312,16 @@ absl::Status Run() {
     if (opt != nullptr) {
       ZF_RETURN_IF_ERROR(opt->Step(t, lr));
       st = opt->last_step();
+      MutexLock lock(&worker_mu);
+      worker_stats.set_steps(worker_stats.steps() + 1);
+      worker_stats.set_step_seconds(worker_stats.step_seconds() + st.step_seconds);
+      worker_stats.set_stall_seconds(worker_stats.stall_seconds() + st.stall_seconds);
+      worker_stats.set_send_blocked_seconds(worker_stats.send_blocked_seconds() +
+                                            st.send_blocked_seconds);
+      worker_stats.set_up_bytes(worker_stats.up_bytes() + st.bytes_sent);
+      worker_stats.set_down_bytes(worker_stats.down_bytes() + st.bytes_received);
+      stall_per_step.Observe(st.stall_seconds);
+      stall_per_step.Export(worker_stats.mutable_stall_per_step_seconds());
     } else {
       AdamWHyper h;
       h.lr = lr;
@@ -372,6 +410,22 @@ absl::Status Run() {
   summary.Key("wire_bytes_per_step").Double(static_cast<double>(sum_up + sum_down) / std::max(1, steps));
   summary.Key("emulated_device_ms").Int(emulate_ms);
   summary.Key("transport").String(mode == "local" ? "none" : absl::GetFlag(FLAGS_transport));
+  if (opt != nullptr) {
+    // What went to the daemon, for checks against its figures.
+    const v1::WorkerStats& r = opt->reported();
+    summary.Key("reported").BeginObject();
+    summary.Key("steps").Int(r.steps());
+    summary.Key("step_seconds").Double(r.step_seconds());
+    summary.Key("stall_seconds").Double(r.stall_seconds());
+    summary.Key("send_blocked_seconds").Double(r.send_blocked_seconds());
+    summary.Key("up_bytes").Int(r.up_bytes());
+    summary.Key("down_bytes").Int(r.down_bytes());
+    summary.EndObject();
+    const ClientStats cs = client->stats();
+    summary.Key("shard_bytes_sent").Int(cs.shard_bytes_sent);
+    summary.Key("deltas_received").Int(cs.deltas_received);
+    summary.Key("delta_bytes_received").Int(cs.delta_bytes_received);
+  }
   summary.EndObject();
   std::printf("ZF_SUMMARY %s\n", summary.str().c_str());
   return absl::OkStatus();

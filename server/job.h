@@ -29,7 +29,7 @@
 #include "common/adamw.h"
 #include "server/all_reduce_barrier.h"
 #include "server/hand_off.h"
-#include "server/histogram.h"
+#include "common/histogram.h"
 #include "server/mailbox.h"
 #include "server/round_accumulator.h"
 #include "server/round_update.h"

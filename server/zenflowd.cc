@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, ucx_net_devices, "",
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9464; empty: "
           "none. See README \"Metrics\"");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, the bound metrics port is written to this file once serving (with "
+          "--metrics_listen=HOST:0, for scripts and tests)");
 ABSL_FLAG(int32_t, max_jobs, 64,
           "most jobs held at once; a CreateJob beyond gets RESOURCE_EXHAUSTED (this also bounds "
           "the label cardinality of the metrics)");
@@ -145,6 +148,22 @@ void WatchdogLoop(const std::string& target, absl::Duration interval, absl::Noti
 
 }  // namespace
 
+namespace {
+
+// Writes `port` to `path` atomically (a reader never sees a partial file);
+// nothing when `path` is empty.
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See README.md for the API.");
   absl::FlagsUsageConfig usage;
@@ -203,14 +222,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflowd: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << (*server)->port() << "\n";
-    }
-    std::rename(tmp.c_str(), port_file.c_str());
+  // The metrics port first: a script that waited for the gRPC port file
+  // finds both.
+  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port());
+  WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
+  if ((*server)->metrics_port() != 0) {
+    std::fprintf(stderr, "zenflowd: serving metrics on port %d\n", (*server)->metrics_port());
   }
   std::fprintf(stderr,
                "zenflowd: serving zenflow.v1 on port %d (simd=%s, update_threads=%d, "

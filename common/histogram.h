@@ -6,8 +6,8 @@
 //   h.Export(stats->mutable_round_update_seconds());
 //
 // Not thread-safe: its owner serializes access.
-#ifndef ZENFLOW_SERVER_HISTOGRAM_H_
-#define ZENFLOW_SERVER_HISTOGRAM_H_
+#ifndef ZENFLOW_COMMON_HISTOGRAM_H_
+#define ZENFLOW_COMMON_HISTOGRAM_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -57,4 +57,4 @@ class HistogramCounts {
 
 }  // namespace zenflow
 
-#endif  // ZENFLOW_SERVER_HISTOGRAM_H_
+#endif  // ZENFLOW_COMMON_HISTOGRAM_H_

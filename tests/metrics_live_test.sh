@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# zenflowd's metrics, live: a real zenflowd with --metrics_listen, a real
+# Prometheus on loopback scraping it every second (with the alert rules
+# loaded), and a two-rank zf_train run (one rank over gRPC, one over UCX).
+# Checks:
+#  - `promtool check metrics` on a scrape prints nothing;
+#  - the scrape agrees with GetStats (zf_stats --json) and with what the
+#    workers say they sent: the daemon's stall, step time and steps per rank
+#    equal the ranks' reported figures; the shard payload bytes it received
+#    equal the bytes the ranks sent, and the deltas (and bytes) it wrote equal
+#    those the ranks received;
+#  - every expression of the Grafana dashboard and of the alert rules runs in
+#    Prometheus, every dashboard query returns data, and every rule is loaded
+#    and healthy (deploy/prometheus/extract_queries.py --prometheus).
+# Everything listens on 127.0.0.1 and is stopped at the end.
+set -euo pipefail
+R="$TEST_SRCDIR/$TEST_WORKSPACE"
+ZENFLOWD="$R/server/zenflowd"
+TRAIN="$R/gpu_worker/zf_train"
+STATS="$R/tools/zf_stats"
+DASHBOARD="$R/deploy/grafana/zenflow.json"
+RULES="$R/deploy/prometheus/rules.yml"
+EXTRACT="$R/deploy/prometheus/extract_queries.py"
+for tool in prometheus promtool python3; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing (./zf setup installs it)"; exit 1; }
+done
+dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/metrics.XXXXXX")
+zpid="" ppid=""
+cleanup() {
+  [ -n "$ppid" ] && kill -TERM "$ppid" 2>/dev/null && wait "$ppid" 2>/dev/null
+  [ -n "$zpid" ] && kill -TERM "$zpid" 2>/dev/null && wait "$zpid" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+# GET URL: the body (fails on an HTTP error).
+get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$1"; }
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+"$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$dir/port" --metrics_listen=127.0.0.1:0 \
+  --metrics_port_file="$dir/mport" 2>"$dir/zenflowd.log" &
+zpid=$!
+for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
+[ -s "$dir/port" ] || { echo "zenflowd did not start"; cat "$dir/zenflowd.log"; exit 1; }
+T="127.0.0.1:$(cat "$dir/port")"
+M="127.0.0.1:$(cat "$dir/mport")"
+
+P="127.0.0.1:$(free_port)"
+cat > "$dir/prometheus.yml" <<YML
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: ["$RULES"]
+scrape_configs:
+  - job_name: zenflowd   # the name the rules and the dashboard expect
+    honor_labels: true   # the daemon's job label (the training job) wins
+    static_configs: [{targets: ["$M"]}]
+YML
+prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
+  --web.listen-address="$P" >"$dir/prometheus.log" 2>&1 &
+ppid=$!
+for _ in $(seq 1 600); do get "http://$P/-/ready" >/dev/null 2>&1 && break; sleep 0.1; done
+get "http://$P/-/ready" >/dev/null || { echo "Prometheus did not start"; tail "$dir/prometheus.log"; exit 1; }
+
+# Prometheus takes a few seconds to hand new targets to its scraper: the
+# run starts once the daemon has been scraped.
+up_ts() {
+  get "http://$P/api/v1/query?query=timestamp(up%7Bjob%3D%22zenflowd%22%7D%20%3D%3D%201)" |
+    python3 -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)'
+}
+for _ in $(seq 1 600); do [ "$(up_ts)" != 0 ] && break; sleep 0.1; done
+[ "$(up_ts)" != 0 ] || { echo "Prometheus never scraped zenflowd"; tail "$dir/prometheus.log"; exit 1; }
+
+# A refused request, so that the rejections panel has a series to show.
+if "$STATS" --target="$T" --job='not an id!' >/dev/null 2>"$dir/refused.err"; then
+  echo "GetStats of a malformed job id should fail"; exit 1
+fi
+grep -q INVALID_ARGUMENT "$dir/refused.err"
+
+common=(--job=m --world=2 --target="$T" --width=32 --layers=1 --heads=2 --context=32 --batch=4
+  --threads=1 --progress=false --steps=48 --interval=4 --select_interval=16 --emulate_device_ms=40)
+"$TRAIN" --mode=zenflow --rank=0 --transport=grpc "${common[@]}" >"$dir/r0.out" 2>"$dir/r0.err" &
+r0=$!
+"$TRAIN" --mode=zenflow --rank=1 --transport=ucx "${common[@]}" >"$dir/r1.out" 2>"$dir/r1.err" ||
+  { cat "$dir/r1.err"; exit 1; }
+wait "$r0" || { cat "$dir/r0.err"; exit 1; }
+
+# Let Prometheus take at least two more scrapes, so that every rate() has
+# the final figures and two samples.
+end=$(python3 -c 'import time; print(time.time())')
+for _ in $(seq 1 300); do
+  python3 -c "import sys; sys.exit(0 if float('$(up_ts)') > $end + 2.5 else 1)" && break
+  sleep 0.2
+done
+
+get "http://$M/metrics" >"$dir/metrics.txt"
+lint=$(promtool check metrics <"$dir/metrics.txt" 2>&1 || true)
+[ -z "$lint" ] || { echo "promtool check metrics:"; echo "$lint"; exit 1; }
+"$STATS" --target="$T" --job=m --json >"$dir/stats.json"
+grep '^ZF_SUMMARY ' "$dir/r0.out" | sed 's/^ZF_SUMMARY //' >"$dir/r0.json"
+grep '^ZF_SUMMARY ' "$dir/r1.out" | sed 's/^ZF_SUMMARY //' >"$dir/r1.json"
+
+python3 - "$dir" <<'PY'
+import json, re, sys
+d = sys.argv[1]
+series = {}
+for line in open(f"{d}/metrics.txt"):
+    if line.startswith("#") or not line.strip():
+        continue
+    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$', line.strip())
+    assert m, line
+    labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+    series.setdefault(m.group(1), []).append((labels, float(m.group(4))))
+
+def total(name, **want):
+    return sum(v for l, v in series.get(name, []) if all(l.get(k) == x for k, x in want.items()))
+
+def close(a, b, what):
+    if abs(a - b) > 1e-9 * max(1.0, abs(a), abs(b)):
+        sys.exit(f"{what}: daemon {a!r} != workers {b!r}")
+    print(f"ok  {what}: {a}")
+
+ranks = [json.load(open(f"{d}/r{r}.json")) for r in (0, 1)]
+stats = json.load(open(f"{d}/stats.json"))
+job = stats["jobs"][0]
+for r, s in enumerate(ranks):
+    rep = s["reported"]
+    assert rep["steps"] >= 47, rep  # every step but possibly the last
+    close(total("zenflow_worker_steps_total", job="m", rank=str(r)), rep["steps"], f"rank {r} steps")
+    close(total("zenflow_worker_stall_seconds_total", job="m", rank=str(r)), rep["stall_seconds"],
+          f"rank {r} stall seconds")
+    close(total("zenflow_worker_step_seconds_total", job="m", rank=str(r)), rep["step_seconds"],
+          f"rank {r} step seconds")
+    close(total("zenflow_worker_up_bytes_total", job="m", rank=str(r)), rep["up_bytes"],
+          f"rank {r} up bytes")
+close(total("zenflow_worker_stall_seconds_total", job="m"),
+      sum(s["reported"]["stall_seconds"] for s in ranks), "stall seconds, all ranks")
+close(total("zenflow_job_received_bytes_total", job="m"),
+      sum(s["shard_bytes_sent"] for s in ranks), "shard payload bytes")
+close(total("zenflow_job_deltas_sent_total", job="m"),
+      sum(s["deltas_received"] for s in ranks), "deltas")
+close(total("zenflow_job_sent_bytes_total", job="m"),
+      sum(s["delta_bytes_received"] for s in ranks), "delta bytes")
+for t in ("grpc", "ucx"):
+    assert total("zenflow_job_shards_received_total", job="m", transport=t) > 0, f"no {t} shards"
+# The scrape and GetStats read the same figures.
+close(total("zenflow_job_rounds_completed_total", job="m"), float(job["rounds_updated"]), "rounds (GetStats)")
+close(total("zenflow_job_world_size", job="m"), 2, "world size")
+w = {int(r.get("rank", 0)): r["worker"] for r in job["ranks"]}
+for r in (0, 1):
+    close(total("zenflow_worker_stall_seconds_total", job="m", rank=str(r)),
+          float(w[r].get("stall_seconds", 0)), f"rank {r} stall (GetStats)")
+assert total("zenflow_rejections_total", code="INVALID_ARGUMENT", reason="get_stats") >= 1
+assert total("zenflow_grpc_calls_total", method="GetStats", code="INVALID_ARGUMENT") >= 1
+print("metrics agree with GetStats and with the workers")
+PY
+
+python3 "$EXTRACT" --dashboard "$DASHBOARD" --rules "$RULES" --prometheus "http://$P" >"$dir/queries.out" ||
+  { cat "$dir/queries.out"; echo "a dashboard or rule query failed or returned nothing"; exit 1; }
+echo "$(wc -l <"$dir/queries.out") dashboard and rule expressions ran in Prometheus"
+echo PASS
