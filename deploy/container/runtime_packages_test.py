@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Checks that deploy/container/Containerfile installs what zenflowd links.
+
+    runtime_packages_test.py ZENFLOWD CONTAINERFILE
+
+zenflowd is built against this machine's Debian 12 libraries, so the Debian
+package that holds each library it needs here is the one the image needs.
+For every library in zenflowd's DT_NEEDED (readelf), the owning package
+(dpkg -S on the path ldd resolves) must be installed by the Containerfile's
+apt-get install, or be in every Debian base image (an Essential package, apt,
+or what they depend on). Every library ldd loads (the indirect ones too) must
+then come from those packages or what they depend on, which apt installs
+with them. Package relations are read from this machine's dpkg database,
+so no network and no apt lists are needed.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+
+def run(*cmd):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def containerfile_packages(path):
+    """The package names of the Containerfile's apt-get install."""
+    text = re.sub(r"\\\n", " ", open(path).read())
+    m = re.search(r"apt-get install ([^&\n]*)", text)
+    if not m:
+        raise SystemExit(f"{path}: no apt-get install")
+    return {w for w in m.group(1).split() if not w.startswith("-")}
+
+
+def owners(lib_paths):
+    """lib path -> the Debian package holding it (merged-/usr aware), in one dpkg call."""
+    candidates = {}
+    for path in lib_paths:
+        forms = {path, os.path.realpath(path)}
+        forms |= {f[4:] if f.startswith("/usr/") else "/usr" + f for f in forms}
+        candidates[path] = forms
+    every = sorted(set().union(*candidates.values()))
+    # Exits 1 when some forms are unknown (the other half of merged /usr).
+    out = subprocess.run(["dpkg-query", "-S", *every], capture_output=True, text=True).stdout
+    holder = {}
+    for line in out.splitlines():
+        pkgs, _, path = line.partition(": ")
+        holder[path] = pkgs.split(",")[0].split(":")[0].strip()
+    result = {}
+    for path, forms in candidates.items():
+        found = sorted(holder[f] for f in forms if f in holder)
+        if not found:
+            raise SystemExit(f"no Debian package holds {path}")
+        result[path] = found[0]
+    return result
+
+
+def installed_relations():
+    """Installed packages: name -> (essential, names it depends on)."""
+    out = run("dpkg-query", "-W", "-f", "${Package}\t${Essential}\t${Pre-Depends}, ${Depends}\n")
+    rel = {}
+    for line in out.splitlines():
+        name, essential, deps = line.split("\t")
+        # "a (>= 1) | b, c:any" -> each alternative's name.
+        names = {re.split(r"[ (:]", alt.strip())[0]
+                 for dep in deps.split(",") for alt in dep.split("|") if alt.strip()}
+        rel[name] = (essential == "yes", names)
+    return rel
+
+
+def closure(roots, rel):
+    seen, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo.extend(d for d in rel.get(p, (False, set()))[1] if d in rel)
+    return seen
+
+
+def main(zenflowd, containerfile):
+    listed = containerfile_packages(containerfile)
+    rel = installed_relations()
+    base = closure({p for p, (ess, _) in rel.items() if ess} | {"apt"}, rel)
+    failures = [f"{p} is in the Containerfile but not installed here (misspelt or wrong "
+                "version?)" for p in sorted(listed - set(rel))]
+
+    ldd = {}
+    for line in run("ldd", zenflowd).splitlines():
+        m = re.match(r"\s*(\S+) => (/\S+)", line)
+        if m:
+            ldd[m.group(1)] = m.group(2)
+    owner = owners(ldd.values())
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", zenflowd))
+    direct = {}
+    for soname in needed:
+        if soname not in ldd:
+            failures.append(f"ldd does not resolve {soname}")
+            continue
+        direct.setdefault(owner[ldd[soname]], []).append(soname)
+    for pkg, libs in sorted(direct.items()):
+        if pkg not in listed and pkg not in base:
+            failures.append(f"{pkg} (for {', '.join(libs)}) is not in the Containerfile's "
+                            "apt-get install nor in a Debian base image")
+    reach = closure(listed, rel) | base
+    for soname, path in sorted(ldd.items()):
+        pkg = owner[path]
+        if pkg not in reach:
+            failures.append(f"{soname} ({pkg}) comes with none of the installed packages")
+    unused = listed - set(direct)
+    if unused:
+        print(f"note: listed but no direct library of zenflowd: {sorted(unused)}")
+    print(f"{len(needed)} direct libraries from {len(direct)} packages, {len(ldd)} in all; "
+          f"Containerfile installs {len(listed)}")
+    for f in failures:
+        print(f"FAIL {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: runtime_packages_test.py ZENFLOWD CONTAINERFILE")
+    sys.exit(main(sys.argv[1], sys.argv[2]))
