@@ -21,7 +21,9 @@ cc_library(
     name = "cuda_runtime",
     includes = [],
     copts = ["-isystem", "{root}/include"],
-    linkopts = ["-L{root}/lib64", "-Wl,-rpath,{root}/lib64", "-lcublas", "-lcudart"],
+    # cuBLAS is not linked: the CUDA model dlopens it (its static TLS would
+    # break threads with small stacks; see gpu_worker/model/transformer_cuda.cu).
+    linkopts = ["-L{root}/lib64", "-Wl,-rpath,{root}/lib64", "-lcudart", "-ldl"],
 )
 """.format(root = root)
     else:

@@ -3,7 +3,8 @@
 # Prometheus on loopback scraping it every second (with the alert rules
 # loaded), and a two-rank zf_train run (one rank over gRPC, one over UCX).
 # Checks:
-#  - `promtool check metrics` on a scrape prints nothing;
+#  - `promtool check metrics` on a scrape of the daemon, and of rank 1's own
+#    /metrics (zf_train --metrics_listen), prints nothing;
 #  - the scrape agrees with GetStats (zf_stats --json) and with what the
 #    workers say they sent: the daemon's stall, step time and steps per rank
 #    equal the ranks' reported figures; the shard payload bytes it received
@@ -78,8 +79,19 @@ common=(--job=m --world=2 --target="$T" --width=32 --layers=1 --heads=2 --contex
   --threads=1 --progress=false --steps=48 --interval=4 --select_interval=16 --emulate_device_ms=40)
 "$TRAIN" --mode=zenflow --rank=0 --transport=grpc "${common[@]}" >"$dir/r0.out" 2>"$dir/r0.err" &
 r0=$!
-"$TRAIN" --mode=zenflow --rank=1 --transport=ucx "${common[@]}" >"$dir/r1.out" 2>"$dir/r1.err" ||
-  { cat "$dir/r1.err"; exit 1; }
+"$TRAIN" --mode=zenflow --rank=1 --transport=ucx --metrics_listen=127.0.0.1:0 \
+  --metrics_port_file="$dir/w1port" "${common[@]}" >"$dir/r1.out" 2>"$dir/r1.err" &
+r1=$!
+# Rank 1 serves its own figures too (zf_train --metrics_listen): scrape it
+# while it runs.
+for _ in $(seq 1 600); do [ -s "$dir/w1port" ] && break; sleep 0.05; done
+[ -s "$dir/w1port" ] || { echo "rank 1 did not serve its metrics"; cat "$dir/r1.err"; exit 1; }
+get "http://127.0.0.1:$(cat "$dir/w1port")/metrics" >"$dir/worker.txt"
+grep -q '^zenflow_worker_steps_total{job="m",rank="1"} ' "$dir/worker.txt" ||
+  { echo "rank 1's /metrics lacks its steps:"; cat "$dir/worker.txt"; exit 1; }
+lint=$(promtool check metrics <"$dir/worker.txt" 2>&1 || true)
+[ -z "$lint" ] || { echo "promtool check metrics (rank 1):"; echo "$lint"; exit 1; }
+wait "$r1" || { cat "$dir/r1.err"; exit 1; }
 wait "$r0" || { cat "$dir/r0.err"; exit 1; }
 
 # Let Prometheus take at least two more scrapes, so that every rate() has

@@ -11,6 +11,9 @@
 // run one thread per output element over the rows in order, so results are
 // deterministic run to run (no atomics).
 #include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <type_traits>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -48,11 +51,62 @@ constexpr int kEwThreads = 256;   // Block size of elementwise kernels.
 // Names this component in CUDA error messages (see gpu_worker/cuda_util.h).
 constexpr char kWho[] = "CUDA transformer";
 
+// cuBLAS, loaded with dlopen the first time a model is made, not linked:
+// libcublasLt's static TLS (about 92 KiB) would otherwise be reserved in
+// every thread of the process, and threads with small fixed stacks then fail
+// to start (civetweb's, which serves zf_train --metrics_listen, use 100 KiB:
+// pthread_create returned EINVAL). TLS of a dlopen'ed library is allocated
+// per thread on first use instead. Only the calls this model makes.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+// The loaded API, or why it could not be loaded. Thread-safe (loaded once;
+// the library stays loaded).
+const absl::StatusOr<CublasApi>& Cublas() {
+  static const absl::StatusOr<CublasApi>* api = [] {
+    const std::string lib = absl::StrCat("libcublas.so.", CUBLAS_VER_MAJOR);
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      return new absl::StatusOr<CublasApi>(absl::FailedPreconditionError(
+          absl::StrCat(kWho, ": cannot load ", lib, ": ", dlerror())));
+    }
+    CublasApi a;
+    std::string missing;
+    auto sym = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(h, name));
+      if (*fn == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
+    };
+    sym(&a.create, "cublasCreate_v2");
+    sym(&a.destroy, "cublasDestroy_v2");
+    sym(&a.set_stream, "cublasSetStream_v2");
+    sym(&a.set_math_mode, "cublasSetMathMode");
+    sym(&a.sgemm, "cublasSgemm_v2");
+    sym(&a.sgemm_strided_batched, "cublasSgemmStridedBatched");
+    sym(&a.status_name, "cublasGetStatusName");
+    sym(&a.status_string, "cublasGetStatusString");
+    if (!missing.empty()) {
+      return new absl::StatusOr<CublasApi>(absl::FailedPreconditionError(
+          absl::StrCat(kWho, ": ", lib, " lacks ", missing)));
+    }
+    return new absl::StatusOr<CublasApi>(a);
+  }();
+  return *api;
+}
+
 absl::Status CublasStatus(cublasStatus_t st, const std::string& what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const CublasApi& api = *Cublas();  // a status comes from a loaded library
   const std::string msg =
-      absl::StrCat(kWho, ": cuBLAS ", what, " failed: ", cublasGetStatusName(st), " (",
-                   cublasGetStatusString(st), ")");
+      absl::StrCat(kWho, ": cuBLAS ", what, " failed: ", api.status_name(st), " (",
+                   api.status_string(st), ")");
   if (st == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -516,7 +570,7 @@ struct CudaTransformer::Impl {
     (void)cudaSetDevice(device);
     if (stream.get() != nullptr) (void)cudaStreamSynchronize(stream.get());
     if (ws != nullptr) (void)cudaFree(ws);
-    if (cublas != nullptr) (void)cublasDestroy(cublas);
+    if (cublas != nullptr) (void)Cublas()->destroy(cublas);
     stream.Reset();
   }
 
@@ -599,9 +653,9 @@ struct CudaTransformer::Impl {
   // C^T = op(B)^T op(A)^T: B goes first, A second, and m, n swap.
   absl::Status GemmRM(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                       const float* b, int ldb, float beta, float* c, int ldc, const char* what) {
-    return CublasStatus(cublasSgemm(cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a,
-                                    lda, &beta, c, ldc),
+    return CublasStatus(Cublas()->sgemm(cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+                                        a, lda, &beta, c, ldc),
                         absl::StrCat("cublasSgemm (", what, ")"));
   }
 
@@ -611,9 +665,9 @@ struct CudaTransformer::Impl {
                              float beta, float* c, int ldc, long long sc, int count,
                              const char* what) {
     return CublasStatus(
-        cublasSgemmStridedBatched(cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, sb, a,
-                                  lda, sa, &beta, c, ldc, sc, count),
+        Cublas()->sgemm_strided_batched(cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+                                        sb, a, lda, sa, &beta, c, ldc, sc, count),
         absl::StrCat("cublasSgemmStridedBatched (", what, ")"));
   }
 
@@ -755,11 +809,13 @@ absl::StatusOr<std::unique_ptr<CudaTransformer>> CudaTransformer::Create(const M
   // A blocking stream: ordered with the legacy default stream, so plain
   // cudaMemcpy / kernels on stream 0 that write the parameters are seen.
   ZF_RETURN_IF_ERROR(im.stream.Create(kWho, cudaStreamDefault));
-  ZF_RETURN_IF_ERROR(CublasStatus(cublasCreate(&im.cublas), "cublasCreate"));
-  ZF_RETURN_IF_ERROR(CublasStatus(cublasSetStream(im.cublas, im.stream.get()), "cublasSetStream"));
+  ZF_RETURN_IF_ERROR(Cublas().status());
+  const CublasApi& api = *Cublas();
+  ZF_RETURN_IF_ERROR(CublasStatus(api.create(&im.cublas), "cublasCreate"));
+  ZF_RETURN_IF_ERROR(CublasStatus(api.set_stream(im.cublas, im.stream.get()), "cublasSetStream"));
   // Plain fp32 arithmetic (no TF32 tensor-op downconversion).
   ZF_RETURN_IF_ERROR(
-      CublasStatus(cublasSetMathMode(im.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+      CublasStatus(api.set_math_mode(im.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
   return m;
 }
 
