@@ -61,6 +61,118 @@ TEST(NormalizeJobSpecTest, ExplicitZeroTopkAndWeightDecayAreKept) {
   EXPECT_EQ(spec.adamw().weight_decay(), 0.0f);
 }
 
+// A job of one rank, S = 2, its parameters uploaded and the rank joined.
+std::shared_ptr<Job> JoinedJob(JobRegistry* registry) {
+  v1::JobSpec spec = OneTensorSpec(1, 2);
+  EXPECT_TRUE(registry->CreateJob(spec).ok());
+  std::shared_ptr<Job> job = *registry->Find("unit");
+  v1::UploadParametersRequest chunk;
+  chunk.set_tensor("w");
+  chunk.add_shape(2);
+  chunk.add_shape(3);
+  const float init[6] = {1, 2, 3, 4, 5, 6};
+  chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
+  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
+  EXPECT_TRUE(job->Join(0).ok());
+  return job;
+}
+
+// Pushes every column of steps 2r and 2r+1 from rank 0.
+void PushRound(Job* job, int64_t round) {
+  for (int64_t step = 2 * round; step < 2 * round + 2; ++step) {
+    v1::UpMessage m;
+    auto* s = m.mutable_shard();
+    s->set_step(step);
+    s->set_tensor("w");
+    s->set_dtype(v1::DTYPE_FP32);
+    for (int c = 0; c < 3; ++c) s->add_columns(c);
+    const float g[6] = {1, 1, 1, 1, 1, 1};
+    s->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
+    ASSERT_TRUE(job->HandleUp(0, m, Wire::kUcx).ok());
+  }
+}
+
+v1::UpMessage Close(int64_t round, int reports, double stall) {
+  v1::UpMessage m;
+  m.mutable_close()->set_round(round);
+  m.mutable_close()->set_lr(0.1f);
+  m.mutable_close()->set_apply_delay_steps(1);
+  m.mutable_close()->set_staleness_steps(2);
+  for (int i = 0; i < reports; ++i) {
+    v1::StepReport* r = m.mutable_close()->add_step_reports();
+    r->set_step_seconds(0.5);
+    r->set_stall_seconds(stall);
+    r->set_up_bytes(100);
+    r->set_down_bytes(40);
+  }
+  return m;
+}
+
+TEST(JobTest, WorkerReportsAreCheckedThenSummedPerRank) {
+  JobRegistry registry(RegistryOptions{});
+  std::shared_ptr<Job> job = JoinedJob(&registry);
+  PushRound(job.get(), 0);
+  // More reports than the round has steps, a negative or absurd time, a
+  // negative byte count or delay: refused, and the round stays open.
+  absl::Status s = job->HandleUp(0, Close(0, 3, 0.1), Wire::kUcx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("3 step reports for a round of 2 steps"), absl::string_view::npos);
+  EXPECT_EQ(job->HandleUp(0, Close(0, 1, -1), Wire::kUcx).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job->HandleUp(0, Close(0, 1, 1e9), Wire::kUcx).code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::UpMessage bytes = Close(0, 1, 0.1);
+  bytes.mutable_close()->mutable_step_reports(0)->set_up_bytes(-5);
+  EXPECT_EQ(job->HandleUp(0, bytes, Wire::kUcx).code(), absl::StatusCode::kInvalidArgument);
+  v1::UpMessage delay = Close(0, 1, 0.1);
+  delay.mutable_close()->set_apply_delay_steps(-1);
+  EXPECT_EQ(job->HandleUp(0, delay, Wire::kUcx).code(), absl::StatusCode::kInvalidArgument);
+  // The next good closes count exactly.
+  ASSERT_TRUE(job->HandleUp(0, Close(0, 2, 0.25), Wire::kUcx).ok());
+  PushRound(job.get(), 1);
+  ASSERT_TRUE(job->HandleUp(0, Close(1, 1, 0.003), Wire::kUcx).ok());
+  v1::JobStats st;
+  job->Stats(&st);
+  ASSERT_EQ(st.ranks_size(), 1);
+  const v1::WorkerStats& w = st.ranks(0).worker();
+  EXPECT_EQ(w.steps(), 3);
+  EXPECT_DOUBLE_EQ(w.stall_seconds(), 0.25 + 0.25 + 0.003);
+  EXPECT_DOUBLE_EQ(w.step_seconds(), 1.5);
+  EXPECT_EQ(w.up_bytes(), 300);
+  EXPECT_EQ(w.down_bytes(), 120);
+  EXPECT_EQ(w.apply_delay_steps(), 1);
+  EXPECT_EQ(w.staleness_steps(), 2);
+  EXPECT_EQ(w.stall_per_step_seconds().count(), 3);
+  // Shards went over UCX: the transport counters say so.
+  for (const v1::TransportStats& t : st.transports()) {
+    EXPECT_EQ(t.shards_received(), t.transport() == "ucx" ? 4 : 0) << t.transport();
+  }
+  EXPECT_EQ(st.world_size(), 1);
+}
+
+TEST(JobRegistryTest, JobsBeyondMaxJobsAreRefusedUntilOneIsDeleted) {
+  RegistryOptions o;
+  o.max_jobs = 2;
+  JobRegistry registry(o);
+  for (const char* id : {"a", "b"}) {
+    v1::JobSpec spec = OneTensorSpec(1, 2);
+    spec.set_job_id(id);
+    ASSERT_TRUE(registry.CreateJob(spec).ok());
+  }
+  v1::JobSpec third = OneTensorSpec(1, 2);
+  third.set_job_id("c");
+  absl::Status s = registry.CreateJob(third).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("--max_jobs 2"), absl::string_view::npos) << s;
+  ASSERT_TRUE(registry.DeleteJob("a").ok());
+  EXPECT_TRUE(registry.CreateJob(third).ok());
+  absl::StatusOr<v1::GetStatsResponse> st = registry.Stats("");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->max_jobs(), 2);
+  EXPECT_EQ(st->jobs_size(), 2);
+}
+
 // One rank, S = 2, two steps: the update equals AdamW computed by hand.
 TEST(JobTest, OneRankTwoStepsEqualsHandComputedAdamW) {
   JobRegistry registry(RegistryOptions{});

@@ -106,6 +106,10 @@ get "http://$M/metrics" >"$dir/metrics.txt"
 lint=$(promtool check metrics <"$dir/metrics.txt" 2>&1 || true)
 [ -z "$lint" ] || { echo "promtool check metrics:"; echo "$lint"; exit 1; }
 "$STATS" --target="$T" --job=m --json >"$dir/stats.json"
+# ./zf stats' readable form names the job and each rank's stall.
+"$STATS" --target="$T" --job=m >"$dir/stats.txt"
+grep -q '^job m: ' "$dir/stats.txt" && grep -q '^  rank 1: .*stall' "$dir/stats.txt" ||
+  { echo "zf_stats printed:"; cat "$dir/stats.txt"; exit 1; }
 grep '^ZF_SUMMARY ' "$dir/r0.out" | sed 's/^ZF_SUMMARY //' >"$dir/r0.json"
 grep '^ZF_SUMMARY ' "$dir/r1.out" | sed 's/^ZF_SUMMARY //' >"$dir/r1.json"
 
