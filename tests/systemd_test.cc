@@ -395,11 +395,12 @@ TEST(SystemdDaemonTest, FlagFile) {
 }
 
 // Every flag in the shipped flag file exists and its value parses; only the
-// host's own settings (the address and the interface) are overridden.
+// host's own settings (the addresses and the interface) are overridden.
 TEST(SystemdDaemonTest, ShippedFlagFileParses) {
   DaemonProcess d;
   ASSERT_OK(d.Start({"--flagfile=" + Runfile("deploy/systemd/zenflowd.flags"),
-                     "--listen=127.0.0.1:0", "--ucx_net_devices=lo"}));
+                     "--listen=127.0.0.1:0", "--ucx_net_devices=lo",
+                     "--metrics_listen=127.0.0.1:0"}));
   ClientOptions co;
   co.target = d.target();
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
