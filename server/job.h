@@ -53,6 +53,9 @@ struct JobContext {
   // Per rank: the outbox size above which its stream stops reading (<= 0:
   // unlimited).
   int64_t outbox_limit_bytes = 0;
+  // Called (without the job's lock, on its update strand) after each round's
+  // update with the job's id and its rounds updated so far; may be empty.
+  std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };
 
 // What a job allocates, by part (README "Memory"). Every figure is what the
