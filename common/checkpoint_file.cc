@@ -247,86 +247,14 @@ class BlockIo {
   // flight per buffer.
   absl::Status Write(int fd, const std::string& path, uint64_t begin, uint64_t end,
                      const Fill& fill) {
-    if (!ring_ok_) return WriteSync(fd, path, begin, end, fill);
-    std::vector<int> free_list;
-    for (int i = options_.buffers - 1; i >= 0; --i) free_list.push_back(i);
-    uint64_t next = begin;
-    absl::Status error;
-    while (true) {
-      while (error.ok() && !free_list.empty() && next < end) {
-        const int i = free_list.back();
-        free_list.pop_back();
-        const size_t len = std::min<uint64_t>(options_.buffer_bytes, end - next);
-        fill(Buf(i), next, len);
-        slots_[i] = {next, len, 0, false};
-        Prep(/*write=*/true, fd, i);
-        next += len;
-      }
-      Submit(path, &error);
-      if (inflight_ == 0) break;
-      int i, res;
-      Wait(&i, &res);
-      if (!error.ok()) continue;  // draining: the kernel may still use the buffers
-      Slot& s = slots_[i];
-      if (res < 0) {
-        error = Errno(-res, absl::StrCat("write of ", path, " at offset ", s.offset + s.done));
-      } else if (res == 0) {
-        error = absl::InternalError(absl::StrCat("write of ", path, " at offset ",
-                                                 s.offset + s.done, " wrote nothing"));
-      } else if ((s.done += res) < s.len) {
-        Prep(/*write=*/true, fd, i);  // short write: the rest
-      } else {
-        free_list.push_back(i);
-      }
-    }
-    return error;
+    return Transfer(/*write=*/true, fd, path, begin, end, fill, nullptr);
   }
 
   // Reads [begin, end) of `fd` and hands the buffers to `consume` in file
   // order, with one read in flight per buffer.
   absl::Status Read(int fd, const std::string& path, uint64_t begin, uint64_t end,
                     const Consume& consume) {
-    if (!ring_ok_) return ReadSync(fd, path, begin, end, consume);
-    std::vector<int> free_list;
-    for (int i = options_.buffers - 1; i >= 0; --i) free_list.push_back(i);
-    std::deque<int> order;  // buffers in flight or done, in file order
-    uint64_t next = begin;
-    absl::Status error;
-    while (true) {
-      while (error.ok() && !order.empty() && slots_[order.front()].complete) {
-        const Slot& s = slots_[order.front()];
-        consume(Buf(order.front()), s.offset, s.len);
-        free_list.push_back(order.front());
-        order.pop_front();
-      }
-      while (error.ok() && !free_list.empty() && next < end) {
-        const int i = free_list.back();
-        free_list.pop_back();
-        const size_t len = std::min<uint64_t>(options_.buffer_bytes, end - next);
-        slots_[i] = {next, len, 0, false};
-        order.push_back(i);
-        Prep(/*write=*/false, fd, i);
-        next += len;
-      }
-      Submit(path, &error);
-      if (inflight_ == 0) break;
-      int i, res;
-      Wait(&i, &res);
-      if (!error.ok()) continue;
-      Slot& s = slots_[i];
-      if (res < 0) {
-        error = Errno(-res, absl::StrCat("read of ", path, " at offset ", s.offset + s.done));
-      } else if (res == 0) {
-        error = absl::DataLossError(absl::StrCat("checkpoint ", path,
-                                                 ": truncated: the file ends at offset ",
-                                                 s.offset + s.done, " while being read"));
-      } else if ((s.done += res) < s.len) {
-        Prep(/*write=*/false, fd, i);
-      } else {
-        s.complete = true;
-      }
-    }
-    return error;
+    return Transfer(/*write=*/false, fd, path, begin, end, nullptr, consume);
   }
 
   absl::Status Sync(int fd, const std::string& path) {
@@ -427,42 +355,87 @@ class BlockIo {
     --inflight_;
   }
 
-  absl::Status WriteSync(int fd, const std::string& path, uint64_t begin, uint64_t end,
-                         const Fill& fill) {
-    for (uint64_t at = begin; at < end;) {
-      const size_t len = std::min<uint64_t>(options_.buffer_bytes, end - at);
-      fill(Buf(0), at, len);
-      for (size_t done = 0; done < len;) {
-        const ssize_t r = pwrite(fd, Buf(0) + done, len - done, at + done);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return Errno(errno, absl::StrCat("write of ", path, " at offset ", at + done));
-        if (r == 0) {
-          return absl::InternalError(
-              absl::StrCat("write of ", path, " at offset ", at + done, " wrote nothing"));
-        }
-        done += r;
-      }
-      at += len;
+  // The error of a transfer that moved no bytes: a read past the end of the
+  // file (it shrank while being read), or a write the kernel did not take.
+  static absl::Status NoProgress(bool write, const std::string& path, uint64_t offset) {
+    if (write) {
+      return absl::InternalError(
+          absl::StrCat("write of ", path, " at offset ", offset, " wrote nothing"));
     }
-    return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("checkpoint ", path,
+                                            ": truncated: the file ends at offset ", offset,
+                                            " while being read"));
   }
 
-  absl::Status ReadSync(int fd, const std::string& path, uint64_t begin, uint64_t end,
-                        const Consume& consume) {
+  static absl::Status Failed(bool write, const std::string& path, uint64_t offset, int err) {
+    return Errno(err, absl::StrCat(write ? "write" : "read", " of ", path, " at offset ", offset));
+  }
+
+  // Moves [begin, end) in buffer-sized pieces, one in flight per buffer;
+  // `fill` before each write, `consume` after each read, both in file order.
+  // Short transfers continue where they stopped. After an error no new
+  // transfer starts, but those in flight are waited for: the kernel may
+  // still be using their buffers.
+  absl::Status Transfer(bool write, int fd, const std::string& path, uint64_t begin,
+                        uint64_t end, const Fill& fill, const Consume& consume) {
+    if (!ring_ok_) return TransferSync(write, fd, path, begin, end, fill, consume);
+    std::vector<int> free_list;
+    for (int i = options_.buffers - 1; i >= 0; --i) free_list.push_back(i);
+    std::deque<int> order;  // buffers in flight or done, in file order
+    uint64_t next = begin;
+    absl::Status error;
+    while (true) {
+      while (error.ok() && !order.empty() && slots_[order.front()].complete) {
+        const Slot& s = slots_[order.front()];
+        if (!write) consume(Buf(order.front()), s.offset, s.len);
+        free_list.push_back(order.front());
+        order.pop_front();
+      }
+      while (error.ok() && !free_list.empty() && next < end) {
+        const int i = free_list.back();
+        free_list.pop_back();
+        const size_t len = std::min<uint64_t>(options_.buffer_bytes, end - next);
+        slots_[i] = {next, len, 0, false};
+        if (write) fill(Buf(i), next, len);
+        order.push_back(i);
+        Prep(write, fd, i);
+        next += len;
+      }
+      Submit(path, &error);
+      if (inflight_ == 0) break;
+      int i, res;
+      Wait(&i, &res);
+      if (!error.ok()) continue;
+      Slot& s = slots_[i];
+      if (res < 0) {
+        error = Failed(write, path, s.offset + s.done, -res);
+      } else if (res == 0) {
+        error = NoProgress(write, path, s.offset + s.done);
+      } else if ((s.done += res) < s.len) {
+        Prep(write, fd, i);
+      } else {
+        s.complete = true;
+      }
+    }
+    return error;
+  }
+
+  // Transfer with pwrite/pread and buffer 0.
+  absl::Status TransferSync(bool write, int fd, const std::string& path, uint64_t begin,
+                            uint64_t end, const Fill& fill, const Consume& consume) {
+    char* buf = Buf(0);
     for (uint64_t at = begin; at < end;) {
       const size_t len = std::min<uint64_t>(options_.buffer_bytes, end - at);
+      if (write) fill(buf, at, len);
       for (size_t done = 0; done < len;) {
-        const ssize_t r = pread(fd, Buf(0) + done, len - done, at + done);
+        const ssize_t r = write ? pwrite(fd, buf + done, len - done, at + done)
+                                : pread(fd, buf + done, len - done, at + done);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return Errno(errno, absl::StrCat("read of ", path, " at offset ", at + done));
-        if (r == 0) {
-          return absl::DataLossError(absl::StrCat("checkpoint ", path,
-                                                  ": truncated: the file ends at offset ",
-                                                  at + done, " while being read"));
-        }
+        if (r < 0) return Failed(write, path, at + done, errno);
+        if (r == 0) return NoProgress(write, path, at + done);
         done += r;
       }
-      consume(Buf(0), at, len);
+      if (!write) consume(buf, at, len);
       at += len;
     }
     return absl::OkStatus();

@@ -363,6 +363,9 @@ TEST_F(CheckpointFileTest, AFailedWriteLeavesNoTemporaryFile) {
   auto missing = WriteCheckpoint(Path("nope"), "c.zfck", {{"s", v.data(), 1}});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr(Path("nope")));
+  auto dir_read = ReadCheckpoint(dir_);  // pread says EISDIR
+  EXPECT_FALSE(dir_read.ok());
+  EXPECT_THAT(std::string(dir_read.status().message()), HasSubstr(dir_));
   auto read = ReadCheckpoint(Path("absent.zfck"));
   EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound) << read.status();
   EXPECT_THAT(read.status().message(), HasSubstr(Path("absent.zfck")));
