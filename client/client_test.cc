@@ -310,11 +310,13 @@ TEST_P(ClientTest, AJobSurvivesARestartFromItsNewestWholeCheckpoint) {
   absl::StatusOr<v1::GetStatsResponse> st = c->GetStats("keep");
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->jobs(0).rounds_updated(), 2);
-  // The rank comes back and round 2 runs again from the restored state.
+  // The rank (joined before, and restored so) attaches again, and round 2
+  // runs again from the restored state.
   ref_p_ = p2;
   ref_m_ = m2;
   ref_v_ = v2;
-  ASSERT_TRUE(c->JoinJob("keep", 0).ok());
+  EXPECT_EQ(c->JoinJob("keep", 0).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(c->Attach("keep", 0).ok());
   GoodRound(c.get(), 2);
   GoodRound(c.get(), 3);
   // A deleted job's checkpoints go with it: nothing comes back next time.
