@@ -65,14 +65,29 @@ class MetaReader {
   bool ok_ = true;
 };
 
-template <typename T>
-std::string Bytes(const T* p, size_t n) {
-  return std::string(reinterpret_cast<const char*>(p), n * sizeof(T));
-}
-
 }  // namespace
 
 absl::StatusOr<JobSnapshot> Job::Snapshot() {
+  // The large sections are allocated and faulted in before the lock is
+  // taken (their sizes follow from the immutable shapes), so that the pause
+  // under the lock is a plain copy: fresh memory's page faults cost more
+  // than the copy itself.
+  struct Big {
+    std::string name;
+    std::string bytes;
+  };
+  std::vector<Big> big;
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const size_t elements = static_cast<size_t>(tensors_[ti].rows * tensors_[ti].cols);
+    const size_t cols = static_cast<size_t>(tensors_[ti].cols);
+    const std::string p = absl::StrCat("t", ti, ".");
+    for (const char* n : {"master", "m", "v", "sum0", "sum1"}) {
+      big.push_back({p + n, std::string(elements * sizeof(float), '\0')});
+    }
+    big.push_back({p + "count", std::string(cols * sizeof(int64_t), '\0')});
+    big.push_back({p + "last", std::string(world_ * cols * sizeof(int64_t), '\0')});
+    big.push_back({p + "hits", std::string(world_ * cols * sizeof(int32_t), '\0')});
+  }
   MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   // A round boundary: no update owns the store or a round's sums now.
@@ -112,30 +127,33 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     meta.PutAll(t.prev_important_cols);
   }
   snap.sections.push_back({"meta", meta.Take()});
+  size_t at = 0;
+  auto copy = [&](const void* src) {
+    Big& b = big[at++];
+    if (!b.bytes.empty()) std::memcpy(b.bytes.data(), src, b.bytes.size());
+  };
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     const int t = static_cast<int>(ti);
-    const std::string p = absl::StrCat("t", ti, ".");
     const TensorStore::Raw raw = store_->raw(t);
-    snap.sections.push_back({p + "master", Bytes(raw.master, raw.elements)});
-    snap.sections.push_back({p + "m", Bytes(raw.m, raw.elements)});
-    snap.sections.push_back({p + "v", Bytes(raw.v, raw.elements)});
-    snap.sections.push_back({p + "count", Bytes(raw.count, raw.cols)});
-    for (int parity = 0; parity < 2; ++parity) {
-      const std::vector<float>& sum = acc_->sum_buffer(t, parity);
-      snap.sections.push_back({absl::StrCat(p, "sum", parity), Bytes(sum.data(), sum.size())});
-    }
-    std::string last, hits;
+    copy(raw.master);
+    copy(raw.m);
+    copy(raw.v);
+    copy(acc_->sum_buffer(t, 0).data());
+    copy(acc_->sum_buffer(t, 1).data());
+    copy(raw.count);
+    const size_t cols = raw.cols;
+    Big& last = big[at++];
+    Big& hits = big[at++];
     for (int r = 0; r < world_; ++r) {
-      const std::vector<int64_t>& l = acc_->last_steps(t, r);
-      const std::vector<int32_t>& h = acc_->hits_of(t, r);
-      last += Bytes(l.data(), l.size());
-      hits += Bytes(h.data(), h.size());
+      std::memcpy(last.bytes.data() + r * cols * sizeof(int64_t), acc_->last_steps(t, r).data(),
+                  cols * sizeof(int64_t));
+      std::memcpy(hits.bytes.data() + r * cols * sizeof(int32_t), acc_->hits_of(t, r).data(),
+                  cols * sizeof(int32_t));
     }
-    snap.sections.push_back({p + "last", std::move(last)});
-    snap.sections.push_back({p + "hits", std::move(hits)});
   }
   snap.pause_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (Big& b : big) snap.sections.push_back({std::move(b.name), std::move(b.bytes)});
   return snap;
 }
 
