@@ -3,7 +3,9 @@
 #include "client/client.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,9 +28,16 @@ float Grad(int64_t step, int64_t r, int64_t c) {
 
 class ClientTest : public ::testing::TestWithParam<Transport> {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartServer(""); }
+  // (Re)starts the in-process daemon, with checkpoints in `state_dir` if set.
+  void StartServer(const std::string& state_dir) {
+    if (server_ != nullptr) {
+      server_->Shutdown();
+      server_.reset();
+    }
     ServerOptions opts;
     opts.listen = "127.0.0.1:0";
+    opts.state_dir = state_dir;
     absl::StatusOr<std::unique_ptr<ZenFlowServer>> s = ZenFlowServer::Start(opts);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
@@ -246,6 +255,76 @@ TEST_P(ClientTest, WaitForUploadSeesAnotherRanksUpload) {
   EXPECT_TRUE(job->parameters_uploaded());
   EXPECT_EQ(c->WaitForUpload("bad id!", absl::Seconds(30)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpoint(Client* c, const std::string& job) {
+  std::unique_ptr<v1::ZenFlow::Stub> stub = v1::ZenFlow::NewStub(c->channel());
+  grpc::ClientContext ctx;
+  v1::CheckpointRequest req;
+  req.set_job_id(job);
+  v1::CheckpointResponse resp;
+  grpc::Status g = stub->Checkpoint(&ctx, req, &resp);
+  if (!g.ok()) return absl::Status(static_cast<absl::StatusCode>(g.error_code()), g.error_message());
+  return resp;
+}
+
+TEST_P(ClientTest, AJobSurvivesARestartFromItsNewestWholeCheckpoint) {
+  std::unique_ptr<Client> plain = NewClient();
+  ASSERT_NE(plain, nullptr);
+  absl::Status none = Checkpoint(plain.get(), "").status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition) << none;
+  plain.reset();
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/state_", GetParam() == Transport::kUcx ? "ucx" : "grpc");
+  ASSERT_EQ(system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
+  StartServer(dir);
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "keep");
+  ASSERT_TRUE(c->JoinJob("keep", 0).ok());
+  GoodRound(c.get(), 0);
+  GoodRound(c.get(), 1);
+  absl::StatusOr<v1::CheckpointResponse> first = Checkpoint(c.get(), "keep");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->checkpoints_size(), 1);
+  EXPECT_EQ(first->checkpoints(0).rounds_updated(), 2);
+  EXPECT_GT(first->checkpoints(0).bytes(), 3 * kRows * kCols * 4);
+  const std::vector<float> p2 = ref_p_, m2 = ref_m_, v2 = ref_v_;  // the state after round 1
+  GoodRound(c.get(), 2);
+  absl::StatusOr<v1::CheckpointResponse> second = Checkpoint(c.get(), "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->checkpoints_size(), 1);
+  EXPECT_EQ(second->checkpoints(0).rounds_updated(), 3);
+  EXPECT_EQ(Checkpoint(c.get(), "no such").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Checkpoint(c.get(), "nojob").status().code(), absl::StatusCode::kNotFound);
+  // The newest file is damaged: the restart refuses it and uses the one before.
+  {
+    std::fstream f(second->checkpoints(0).path(), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekp(8192);
+    f.put('\x5a');
+  }
+  c.reset();
+  StartServer(dir);
+  c = NewClient();
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<v1::GetStatsResponse> st = c->GetStats("keep");
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->jobs(0).rounds_updated(), 2);
+  // The rank (joined before, and restored so) attaches again, and round 2
+  // runs again from the restored state.
+  ref_p_ = p2;
+  ref_m_ = m2;
+  ref_v_ = v2;
+  EXPECT_EQ(c->JoinJob("keep", 0).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(c->Attach("keep", 0).ok());
+  GoodRound(c.get(), 2);
+  GoodRound(c.get(), 3);
+  // A deleted job's checkpoints go with it: nothing comes back next time.
+  ASSERT_TRUE(c->DeleteJob("keep").ok());
+  c.reset();
+  StartServer(dir);
+  c = NewClient();
+  EXPECT_EQ(c->GetStats("keep").status().code(), absl::StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClientTest,

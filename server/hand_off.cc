@@ -98,6 +98,25 @@ HandOffLedger::HandOffLedger(int world, int tensors)
       per_tensor_(world, std::vector<int64_t>(tensors, 0)),
       rank_version_(world, 0) {}
 
+std::vector<int64_t> HandOffLedger::Save() const {
+  std::vector<int64_t> out(applied_);
+  for (const auto& r : per_tensor_) out.insert(out.end(), r.begin(), r.end());
+  out.insert(out.end(), rank_version_.begin(), rank_version_.end());
+  return out;
+}
+
+bool HandOffLedger::Restore(const std::vector<int64_t>& flat) {
+  const size_t tensors = applied_.size(), ranks = rank_version_.size();
+  if (flat.size() != tensors + ranks * tensors + ranks) return false;
+  size_t at = 0;
+  for (auto& x : applied_) x = flat[at++];
+  for (auto& r : per_tensor_) {
+    for (auto& x : r) x = flat[at++];
+  }
+  for (auto& x : rank_version_) x = flat[at++];
+  return true;
+}
+
 void HandOffLedger::Record(int rank, const std::vector<bool>& in_call, int64_t version) {
   bool all = true;
   for (size_t t = 0; t < in_call.size(); ++t) {

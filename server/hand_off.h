@@ -68,6 +68,11 @@ class HandOffLedger {
   // none; the initial selection needs no hand-off).
   int64_t rank_version(int rank) const { return rank_version_[rank]; }
 
+  // For checkpoints: every figure, flat (tensors, then ranks x tensors,
+  // then ranks), and back. Restore fails unless the sizes match.
+  std::vector<int64_t> Save() const;
+  bool Restore(const std::vector<int64_t>& flat);
+
  private:
   std::vector<int64_t> applied_;                  // by tensor
   std::vector<std::vector<int64_t>> per_tensor_;  // [rank][tensor]

@@ -956,6 +956,7 @@ void Job::RunUpdate(UpdateLease lease) {
     update_seconds_.Observe(last_update_seconds_);
     callbacks = MaybeFinishSelectionLocked();
   }
+  if (ctx_.round_updated) ctx_.round_updated(spec_.job_id(), round + 1);
   auto done_shared = std::make_shared<const v1::DownMessage>(std::move(done));
   for (const auto& box : boxes) box->Push(done_shared);
   for (auto& cb : callbacks) cb();

@@ -53,6 +53,9 @@ struct JobContext {
   // Per rank: the outbox size above which its stream stops reading (<= 0:
   // unlimited).
   int64_t outbox_limit_bytes = 0;
+  // Called (without the job's lock, on its update strand) after each round's
+  // update with the job's id and its rounds updated so far; may be empty.
+  std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };
 
 // What a job allocates, by part (README "Memory"). Every figure is what the
@@ -90,6 +93,15 @@ class RejectionCounter {
 
  private:
   std::array<std::atomic<int64_t>, 32> counts_{};
+};
+
+// A job's whole state at a round boundary, as named sections of owned bytes
+// (what a checkpoint file holds; job_checkpoint.cc).
+struct JobSnapshot {
+  std::string job_id;
+  int64_t rounds_updated = 0;  // the round boundary it was taken at
+  std::vector<std::pair<std::string, std::string>> sections;
+  double pause_seconds = 0;  // how long the job's lock was held for the copy
 };
 
 // Fills defaults into `spec` and checks it. INVALID_ARGUMENT names the field.
@@ -175,6 +187,17 @@ class Job : public std::enable_shared_from_this<Job> {
   void Shutdown();
 
   void CountRejection(absl::StatusCode code) { rejected_.Add(code); }
+
+  // ---- Checkpoints (job_checkpoint.cc) ----
+  // Waits until no round update is in flight, then copies the job's state
+  // (spec, column sets, rounds, hand-off ledger, master/m/v/counts, both
+  // rounds' sums and arrivals) under its lock. Calls waiting on the
+  // selection or an all-reduce are not part of it (they end with the
+  // daemon). NOT_FOUND once deleted.
+  absl::StatusOr<JobSnapshot> Snapshot();
+  // Replaces a fresh job's state (made by Create from the snapshot's spec)
+  // with the snapshot's; DATA_LOSS naming what does not fit.
+  absl::Status LoadSnapshot(const std::map<std::string, const std::string*>& sections);
 
   // For tests: exact fp32 state of one column (values, m, v, count).
   absl::StatusOr<v1::ColumnState> ReadColumns(const std::string& tensor,

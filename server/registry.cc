@@ -48,6 +48,7 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
   ctx_.scheduler = &scheduler_;
   ctx_.simd = BestSimdLevel();
   ctx_.outbox_limit_bytes = options.max_outbox_bytes;
+  ctx_.round_updated = options.round_updated;
 }
 
 JobRegistry::~JobRegistry() {
@@ -101,6 +102,15 @@ absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
   }
   jobs_[spec.job_id()] = *std::move(job);
   return spec;
+}
+
+std::vector<std::shared_ptr<Job>> JobRegistry::Jobs() {
+  MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Job>> out;
+  for (const auto& [id, job] : jobs_) {
+    if (job != nullptr) out.push_back(job);
+  }
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& job_id) {

@@ -33,6 +33,8 @@ struct RegistryOptions {
   // Jobs held at once: bounds the daemon's per-job bookkeeping and the
   // label cardinality of its metrics.
   int max_jobs = 64;
+  // See JobContext::round_updated.
+  std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };
 
 // This process's resident memory and CPU time (user + system).
@@ -59,6 +61,8 @@ class JobRegistry {
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status DeleteJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::GetStatsResponse> Stats(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every open job.
+  std::vector<std::shared_ptr<Job>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Counts a rejected request or stream message (daemon-wide; jobs count
   // their own too) by code and where (`reason`: the RPC in snake_case, or

@@ -54,6 +54,12 @@ class RoundAccumulator {
   // The rank closed its round: its counts start again from zero.
   void ResetRank(int rank);
 
+  // For checkpoints: tensor t's sum of the rounds of `parity` (rows * cols
+  // floats), and per rank its last step and hits per column.
+  std::vector<float>& sum_buffer(int t, int parity) { return tensors_[t].sum[parity & 1]; }
+  std::vector<int64_t>& last_steps(int t, int rank) { return tensors_[t].last_step[rank]; }
+  std::vector<int32_t>& hits_of(int t, int rank) { return tensors_[t].hits[rank]; }
+
   // Before the parameters are uploaded the odd rounds' sum is idle: an
   // upload stages tensor t there (row-major), then clears it.
   float* staging(int t) { return tensors_[t].sum[1].data(); }

@@ -24,6 +24,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "server/checkpointer.h"
 #include "server/ingest.h"
 #include "common/metrics.h"
 #include "server/ucx_plane.h"
@@ -155,7 +156,32 @@ grpc::ServerUnaryReactor* ZenFlowService::DeleteJob(grpc::CallbackServerContext*
                                                     const v1::DeleteJobRequest* req,
                                                     v1::DeleteJobResponse*) {
   auto* reactor = ctx->DefaultReactor();
-  Finish(reactor, registry_->DeleteJob(req->job_id()), nullptr, "delete_job");
+  const absl::Status s = registry_->DeleteJob(req->job_id());
+  // A deleted job is not restored after a restart.
+  if (s.ok() && checkpointer_ != nullptr) checkpointer_->JobDeleted(req->job_id());
+  Finish(reactor, s, nullptr, "delete_job");
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::Checkpoint(grpc::CallbackServerContext* ctx,
+                                                     const v1::CheckpointRequest* req,
+                                                     v1::CheckpointResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status s = req->job_id().empty() ? absl::OkStatus() : CheckJobId(req->job_id());
+  if (s.ok() && checkpointer_ == nullptr) {
+    s = absl::FailedPreconditionError(
+        "this zenflowd keeps no checkpoints: start it with --state_dir=DIR");
+  }
+  if (!s.ok()) {
+    Finish(reactor, s, nullptr, "checkpoint");
+    return reactor;
+  }
+  // Written on the checkpointer's thread; the call ends when the files are durable.
+  checkpointer_->Request(req->job_id(), [this, reactor, resp](
+                                            absl::StatusOr<v1::CheckpointResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    Finish(reactor, r.status(), nullptr, "checkpoint");
+  });
   return reactor;
 }
 
@@ -680,6 +706,12 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   std::unique_ptr<ZenFlowServer> s(new ZenFlowServer());
   RegistryOptions ro = options.registry;
   ro.max_message_bytes = options.max_message_bytes;
+  ZenFlowServer* self = s.get();
+  ro.round_updated = [self](const std::string& job_id, int64_t rounds_updated) {
+    if (Checkpointer* c = self->round_hook_.load(std::memory_order_acquire)) {
+      c->RoundUpdated(job_id, rounds_updated);
+    }
+  };
   s->registry_ = std::make_unique<JobRegistry>(ro);
   std::string no_ucx = "started with --ucx=false";
   UcxOptions ucx_options = options.ucx_options;
@@ -696,7 +728,14 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   } else {
     s->ucx_status_ = absl::FailedPreconditionError(no_ucx);
   }
-  s->service_ = std::make_unique<ZenFlowService>(s->registry_.get(), s->ucx_.get(), no_ucx);
+  if (!options.state_dir.empty()) {
+    s->checkpointer_ = std::make_unique<Checkpointer>(
+        s->registry_.get(), CheckpointOptions{options.state_dir, options.checkpoint_keep,
+                                              options.checkpoint_every_rounds});
+    s->round_hook_.store(s->checkpointer_.get(), std::memory_order_release);
+  }
+  s->service_ = std::make_unique<ZenFlowService>(s->registry_.get(), s->ucx_.get(), no_ucx,
+                                                 s->checkpointer_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -718,6 +757,14 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen, ": ", WhyCannotListen(options.listen)));
+  }
+  if (s->checkpointer_ != nullptr) {
+    // Until every job is back, the health service says NOT_SERVING.
+    grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(false);
+    absl::StatusOr<int> restored = s->checkpointer_->RestoreAll();
+    if (!restored.ok()) return restored.status();
+    if (health != nullptr) health->SetServingStatus(true);
   }
   if (!options.metrics_listen.empty()) {
     ZenFlowServer* raw = s.get();
@@ -747,6 +794,8 @@ void ZenFlowServer::Shutdown() {
 ZenFlowServer::~ZenFlowServer() {
   metrics_.reset();  // its scrapes read the registry
   Shutdown();
+  round_hook_.store(nullptr, std::memory_order_release);
+  checkpointer_.reset();  // finishes queued writes while the jobs exist
   server_.reset();
   service_.reset();
   ucx_.reset();

@@ -8,6 +8,7 @@
 #ifndef ZENFLOW_SERVER_SERVICE_H_
 #define ZENFLOW_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 
 namespace zenflow {
 
+class Checkpointer;
 class MetricsServer;
 class UcxDataPlane;
 
@@ -35,14 +37,20 @@ using ZenFlowServiceBase = v1::ZenFlow::WithCallbackMethod_CreateJob<
         v1::ZenFlow::WithCallbackMethod_GetJob<v1::ZenFlow::WithCallbackMethod_DeleteJob<
             v1::ZenFlow::WithCallbackMethod_GetStats<v1::ZenFlow::WithCallbackMethod_SubmitImportance<
                 v1::ZenFlow::WithCallbackMethod_HandOff<v1::ZenFlow::WithCallbackMethod_AllReduce<
-                    v1::ZenFlow::WithRawCallbackMethod_Stream<v1::ZenFlow::Service>>>>>>>>>>;
+                    v1::ZenFlow::WithRawCallbackMethod_Stream<
+                        v1::ZenFlow::WithCallbackMethod_Checkpoint<v1::ZenFlow::Service>>>>>>>>>>>;
 
 // Thread-safe (all state lives in the registry).
 class ZenFlowService final : public ZenFlowServiceBase {
  public:
   // `ucx` may be null (no UCX data plane; `no_ucx_reason` says why).
-  ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason)
-      : registry_(registry), ucx_(ucx), no_ucx_reason_(std::move(no_ucx_reason)) {}
+  // `checkpointer` may be null (no --state_dir).
+  ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason,
+                 Checkpointer* checkpointer = nullptr)
+      : registry_(registry),
+        ucx_(ucx),
+        no_ucx_reason_(std::move(no_ucx_reason)),
+        checkpointer_(checkpointer) {}
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
                                       const v1::CreateJobRequest* req,
@@ -72,6 +80,9 @@ class ZenFlowService final : public ZenFlowServiceBase {
                                       v1::AllReduceResponse* resp) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const v1::CheckpointRequest* req,
+                                       v1::CheckpointResponse* resp) override;
 
  private:
   // Finishes a unary call, counting a rejection.
@@ -86,6 +97,7 @@ class ZenFlowService final : public ZenFlowServiceBase {
   JobRegistry* registry_;
   UcxDataPlane* ucx_;
   std::string no_ucx_reason_;
+  Checkpointer* const checkpointer_;
 };
 
 struct ServerOptions {
@@ -96,6 +108,10 @@ struct ServerOptions {
   UcxOptions ucx_options;
   // host:port of the Prometheus /metrics endpoint; empty: none.
   std::string metrics_listen;
+  // Checkpoints (README "Checkpoints"): empty state_dir: none.
+  std::string state_dir;
+  int checkpoint_keep = 2;
+  int checkpoint_every_rounds = 0;
 };
 
 // Owns the registry, the service and the gRPC server. Thread-safe.
@@ -112,6 +128,8 @@ class ZenFlowServer {
   JobRegistry* registry() { return registry_.get(); }
   // What GetStats answers for all jobs (the metrics' source).
   v1::GetStatsResponse Snapshot();
+  // Null without --state_dir.
+  Checkpointer* checkpointer() { return checkpointer_.get(); }
   // The /metrics port; 0 without one.
   int metrics_port() const;
   void Wait() { server_->Wait(); }
@@ -126,6 +144,9 @@ class ZenFlowServer {
   std::unique_ptr<ZenFlowService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  // checkpointer_ for the jobs' round hook (their update threads outlive it).
+  std::atomic<Checkpointer*> round_hook_{nullptr};
   int port_ = 0;
 };
 

@@ -63,6 +63,22 @@ class TensorStore {
   // Columns in range, rows values of each, one count per column.
   bool WellFormed(int t, const v1::ColumnState& in) const;
 
+  // Tensor t's whole state, for checkpoints: rows * cols floats each of
+  // master, m and v (column-major) and cols counts.
+  struct Raw {
+    float* master;
+    float* m;
+    float* v;
+    int64_t* count;
+    size_t elements;
+    size_t cols;
+  };
+  Raw raw(int t) {
+    Tensor& x = tensors_[t];
+    return {x.master.data(), x.m.data(), x.v.data(), x.count.data(), x.master.size(),
+            x.count.size()};
+  }
+
  private:
   struct Tensor {
     Shape shape;

@@ -9,6 +9,7 @@
 // check (see WatchdogLoop), and STOPPING=1 on SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>
@@ -29,6 +30,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "server/checkpointer.h"
 #include "server/service.h"
 #include "server/ucx_plane.h"
 #include "server/version.h"
@@ -61,6 +63,14 @@ ABSL_FLAG(std::string, ucx_tls, "sm,self",
 ABSL_FLAG(std::string, ucx_net_devices, "",
           "network devices for UCX's network transports (UCX_NET_DEVICES syntax, e.g. \"lo\" or "
           "\"eth0\"); empty: all");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory for checkpoints (README \"Checkpoints\"): every job found there is "
+          "restored at start (health says NOT_SERVING until done), a Checkpoint call and "
+          "SIGTERM write them; empty: no checkpoints");
+ABSL_FLAG(int32_t, checkpoint_keep, 2, "checkpoints kept per job (the newest)");
+ABSL_FLAG(int32_t, checkpoint_every_rounds, 0,
+          "also checkpoint each job every this many rounds, in the background (rounds do not "
+          "wait for the disk); 0: only on request and at SIGTERM");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9464; empty: "
           "none. See README \"Metrics\"");
@@ -205,6 +215,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  opts.state_dir = absl::GetFlag(FLAGS_state_dir);
+  opts.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  opts.checkpoint_every_rounds = absl::GetFlag(FLAGS_checkpoint_every_rounds);
+  if (opts.checkpoint_keep < 1 || opts.checkpoint_every_rounds < 0) {
+    std::fprintf(stderr, "zenflowd: --checkpoint_keep must be >= 1 and --checkpoint_every_rounds >= 0\n");
+    return 2;
+  }
+  if (!opts.state_dir.empty()) {
+    struct stat st;
+    if (stat(opts.state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr, "zenflowd: --state_dir %s is not a directory\n", opts.state_dir.c_str());
+      return 2;
+    }
+  }
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
@@ -258,6 +282,20 @@ int main(int argc, char** argv) {
   sd_notify(0, "STOPPING=1");
   stop_watchdog.Notify();
   (*server)->Shutdown();  // a health check in flight now fails at once
+  if (zenflow::Checkpointer* cp = (*server)->checkpointer()) {
+    // Nothing is lost on a planned stop: every job's state, as of its last
+    // finished round, goes to --state_dir before exit.
+    absl::StatusOr<zenflow::v1::CheckpointResponse> saved = cp->CheckpointAllNow();
+    if (saved.ok()) {
+      for (const auto& c : saved->checkpoints()) {
+        std::fprintf(stderr, "zenflowd: saved job '%s' (round %lld) to %s\n", c.job_id().c_str(),
+                     static_cast<long long>(c.rounds_updated()), c.path().c_str());
+      }
+    } else {
+      std::fprintf(stderr, "zenflowd: checkpoint at shutdown failed: %s\n",
+                   saved.status().ToString().c_str());
+    }
+  }
   if (watchdog.joinable()) watchdog.join();
   server->reset();
   return 0;

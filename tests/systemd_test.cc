@@ -395,12 +395,15 @@ TEST(SystemdDaemonTest, FlagFile) {
 }
 
 // Every flag in the shipped flag file exists and its value parses; only the
-// host's own settings (the addresses and the interface) are overridden.
+// host's own settings (the addresses, the interface and the state directory)
+// are overridden.
 TEST(SystemdDaemonTest, ShippedFlagFileParses) {
   DaemonProcess d;
+  ScopedTempDir state;
+  ASSERT_FALSE(state.path().empty());
   ASSERT_OK(d.Start({"--flagfile=" + Runfile("deploy/systemd/zenflowd.flags"),
                      "--listen=127.0.0.1:0", "--ucx_net_devices=lo",
-                     "--metrics_listen=127.0.0.1:0"}));
+                     "--metrics_listen=127.0.0.1:0", "--state_dir=" + state.path()}));
   ClientOptions co;
   co.target = d.target();
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
