@@ -2,6 +2,7 @@
 // round protocol and the update, checked against hand-computed AdamW.
 #include "server/job.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -78,18 +79,22 @@ std::shared_ptr<Job> JoinedJob(JobRegistry* registry) {
   return job;
 }
 
+// A shard of all three columns of "w" (2 rows each, column-major) for `step`.
+v1::UpMessage AllColumns(int64_t step, const std::array<float, 6>& g) {
+  v1::UpMessage m;
+  auto* s = m.mutable_shard();
+  s->set_step(step);
+  s->set_tensor("w");
+  s->set_dtype(v1::DTYPE_FP32);
+  for (int c = 0; c < 3; ++c) s->add_columns(c);
+  s->set_payload(reinterpret_cast<const char*>(g.data()), sizeof(float) * g.size());
+  return m;
+}
+
 // Pushes every column of steps 2r and 2r+1 from rank 0.
 void PushRound(Job* job, int64_t round) {
   for (int64_t step = 2 * round; step < 2 * round + 2; ++step) {
-    v1::UpMessage m;
-    auto* s = m.mutable_shard();
-    s->set_step(step);
-    s->set_tensor("w");
-    s->set_dtype(v1::DTYPE_FP32);
-    for (int c = 0; c < 3; ++c) s->add_columns(c);
-    const float g[6] = {1, 1, 1, 1, 1, 1};
-    s->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
-    ASSERT_TRUE(job->HandleUp(0, m, Wire::kUcx).ok());
+    ASSERT_TRUE(job->HandleUp(0, AllColumns(step, {1, 1, 1, 1, 1, 1}), Wire::kUcx).ok());
   }
 }
 
@@ -159,17 +164,7 @@ TEST(JobCheckpointTest, AJobRestoredFromASnapshotContinuesBitIdentically) {
   PushRound(job.get(), 0);
   ASSERT_TRUE(job->HandleUp(0, Close(0, 2, 0.1), Wire::kGrpc).ok());
   // Round 1 half-way: its first step's sums and arrivals are in the snapshot.
-  {
-    v1::UpMessage m;
-    auto* sh = m.mutable_shard();
-    sh->set_step(2);
-    sh->set_tensor("w");
-    sh->set_dtype(v1::DTYPE_FP32);
-    for (int c = 0; c < 3; ++c) sh->add_columns(c);
-    const float g[6] = {0.5f, -1, 2, 0.25f, 3, -0.125f};
-    sh->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
-    ASSERT_TRUE(job->HandleUp(0, m, Wire::kGrpc).ok());
-  }
+  ASSERT_TRUE(job->HandleUp(0, AllColumns(2, {0.5f, -1, 2, 0.25f, 3, -0.125f}), Wire::kGrpc).ok());
   absl::StatusOr<JobSnapshot> snap = job->Snapshot();
   ASSERT_TRUE(snap.ok()) << snap.status();
   EXPECT_EQ(snap->rounds_updated, 1);
@@ -184,15 +179,7 @@ TEST(JobCheckpointTest, AJobRestoredFromASnapshotContinuesBitIdentically) {
   ASSERT_TRUE(copy->LoadSnapshot(sections).ok());
   // The same rest of round 1 (step 2 again is a duplicate on both) and round 2.
   for (Job* j : {job.get(), copy.get()}) {
-    v1::UpMessage m;
-    auto* sh = m.mutable_shard();
-    sh->set_step(3);
-    sh->set_tensor("w");
-    sh->set_dtype(v1::DTYPE_FP32);
-    for (int c = 0; c < 3; ++c) sh->add_columns(c);
-    const float g[6] = {1, 2, 3, 4, 5, 6};
-    sh->set_payload(reinterpret_cast<const char*>(g), sizeof(g));
-    ASSERT_TRUE(j->HandleUp(0, m, Wire::kGrpc).ok());
+    ASSERT_TRUE(j->HandleUp(0, AllColumns(3, {1, 2, 3, 4, 5, 6}), Wire::kGrpc).ok());
     ASSERT_TRUE(j->HandleUp(0, Close(1, 2, 0.1), Wire::kGrpc).ok());
     PushRound(j, 2);
     ASSERT_TRUE(j->HandleUp(0, Close(2, 2, 0.1), Wire::kGrpc).ok());
