@@ -16,11 +16,6 @@
 #include "common/status_macros.h"
 
 namespace zenflow {
-namespace {
-
-absl::Status FromGrpc(const grpc::Status& s) { return FromGrpcStatus(s); }
-
-}  // namespace
 
 absl::StatusOr<Transport> ParseTransport(const std::string& name) {
   if (name == "grpc") return Transport::kGrpc;
@@ -82,7 +77,7 @@ absl::StatusOr<v1::JobSpec> Client::CreateJob(const v1::JobSpec& spec) {
   *req.mutable_spec() = spec;
   v1::CreateJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->CreateJob(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->CreateJob(ctx.get(), req, &resp)));
   return resp.spec();
 }
 
@@ -109,7 +104,7 @@ absl::StatusOr<v1::UploadParametersResponse> Client::UploadParameters(
     }
   }
   writer->WritesDone();
-  ZF_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
   return resp;
 }
 
@@ -119,7 +114,7 @@ absl::StatusOr<v1::JoinJobResponse> Client::JoinJob(const std::string& job_id, i
   req.set_rank(rank);
   v1::JoinJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->JoinJob(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->JoinJob(ctx.get(), req, &resp)));
   ZF_RETURN_IF_ERROR(Attach(job_id, rank));
   return resp;
 }
@@ -129,7 +124,7 @@ absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
   req.set_job_id(job_id);
   v1::GetJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->GetJob(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetJob(ctx.get(), req, &resp)));
   return resp;
 }
 
@@ -154,7 +149,7 @@ absl::Status Client::DeleteJob(const std::string& job_id) {
   req.set_job_id(job_id);
   v1::DeleteJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
-  return FromGrpc(stub_->DeleteJob(ctx.get(), req, &resp));
+  return FromGrpcStatus(stub_->DeleteJob(ctx.get(), req, &resp));
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(const std::string& job_id) {
@@ -162,7 +157,7 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(const std::string& job_id)
   req.set_job_id(job_id);
   v1::GetStatsResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->GetStats(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetStats(ctx.get(), req, &resp)));
   return resp;
 }
 
@@ -178,7 +173,7 @@ absl::StatusOr<v1::Selection> Client::SubmitImportance(
   for (const auto& t : tensors) *req.add_tensors() = t;
   v1::SubmitImportanceResponse resp;
   auto ctx = UnaryContext(options_.selection_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->SubmitImportance(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->SubmitImportance(ctx.get(), req, &resp)));
   return resp.selection();
 }
 
@@ -196,7 +191,7 @@ absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
   for (const auto& t : tensors) req.add_tensors(t);
   v1::HandOffResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->HandOff(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->HandOff(ctx.get(), req, &resp)));
   return resp;
 }
 
@@ -408,7 +403,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
   }
   v1::AllReduceResponse resp;
   auto ctx = UnaryContext(options_.selection_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpc(stub_->AllReduce(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->AllReduce(ctx.get(), req, &resp)));
   if (resp.parts_size() != static_cast<int>(parts.size())) {
     return absl::InternalError("all-reduce answer has a different number of parts");
   }

@@ -34,6 +34,7 @@
 #include "common/json_writer.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
+#include "common/worker_stats.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -313,13 +314,7 @@ absl::Status Run() {
       ZF_RETURN_IF_ERROR(opt->Step(t, lr));
       st = opt->last_step();
       MutexLock lock(&worker_mu);
-      worker_stats.set_steps(worker_stats.steps() + 1);
-      worker_stats.set_step_seconds(worker_stats.step_seconds() + st.step_seconds);
-      worker_stats.set_stall_seconds(worker_stats.stall_seconds() + st.stall_seconds);
-      worker_stats.set_send_blocked_seconds(worker_stats.send_blocked_seconds() +
-                                            st.send_blocked_seconds);
-      worker_stats.set_up_bytes(worker_stats.up_bytes() + st.bytes_sent);
-      worker_stats.set_down_bytes(worker_stats.down_bytes() + st.bytes_received);
+      AddStep(opt->last_report(), &worker_stats);
       stall_per_step.Observe(st.stall_seconds);
       stall_per_step.Export(worker_stats.mutable_stall_per_step_seconds());
     } else {

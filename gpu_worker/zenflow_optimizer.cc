@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
+#include "common/worker_stats.h"
 #include "common/selection.h"
 #include "common/status_macros.h"
 
@@ -334,6 +335,7 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   report.set_up_bytes(last_.bytes_sent);
   report.set_down_bytes(last_.bytes_received);
   unreported_.push_back(report);
+  last_report_ = report;
   last_staleness_ = std::max<int64_t>(last_staleness_, last_.max_staleness_steps);
   return absl::OkStatus();
 }
@@ -357,14 +359,7 @@ absl::Status ZenFlowOptimizer::CloseRound(int64_t round, float lr, int32_t steps
   report.apply_delay_steps = std::max(delay, 0);
   report.staleness_steps = static_cast<int32_t>(std::min<int64_t>(last_staleness_, 1 << 30));
   ZF_RETURN_IF_ERROR(client_->CloseRound(round, lr, steps, report));
-  for (const v1::StepReport& r : unreported_) {
-    reported_.set_steps(reported_.steps() + 1);
-    reported_.set_step_seconds(reported_.step_seconds() + r.step_seconds());
-    reported_.set_stall_seconds(reported_.stall_seconds() + r.stall_seconds());
-    reported_.set_send_blocked_seconds(reported_.send_blocked_seconds() + r.send_blocked_seconds());
-    reported_.set_up_bytes(reported_.up_bytes() + r.up_bytes());
-    reported_.set_down_bytes(reported_.down_bytes() + r.down_bytes());
-  }
+  for (const v1::StepReport& r : unreported_) AddStep(r, &reported_);
   reported_.set_apply_delay_steps(report.apply_delay_steps);
   reported_.set_staleness_steps(report.staleness_steps);
   unreported_.clear();

@@ -99,6 +99,8 @@ class ZenFlowOptimizer {
   // step's figures go with the next close; the last steps after the final
   // close are not reported).
   const v1::WorkerStats& reported() const { return reported_; }
+  // The last Step()'s figures, as reported to the daemon.
+  const v1::StepReport& last_report() const { return last_report_; }
   int64_t selection_version() const { return version_; }
   // The apply delay chosen for `round` (-1 if not decided yet).
   int32_t apply_delay(int64_t round) const;
@@ -167,6 +169,7 @@ class ZenFlowOptimizer {
   std::vector<v1::StepReport> unreported_;
   v1::WorkerStats reported_;
   int64_t last_staleness_ = 0;  // the largest since the last close
+  v1::StepReport last_report_;
 };
 
 }  // namespace zenflow

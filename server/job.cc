@@ -15,6 +15,7 @@
 #include "common/selection.h"
 #include "common/status_macros.h"
 #include "common/stream_error.h"
+#include "common/worker_stats.h"
 
 namespace zenflow {
 namespace {
@@ -569,12 +570,7 @@ absl::Status Job::CheckWorkerReport(const v1::RoundClose& close, int64_t steps) 
 void Job::AddWorkerReport(const v1::RoundClose& close, RankState* rs) {
   v1::WorkerStats& w = rs->worker;
   for (const v1::StepReport& r : close.step_reports()) {
-    w.set_steps(w.steps() + 1);
-    w.set_step_seconds(w.step_seconds() + r.step_seconds());
-    w.set_stall_seconds(w.stall_seconds() + r.stall_seconds());
-    w.set_send_blocked_seconds(w.send_blocked_seconds() + r.send_blocked_seconds());
-    w.set_up_bytes(w.up_bytes() + r.up_bytes());
-    w.set_down_bytes(w.down_bytes() + r.down_bytes());
+    AddStep(r, &w);
     rs->stall_per_step.Observe(r.stall_seconds());
   }
   if (close.step_reports_size() > 0) {
