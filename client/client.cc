@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -25,7 +26,7 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name) {
 }
 
 Client::Client(const ClientOptions& options)
-    : options_(options), window_(options.max_inflight_bytes) {}
+    : options_(options), window_(options.max_inflight_bytes), log_(options.max_replay_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
@@ -115,6 +116,7 @@ absl::StatusOr<v1::JoinJobResponse> Client::JoinJob(const std::string& job_id, i
   v1::JoinJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
   ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->JoinJob(ctx.get(), req, &resp)));
+  interval_.store(std::max(1, resp.spec().zenflow().update_interval()));
   ZF_RETURN_IF_ERROR(Attach(job_id, rank));
   return resp;
 }
@@ -161,6 +163,22 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(const std::string& job_id)
   return resp;
 }
 
+absl::Status Client::RawSubmitImportance(const v1::SubmitImportanceRequest& req,
+                                         v1::SubmitImportanceResponse* resp) {
+  auto ctx = UnaryContext(options_.selection_timeout);
+  return FromGrpcStatus(stub_->SubmitImportance(ctx.get(), req, resp));
+}
+
+absl::Status Client::RawHandOff(const v1::HandOffRequest& req, v1::HandOffResponse* resp) {
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  return FromGrpcStatus(stub_->HandOff(ctx.get(), req, resp));
+}
+
+absl::Status Client::RawAllReduce(const v1::AllReduceRequest& req, v1::AllReduceResponse* resp) {
+  auto ctx = UnaryContext(options_.selection_timeout);
+  return FromGrpcStatus(stub_->AllReduce(ctx.get(), req, resp));
+}
+
 absl::StatusOr<v1::Selection> Client::SubmitImportance(
     int64_t step, const std::vector<v1::TensorImportance>& tensors) {
   v1::SubmitImportanceRequest req;
@@ -172,8 +190,11 @@ absl::StatusOr<v1::Selection> Client::SubmitImportance(
   req.set_step(step);
   for (const auto& t : tensors) *req.add_tensors() = t;
   v1::SubmitImportanceResponse resp;
-  auto ctx = UnaryContext(options_.selection_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->SubmitImportance(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(RideThrough([&] { return RawSubmitImportance(req, &resp); }));
+  if (ride_through()) {
+    selection_round_.store(RoundOfStep(step));
+    log_.AddSelection(RoundOfStep(step), std::move(req));
+  }
   return resp.selection();
 }
 
@@ -190,9 +211,131 @@ absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
   for (const auto& l : leaving) *req.add_leaving() = l;
   for (const auto& t : tensors) req.add_tensors(t);
   v1::HandOffResponse resp;
-  auto ctx = UnaryContext(options_.rpc_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->HandOff(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(RideThrough([&] { return RawHandOff(req, &resp); }));
+  if (ride_through()) log_.AddHandOff(selection_round_.load(), std::move(req));
   return resp;
+}
+
+// ---- Riding through a daemon restart -----------------------------------------
+
+bool Client::Recoverable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+}
+
+int64_t Client::RoundOfStep(int64_t step) const {
+  const int64_t s = std::max<int64_t>(1, interval_.load());
+  return step / s;
+}
+
+absl::Status Client::RideThrough(const std::function<absl::Status()>& call) {
+  for (;;) {
+    const uint64_t seen = generation_.load();
+    if (ride_through()) {
+      // The stream already knows the daemon went away: come back first, so
+      // that the call finds this rank's earlier work replayed.
+      std::shared_ptr<AttachedStream> st = current_stream();
+      if (st != nullptr && !st->open() && Recoverable(st->status())) {
+        ZF_RETURN_IF_ERROR(Recover(seen));
+        continue;
+      }
+    }
+    absl::Status s = call();
+    if (s.ok() || !ride_through() || !Recoverable(s)) return s;
+    ZF_RETURN_IF_ERROR(Recover(seen));
+  }
+}
+
+absl::Status Client::Recover(uint64_t seen) {
+  MutexLock lock(&recover_mu_);
+  if (generation_.load() != seen) return absl::OkStatus();  // another thread did
+  std::string job_id;
+  int32_t rank;
+  {
+    MutexLock l(&mu_);
+    job_id = job_id_;
+    rank = rank_;
+  }
+  if (rank < 0) return absl::FailedPreconditionError("no rank attached to recover");
+  const absl::Time deadline = absl::Now() + options_.daemon_wait;
+  absl::Status last = absl::UnavailableError("not tried");
+  absl::Duration pause = absl::Milliseconds(50);
+  std::fprintf(stderr, "zenflow client: job '%s' rank %d lost zenflowd at %s; reconnecting for up to %s\n",
+               job_id.c_str(), rank, options_.target.c_str(),
+               absl::FormatDuration(options_.daemon_wait).c_str());
+  while (absl::Now() < deadline) {
+    channel_->WaitForConnected(std::chrono::system_clock::now() +
+                               absl::ToChronoMilliseconds(std::min(absl::Seconds(2),
+                                                                   deadline - absl::Now())));
+    last = ReattachAndReplay(job_id, rank);
+    if (last.ok()) {
+      generation_.fetch_add(1);
+      std::fprintf(stderr, "zenflow client: job '%s' rank %d re-attached and replayed\n",
+                   job_id.c_str(), rank);
+      return absl::OkStatus();
+    }
+    const absl::StatusCode c = last.code();
+    if (!Recoverable(last) && c != absl::StatusCode::kNotFound &&
+        c != absl::StatusCode::kAlreadyExists && c != absl::StatusCode::kDeadlineExceeded) {
+      return last;  // the daemon is back and refuses: waiting will not help
+    }
+    absl::SleepFor(std::min(pause, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    pause = std::min(pause * 2, absl::Seconds(1));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "zenflowd at ", options_.target, " did not take job '", job_id, "' rank ", rank,
+      " back within ", absl::FormatDuration(options_.daemon_wait), " (--daemon_wait); last: ",
+      last.ToString()));
+}
+
+absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) {
+  CloseStream();
+  ZF_RETURN_IF_ERROR(Attach(job_id, rank));
+  std::shared_ptr<AttachedStream> st = current_stream();
+  if (st == nullptr) return absl::UnavailableError("no stream after attach");
+  const v1::Attached hello = st->greeting();
+  const int64_t complete = log_.complete_from();
+  if (complete > hello.next_round()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "zenflowd restarted job '", job_id, "' at round ", hello.next_round(), " of rank ", rank,
+        ", but this rank's replay log starts at round ", complete,
+        " (max_replay_bytes filled up before the daemon made a checkpoint): the rank cannot "
+        "continue exactly; checkpoint more often (--checkpoint_every_rounds)"));
+  }
+  for (const std::shared_ptr<const ReplayEntry>& e : log_.Entries()) {
+    switch (e->kind) {
+      case ReplayEntry::Kind::kUp: {
+        // Round X reuses round X-2's accumulation buffer on the daemon:
+        // its update must be done first (the engine's apply delay keeps
+        // that true as it runs; a replay goes faster).
+        if (e->round - 2 >= hello.rounds_updated() &&
+            !rounds_.WaitDoneSeen(e->round - 2, options_.selection_timeout)) {
+          return absl::UnavailableError(absl::StrCat(
+              "the replay waited for round ", e->round - 2, "'s update and the stream ended"));
+        }
+        Outgoing out;
+        out.msg = e->up;
+        out.size = static_cast<int64_t>(e->bytes);
+        out.payload_bytes = e->up.has_shard() ? static_cast<int64_t>(e->up.shard().payload().size()) : 0;
+        ZF_RETURN_IF_ERROR(window_.Push(std::move(out)));
+        break;
+      }
+      case ReplayEntry::Kind::kSelection: {
+        v1::SubmitImportanceResponse resp;
+        ZF_RETURN_IF_ERROR(RawSubmitImportance(e->selection, &resp));
+        break;
+      }
+      case ReplayEntry::Kind::kHandOff: {
+        v1::HandOffResponse resp;
+        ZF_RETURN_IF_ERROR(RawHandOff(e->hand_off, &resp));
+        break;
+      }
+    }
+  }
+  if (std::optional<v1::AllReduceRequest> ar = log_.LastAllReduce()) {
+    v1::AllReduceResponse resp;
+    ZF_RETURN_IF_ERROR(RawAllReduce(*ar, &resp));
+  }
+  return absl::OkStatus();
 }
 
 // ---- Stream -------------------------------------------------------------------
@@ -227,8 +370,15 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   }
   {
     MutexLock lock(&mu_);
+    if (job_id_ != job_id || rank_ != rank) rounds_.Reset();  // another job's rounds
     job_id_ = job_id;
     rank_ = rank;
+  }
+  if (ride_through() && interval_.load() == 0) {
+    // The log tags entries with their round (a restored rank attaches
+    // without joining).
+    ZF_ASSIGN_OR_RETURN(v1::GetJobResponse job, GetJob(job_id));
+    interval_.store(std::max(1, job.spec().zenflow().update_interval()));
   }
   AttachedStream::Deps deps;
   deps.stub = stub_.get();
@@ -259,6 +409,16 @@ absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
                                                    " bytes exceeds max_message_bytes ",
                                                    options_.max_message_bytes));
   }
+  const uint64_t seen = generation_.load();
+  if (ride_through()) {
+    // The log keeps its own copy (a borrowed payload goes back to its owner
+    // once sent; the log may need it after that).
+    v1::UpMessage copy = msg;
+    if (!borrowed.empty()) copy.mutable_shard()->set_payload(borrowed.data(), borrowed.size());
+    const int64_t round = copy.has_shard() ? RoundOfStep(copy.shard().step()) : copy.close().round();
+    log_.Forget(rounds_.durable_rounds());
+    log_.AddUp(round, std::move(copy));
+  }
   Outgoing out;
   out.payload_bytes = msg.has_shard()
                           ? static_cast<int64_t>(msg.shard().payload().size() + borrowed.size())
@@ -267,7 +427,10 @@ absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
   out.borrowed = borrowed;
   out.hold = std::move(hold);
   out.size = size;
-  return window_.Push(std::move(out));
+  absl::Status pushed = window_.Push(std::move(out));
+  if (pushed.ok() || !ride_through() || !Recoverable(pushed)) return pushed;
+  // The message is in the log: the replay after the reconnect sends it.
+  return Recover(seen);
 }
 
 absl::Status Client::PushShard(v1::GradientShard shard) {
@@ -402,8 +565,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
     p->set_payload(reinterpret_cast<const char*>(values->data()), values->size() * sizeof(float));
   }
   v1::AllReduceResponse resp;
-  auto ctx = UnaryContext(options_.selection_timeout);
-  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->AllReduce(ctx.get(), req, &resp)));
+  ZF_RETURN_IF_ERROR(RideThrough([&] { return RawAllReduce(req, &resp); }));
+  if (ride_through()) log_.SetAllReduce(req);
   if (resp.parts_size() != static_cast<int>(parts.size())) {
     return absl::InternalError("all-reduce answer has a different number of parts");
   }
@@ -433,18 +596,32 @@ absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps,
   return Enqueue(std::move(msg));
 }
 
-absl::Status Client::Flush(absl::Duration timeout) { return window_.WaitIdle(timeout); }
+absl::Status Client::Flush(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const uint64_t seen = generation_.load();
+    absl::Status s = window_.WaitIdle(deadline - absl::Now());
+    if (s.ok() || !ride_through() || !Recoverable(s)) return s;
+    ZF_RETURN_IF_ERROR(Recover(seen));
+  }
+}
 
 void Client::SetRoundCallback(std::function<void(RoundUpdate)> cb) {
   rounds_.SetCallback(std::move(cb));
 }
 
 absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration timeout) {
-  absl::StatusOr<RoundUpdate> u = rounds_.Wait(round, timeout);
-  if (u.ok() || u.status().code() != absl::StatusCode::kCancelled) return u;
-  // The stream closed before the round came: say why.
-  absl::Status s = stream_status();
-  return s.ok() ? u.status() : s;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const uint64_t seen = generation_.load();
+    absl::StatusOr<RoundUpdate> u = rounds_.Wait(round, deadline - absl::Now());
+    if (u.ok() || u.status().code() != absl::StatusCode::kCancelled) return u;
+    // The stream closed before the round came: say why, or come back.
+    absl::Status s = stream_status();
+    if (s.ok()) return u.status();
+    if (!ride_through() || !Recoverable(s)) return s;
+    ZF_RETURN_IF_ERROR(Recover(seen));
+  }
 }
 
 std::optional<RoundUpdate> Client::PollRound() { return rounds_.Poll(); }
@@ -478,6 +655,11 @@ ClientStats Client::stats() {
   out.shard_bytes_sent = w.payload_bytes_sent;
   out.deltas_received = r.deltas_received;
   out.delta_bytes_received = r.delta_bytes_received;
+  out.rounds_dropped_duplicate = r.rounds_dropped_duplicate;
+  out.reconnects = static_cast<int64_t>(generation_.load());
+  const ReplayLog::Stats l = log_.stats();
+  out.replay_log_bytes = l.bytes;
+  out.replay_log_entries = l.entries;
   if (UcxLink* l = ucx_ready_.load(std::memory_order_acquire)) {
     out.ucx_frames_dropped = l->frames_dropped();
   }

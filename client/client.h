@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/replay_log.h"
 #include "client/round_assembler.h"
 #include "client/send_window.h"
 #include "common/codec.h"
@@ -56,6 +57,14 @@ struct ClientOptions {
   int64_t max_inflight_bytes = 64 << 20;  // pushes block beyond this many unsent bytes
   Transport transport = Transport::kGrpc;
   UcxOptions ucx;  // with Transport::kUcx
+  // Riding through a daemon restart (README): when the daemon goes away,
+  // reconnect and re-attach for up to this long, then resend what the
+  // daemon may have lost (the replay log). Zero: fail at once.
+  absl::Duration daemon_wait = absl::ZeroDuration();
+  // The replay log's limit. Past it the oldest entries go, and a daemon
+  // that restarts from a checkpoint older than what is left cannot be
+  // ridden through (a clear error).
+  int64_t max_replay_bytes = int64_t{1} << 30;
 };
 
 struct ClientStats {
@@ -74,11 +83,19 @@ struct ClientStats {
   int64_t shard_bytes_sent = 0;
   int64_t deltas_received = 0;
   int64_t delta_bytes_received = 0;
+  // Riding through daemon restarts: successful reconnects, rounds the
+  // restarted daemon sent again (dropped), the replay log's size.
+  int64_t reconnects = 0;
+  int64_t rounds_dropped_duplicate = 0;
+  int64_t replay_log_bytes = 0;
+  int64_t replay_log_entries = 0;
 };
 
 // Thread-safe: any method may be called from any thread. Deltas arrive on an
 // internal thread; with a round callback set, it runs there (and must not
-// attach or close streams).
+// attach or close streams). With daemon_wait set, a rank's pushes, closes
+// and control calls should come from one thread: the replay log resends
+// them in the order they were made.
 //
 // Inside: the control calls are plain unary RPCs on one stub; the data
 // stream is an AttachedStream (stream.h) over a gRPC or UCX DataStream
@@ -209,6 +226,22 @@ class Client {
                                  int64_t col_bytes, v1::DType dtype, const float* scales,
                                  std::function<void()> release);
   std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout) const;
+  // ---- Riding through a daemon restart ----
+  bool ride_through() const { return options_.daemon_wait > absl::ZeroDuration(); }
+  // A failure the daemon's going away explains.
+  static bool Recoverable(const absl::Status& s);
+  // Reconnects, re-attaches and replays the log, unless another thread did
+  // since generation `seen`. Past daemon_wait: UNAVAILABLE saying so.
+  absl::Status Recover(uint64_t seen);
+  absl::Status ReattachAndReplay(const std::string& job_id, int32_t rank);
+  // Runs `call` (a unary call's status), recovering and retrying when the
+  // daemon went away.
+  absl::Status RideThrough(const std::function<absl::Status()>& call);
+  int64_t RoundOfStep(int64_t step) const;
+  absl::Status RawSubmitImportance(const v1::SubmitImportanceRequest& req,
+                                   v1::SubmitImportanceResponse* resp);
+  absl::Status RawHandOff(const v1::HandOffRequest& req, v1::HandOffResponse* resp);
+  absl::Status RawAllReduce(const v1::AllReduceRequest& req, v1::AllReduceResponse* resp);
   absl::Status Enqueue(v1::UpMessage msg, absl::string_view borrowed = {},
                        std::shared_ptr<void> hold = nullptr);
 
@@ -217,6 +250,12 @@ class Client {
   std::unique_ptr<v1::ZenFlow::Stub> stub_;
   SendWindow window_;
   RoundAssembler rounds_;
+  ReplayLog log_;
+  std::atomic<int64_t> interval_{0};  // the job's update_interval, for the log's rounds
+  std::atomic<int64_t> selection_round_{0};  // of the last selection, for hand-offs
+  // One recovery at a time; generation_ counts those that succeeded.
+  Mutex recover_mu_;
+  std::atomic<uint64_t> generation_{0};
 
   // Serializes attaching and closing streams.
   Mutex attach_mu_;

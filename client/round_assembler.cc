@@ -1,6 +1,7 @@
 // Rounds from down messages; see round_assembler.h.
 #include "client/round_assembler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -13,6 +14,27 @@ void RoundAssembler::Open() {
   MutexLock lock(&mu_);
   open_ = true;
   partial_.clear();
+  done_seen_ = -1;
+}
+
+void RoundAssembler::Reset() {
+  MutexLock lock(&mu_);
+  partial_.clear();
+  ready_.clear();
+  last_round_ = -1;
+  durable_rounds_ = 0;
+}
+
+bool RoundAssembler::WaitDoneSeen(int64_t round, absl::Duration timeout) {
+  MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_seen_ >= round || !open_; }, timeout);
+  return done_seen_ >= round;
+}
+
+int64_t RoundAssembler::durable_rounds() {
+  MutexLock lock(&mu_);
+  return durable_rounds_;
 }
 
 void RoundAssembler::Close() {
@@ -31,6 +53,7 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
       case v1::DownMessage::kDelta: {
         ++stats_.deltas_received;
         stats_.delta_bytes_received += static_cast<int64_t>(msg.ByteSizeLong());
+        if (msg.delta().round() <= last_round_) break;  // a replayed round: dropped at its end
         RoundUpdate& u = partial_[msg.delta().round()];
         u.round = msg.delta().round();
         u.deltas.push_back(std::move(*msg.mutable_delta()));
@@ -38,6 +61,15 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
       }
       case v1::DownMessage::kDone: {
         const int64_t r = msg.done().round();
+        durable_rounds_ = std::max(durable_rounds_, msg.done().durable_rounds());
+        done_seen_ = std::max(done_seen_, r);
+        if (r <= last_round_) {
+          // The daemon restarted from a checkpoint and updated this round
+          // again from the replayed shards: it was delivered already.
+          ++stats_.rounds_dropped_duplicate;
+          break;
+        }
+        last_round_ = r;
         RoundUpdate u;
         auto it = partial_.find(r);
         if (it != partial_.end()) {

@@ -43,6 +43,15 @@ class RoundAssembler {
   void Open();
   // The stream ended: waits return.
   void Close();
+  // Another job or rank: forgets every round (Open keeps complete ones and
+  // drops rounds it already delivered, which a daemon that restarted from a
+  // checkpoint sends again).
+  void Reset();
+  // The newest RoundDone.durable_rounds seen.
+  int64_t durable_rounds();
+  // Waits until this stream saw round `round`'s RoundDone (delivered or
+  // dropped as a duplicate); false on timeout or when the stream closed.
+  bool WaitDoneSeen(int64_t round, absl::Duration timeout);
 
   // Takes one down message (deltas, markers and errors; others are
   // ignored). Returns the error's status if it is fatal (the daemon ends
@@ -69,6 +78,7 @@ class RoundAssembler {
     int64_t stream_errors = 0;
     int64_t deltas_received = 0;
     int64_t delta_bytes_received = 0;  // serialized DownMessage sizes
+    int64_t rounds_dropped_duplicate = 0;  // sent again after a daemon restart
   };
   Stats stats();
   // Counts an error found below this layer (a frame that cannot be read).
@@ -81,6 +91,9 @@ class RoundAssembler {
   std::deque<RoundUpdate> ready_ ABSL_GUARDED_BY(mu_);
   std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  int64_t last_round_ ABSL_GUARDED_BY(mu_) = -1;  // the newest round delivered
+  int64_t durable_rounds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t done_seen_ ABSL_GUARDED_BY(mu_) = -1;  // newest RoundDone on this stream
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -89,6 +89,11 @@ void AttachedStream::Close() {
   }
 }
 
+v1::Attached AttachedStream::greeting() {
+  MutexLock lock(&mu_);
+  return greeting_;
+}
+
 bool AttachedStream::open() {
   MutexLock lock(&mu_);
   return reading_;

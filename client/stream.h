@@ -52,6 +52,8 @@ class AttachedStream final : private DataStreamSink {
   void Close();
   // The lifeline is still open.
   bool open();
+  // The daemon's greeting.
+  v1::Attached greeting();
   // OK while open; afterwards the final status (OK after a clean Close),
   // waiting up to 10 s for the reader to learn it.
   absl::Status status();

@@ -51,6 +51,10 @@ ABSL_FLAG(std::string, transport, "grpc",
 ABSL_FLAG(std::string, ucx_tls, "sm,self",
           "with --transport=ucx: UCX transports (UCX_TLS syntax); they must overlap the "
           "daemon's --ucx_tls (e.g. tcp,self for a daemon on another host)");
+ABSL_FLAG(absl::Duration, daemon_wait, absl::ZeroDuration(),
+          "how long to wait for zenflowd to come back when it goes away (a restart from "
+          "--state_dir): the rank reconnects and replays what the daemon may have lost; "
+          "0 = fail at once");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
 ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
 ABSL_FLAG(int, world, 1, "data-parallel ranks");
@@ -244,6 +248,7 @@ absl::Status Run() {
     co.target = absl::GetFlag(FLAGS_target);
     ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
     co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
+    co.daemon_wait = absl::GetFlag(FLAGS_daemon_wait);
     ZF_ASSIGN_OR_RETURN(client, Client::Connect(co));
     v1::JobSpec want;
     want.set_job_id(absl::GetFlag(FLAGS_job));
@@ -420,6 +425,8 @@ absl::Status Run() {
     summary.Key("shard_bytes_sent").Int(cs.shard_bytes_sent);
     summary.Key("deltas_received").Int(cs.deltas_received);
     summary.Key("delta_bytes_received").Int(cs.delta_bytes_received);
+    summary.Key("reconnects").Int(cs.reconnects);
+    summary.Key("rounds_dropped_duplicate").Int(cs.rounds_dropped_duplicate);
   }
   summary.EndObject();
   std::printf("ZF_SUMMARY %s\n", summary.str().c_str());

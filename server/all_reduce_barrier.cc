@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/quote.h"
+#include "common/status_macros.h"
 
 namespace zenflow {
 namespace {
@@ -52,77 +53,167 @@ bool SameShape(const v1::AllReduceRequest& a, const v1::AllReduceRequest& b) {
 
 absl::Status AllReduceBarrier::Submit(const v1::AllReduceRequest& req, uint64_t call, Done done) {
   Done replaced;
+  Done replay_answer;  // a replay is answered at once, with no parts
   std::vector<Done> waiters;
   v1::AllReduceResponse result;
   {
     MutexLock lock(&mu_);
     if (!shut_down_.ok()) return shut_down_;
     if (absl::Status s = CheckParts(req); !s.ok()) return s;
-    const int32_t rank = req.rank();
-    for (const auto& [step, other] : pending_) {
-      if (step != req.step() && other.submitted[rank]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank, " is still in the all-reduce of step ", step,
-            "; a rank takes part in one all-reduce at a time (cancel that call first)"));
-      }
-    }
-    auto found = pending_.find(req.step());
-    if (found != pending_.end()) {
-      // Every rank must send the same parts with the same sizes.
-      const Pending& p = found->second;
-      for (int r = 0; r < world_; ++r) {
-        if (!p.submitted[r] || r == rank) continue;
-        if (!SameShape(p.parts[r], req)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("all-reduce for step ", req.step(), ": rank ", rank,
-                           "'s parts differ in names or sizes from rank ", r, "'s"));
-        }
-        break;
-      }
-    }
-    Pending& p = pending_[req.step()];
-    if (found == pending_.end()) {
-      p.submitted.assign(world_, false);
-      p.parts.resize(world_);
-      p.waiters.resize(world_);
-      p.calls.assign(world_, 0);
-    }
-    if (p.submitted[rank]) {
-      replaced = std::move(p.waiters[rank]);  // a retry: the newer call wins
-      bytes_ -= PartsBytes(p.parts[rank]);
+    if (req.replay()) {
+      ZF_RETURN_IF_ERROR(SubmitReplayLocked(req, &waiters, &result));
+      replay_answer = std::move(done);
     } else {
-      ++p.count;
-    }
-    p.submitted[rank] = true;
-    p.parts[rank] = req;
-    p.waiters[rank] = std::move(done);
-    p.calls[rank] = call;
-    bytes_ += PartsBytes(req);
-    if (p.count == world_) {
-      // Everyone is in: the mean, summed in rank order.
-      const float inv = 1.0f / static_cast<float>(world_);
-      for (int i = 0; i < req.parts_size(); ++i) {
-        const size_t n = req.parts(i).payload().size() / 4;
-        std::vector<float> sum(n, 0.0f);
-        for (int r = 0; r < world_; ++r) {
-          DecodeAdd(DType::kF32, p.parts[r].parts(i).payload().data(), n, sum.data());
-        }
-        for (float& x : sum) x *= inv;
-        v1::ReducePart* out = result.add_parts();
-        out->set_name(req.parts(i).name());
-        out->set_payload(reinterpret_cast<const char*>(sum.data()), n * 4);
-      }
-      waiters = std::move(p.waiters);
-      for (int r = 0; r < world_; ++r) bytes_ -= PartsBytes(p.parts[r]);
-      pending_.erase(req.step());
+      ZF_RETURN_IF_ERROR(SubmitCallLocked(req, call, std::move(done), &replaced, &waiters, &result));
     }
   }
+  if (replay_answer) replay_answer(v1::AllReduceResponse());
   if (replaced) {
     replaced(absl::AbortedError(absl::StrCat("all-reduce of rank ", req.rank(), " for step ",
                                              req.step(),
                                              " was replaced by a newer call for the same step")));
   }
   for (Done& w : waiters) w(result);
+  return absl::OkStatus();
+}
+
+absl::Status AllReduceBarrier::SubmitCallLocked(const v1::AllReduceRequest& req, uint64_t call,
+                                                Done done, Done* replaced,
+                                                std::vector<Done>* waiters,
+                                                v1::AllReduceResponse* result) {
+  const int32_t rank = req.rank();
+  for (const auto& [step, other] : pending_) {
+    if (step != req.step() && other.submitted[rank] && other.waiters[rank]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " is still in the all-reduce of step ", step,
+          "; a rank takes part in one all-reduce at a time (cancel that call first)"));
+    }
+  }
+  auto found = pending_.find(req.step());
+  if (found != pending_.end()) {
+    // Every rank must send the same parts with the same sizes.
+    const Pending& p = found->second;
+    for (int r = 0; r < world_; ++r) {
+      if (!p.submitted[r] || r == rank) continue;
+      if (!SameShape(p.parts[r], req)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("all-reduce for step ", req.step(), ": rank ", rank,
+                         "'s parts differ in names or sizes from rank ", r, "'s"));
+      }
+      break;
+    }
+  }
+  Pending& p = pending_[req.step()];
+  if (found == pending_.end()) {
+    p.submitted.assign(world_, false);
+    p.parts.resize(world_);
+    p.waiters.resize(world_);
+    p.calls.assign(world_, 0);
+  }
+  if (p.submitted[rank]) {
+    *replaced = std::move(p.waiters[rank]);  // a retry: the newer call wins
+    bytes_ -= PartsBytes(p.parts[rank]);
+    if (replay_step_[rank] == req.step()) replay_step_[rank] = -1;  // a call now
+  } else {
+    ++p.count;
+  }
+  p.submitted[rank] = true;
+  p.parts[rank] = req;
+  p.waiters[rank] = std::move(done);
+  p.calls[rank] = call;
+  bytes_ += PartsBytes(req);
+  if (p.count == world_) *waiters = CompleteLocked(req.step(), result);
+  return absl::OkStatus();
+}
+
+std::vector<AllReduceBarrier::Done> AllReduceBarrier::CompleteLocked(
+    int64_t step, v1::AllReduceResponse* result) {
+  Pending& p = pending_[step];
+  // Everyone is in: the mean, summed in rank order.
+  const v1::AllReduceRequest& shape = p.parts[0];
+  const float inv = 1.0f / static_cast<float>(world_);
+  for (int i = 0; i < shape.parts_size(); ++i) {
+    const size_t n = shape.parts(i).payload().size() / 4;
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < world_; ++r) {
+      DecodeAdd(DType::kF32, p.parts[r].parts(i).payload().data(), n, sum.data());
+    }
+    for (float& x : sum) x *= inv;
+    v1::ReducePart* out = result->add_parts();
+    out->set_name(shape.parts(i).name());
+    out->set_payload(reinterpret_cast<const char*>(sum.data()), n * 4);
+  }
+  std::vector<Done> waiters;
+  for (Done& w : p.waiters) {
+    if (w) waiters.push_back(std::move(w));
+  }
+  for (int r = 0; r < world_; ++r) {
+    bytes_ -= PartsBytes(p.parts[r]);
+    if (replay_step_[r] == step) replay_step_[r] = -1;
+  }
+  pending_.erase(step);
+  // Every rank has passed the earlier steps: replayed parts kept for them
+  // are of no use any more.
+  for (auto it = pending_.begin(); it != pending_.end() && it->first < step;) {
+    bool live = false;
+    for (const Done& w : it->second.waiters) live = live || static_cast<bool>(w);
+    if (live) {
+      ++it;
+      continue;
+    }
+    for (int r = 0; r < world_; ++r) {
+      if (!it->second.submitted[r]) continue;
+      bytes_ -= PartsBytes(it->second.parts[r]);
+      if (replay_step_[r] == it->first) replay_step_[r] = -1;
+    }
+    it = pending_.erase(it);
+  }
+  return waiters;
+}
+
+absl::Status AllReduceBarrier::SubmitReplayLocked(const v1::AllReduceRequest& req,
+                                                  std::vector<Done>* waiters,
+                                                  v1::AllReduceResponse* result) {
+  const int32_t rank = req.rank();
+  auto found = pending_.find(req.step());
+  if (found != pending_.end() && found->second.submitted[rank]) {
+    return absl::OkStatus();  // already here (a call or an earlier replay)
+  }
+  if (found != pending_.end()) {
+    const Pending& p = found->second;
+    for (int r = 0; r < world_; ++r) {
+      if (p.submitted[r] && !SameShape(p.parts[r], req)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("all-reduce for step ", req.step(), ": rank ", rank,
+                         "'s replayed parts differ in names or sizes from rank ", r, "'s"));
+      }
+    }
+  }
+  // A rank keeps one replayed part: its newest replay replaces the older.
+  if (replay_step_[rank] >= 0) {
+    auto old = pending_.find(replay_step_[rank]);
+    if (old != pending_.end() && old->second.submitted[rank] && !old->second.waiters[rank]) {
+      bytes_ -= PartsBytes(old->second.parts[rank]);
+      old->second.submitted[rank] = false;
+      old->second.parts[rank] = v1::AllReduceRequest();
+      if (--old->second.count == 0) pending_.erase(old);
+    }
+    replay_step_[rank] = -1;
+  }
+  Pending& p = pending_[req.step()];
+  if (p.submitted.empty()) {
+    p.submitted.assign(world_, false);
+    p.parts.resize(world_);
+    p.waiters.resize(world_);
+    p.calls.assign(world_, 0);
+  }
+  p.submitted[rank] = true;
+  p.parts[rank] = req;
+  p.parts[rank].set_replay(false);
+  ++p.count;
+  bytes_ += PartsBytes(req);
+  replay_step_[rank] = req.step();
+  if (p.count == world_) *waiters = CompleteLocked(req.step(), result);
   return absl::OkStatus();
 }
 

@@ -4,7 +4,10 @@
 // whatever order the calls arrived in. A rank waits on one all-reduce at a
 // time (that bounds what pending calls hold to one request per rank); a
 // retry for the same step replaces its earlier call, and a withdrawn
-// (cancelled) call leaves nothing behind.
+// (cancelled) call leaves nothing behind. A replayed part (a rank that
+// reconnected after a daemon restart resends its last all-reduce, for ranks
+// that lost the answer) is kept without a waiter, one per rank, until its
+// step completes or a later step does.
 //
 //   AllReduceBarrier b(/*world=*/2);
 //   ZF_RETURN_IF_ERROR(b.Submit(req, call_id, done));   // done(mean) once all ranks are in
@@ -30,7 +33,7 @@ class AllReduceBarrier {
  public:
   using Done = std::function<void(absl::StatusOr<v1::AllReduceResponse>)>;
 
-  explicit AllReduceBarrier(int world) : world_(world) {}
+  explicit AllReduceBarrier(int world) : world_(world), replay_step_(world, -1) {}
 
   // Records the call of rank req.rank() (in [0, world), checked by the
   // caller). A rejection (INVALID_ARGUMENT: negative step, a part that is
@@ -47,6 +50,21 @@ class AllReduceBarrier {
   int64_t bytes();
 
  private:
+  // A call: records it (a retry replaces the rank's earlier call of the
+  // step) and completes the step if it was the last.
+  absl::Status SubmitCallLocked(const v1::AllReduceRequest& req, uint64_t call, Done done,
+                                Done* replaced, std::vector<Done>* waiters,
+                                v1::AllReduceResponse* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A replay: keeps the part (replacing the rank's older replayed part);
+  // completes the step if it was the last. Fills what to call after.
+  absl::Status SubmitReplayLocked(const v1::AllReduceRequest& req, std::vector<Done>* waiters,
+                                  v1::AllReduceResponse* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step `step` has every part: the mean into `result`, the waiters to
+  // answer; drops the step and replayed parts of earlier ones.
+  std::vector<Done> CompleteLocked(int64_t step, v1::AllReduceResponse* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Pending {
     std::vector<bool> submitted;
     int32_t count = 0;
@@ -60,6 +78,7 @@ class AllReduceBarrier {
   absl::Status shut_down_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by step
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> replay_step_ ABSL_GUARDED_BY(mu_);  // by rank; -1: none
 };
 
 }  // namespace zenflow

@@ -133,5 +133,80 @@ TEST(AllReduceBarrierTest, ShutdownFailsWaitersAndLaterCalls) {
   EXPECT_EQ(b.bytes(), 0);
 }
 
+v1::AllReduceRequest Replay(int32_t rank, int64_t step, std::vector<float> values) {
+  v1::AllReduceRequest req = Request(rank, step, std::move(values));
+  req.set_replay(true);
+  return req;
+}
+
+TEST(AllReduceBarrierReplayTest, AReplayedPartAnswersARankThatLostItsAnswer) {
+  // Rank 0 had step 5's mean when the daemon restarted; rank 1 had not. Rank
+  // 0 replays its part and is answered at once; rank 1's retry completes.
+  AllReduceBarrier b(2);
+  Result replay, r1;
+  ASSERT_TRUE(b.Submit(Replay(0, 5, {2.f, 4.f}), 1, replay.Callback()).ok());
+  ASSERT_TRUE(replay.got.has_value());
+  ASSERT_TRUE(replay.got->ok());
+  EXPECT_EQ((*replay.got)->parts_size(), 0);
+  EXPECT_GT(b.bytes(), 0);
+  ASSERT_TRUE(b.Submit(Request(1, 5, {4.f, 8.f}), 2, r1.Callback()).ok());
+  ASSERT_TRUE(r1.got.has_value() && r1.got->ok());
+  EXPECT_EQ(Values(**r1.got), (std::vector<float>{3.f, 6.f}));
+  EXPECT_EQ(b.bytes(), 0);
+}
+
+TEST(AllReduceBarrierReplayTest, ReplaysOfAStepEveryoneHadCompleteWithNobodyWaiting) {
+  AllReduceBarrier b(2);
+  Result a, c;
+  ASSERT_TRUE(b.Submit(Replay(0, 5, {1.f}), 1, a.Callback()).ok());
+  ASSERT_TRUE(b.Submit(Replay(1, 5, {3.f}), 2, c.Callback()).ok());
+  EXPECT_TRUE(a.got.has_value() && c.got.has_value());
+  EXPECT_EQ(b.bytes(), 0);
+  // The next step is an ordinary rendezvous.
+  Result r0, r1;
+  ASSERT_TRUE(b.Submit(Request(0, 6, {1.f}), 3, r0.Callback()).ok());
+  ASSERT_TRUE(b.Submit(Request(1, 6, {5.f}), 4, r1.Callback()).ok());
+  ASSERT_TRUE(r0.got.has_value() && r0.got->ok());
+  EXPECT_EQ(Values(**r0.got), (std::vector<float>{3.f}));
+}
+
+TEST(AllReduceBarrierReplayTest, AReplayNobodyNeedsGoesWhenALaterStepCompletes) {
+  AllReduceBarrier b(2);
+  Result a;
+  ASSERT_TRUE(b.Submit(Replay(0, 5, {1.f, 1.f}), 1, a.Callback()).ok());
+  const int64_t one = b.bytes();
+  // A second replay of the rank replaces its first: one part held.
+  ASSERT_TRUE(b.Submit(Replay(0, 6, {1.f, 1.f}), 2, a.Callback()).ok());
+  EXPECT_EQ(b.bytes(), one);
+  // The rank may call another step for real while its replay is held.
+  Result r0, r1;
+  ASSERT_TRUE(b.Submit(Request(0, 7, {1.f, 2.f}), 3, r0.Callback()).ok());
+  ASSERT_TRUE(b.Submit(Request(1, 7, {3.f, 4.f}), 4, r1.Callback()).ok());
+  ASSERT_TRUE(r1.got.has_value() && r1.got->ok());
+  EXPECT_EQ(Values(**r1.got), (std::vector<float>{2.f, 3.f}));
+  EXPECT_EQ(b.bytes(), 0);  // step 6's replayed part went with step 7
+}
+
+TEST(AllReduceBarrierReplayTest, AReplayWhileTheRanksOwnCallWaitsChangesNothing) {
+  AllReduceBarrier b(2);
+  Result r0, replay, r1;
+  ASSERT_TRUE(b.Submit(Request(0, 5, {1.f}), 1, r0.Callback()).ok());
+  ASSERT_TRUE(b.Submit(Replay(0, 5, {1.f}), 2, replay.Callback()).ok());
+  EXPECT_TRUE(replay.got.has_value());
+  EXPECT_FALSE(r0.got.has_value());
+  ASSERT_TRUE(b.Submit(Request(1, 5, {3.f}), 3, r1.Callback()).ok());
+  ASSERT_TRUE(r0.got.has_value() && r0.got->ok());
+  EXPECT_EQ(Values(**r0.got), (std::vector<float>{2.f}));
+}
+
+TEST(AllReduceBarrierReplayTest, AReplayWithOtherShapesIsRejected) {
+  AllReduceBarrier b(2);
+  Result r0, bad;
+  ASSERT_TRUE(b.Submit(Request(0, 5, {1.f, 2.f}), 1, r0.Callback()).ok());
+  const absl::Status s = b.Submit(Replay(1, 5, {1.f}), 2, bad.Callback());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_FALSE(bad.got.has_value());
+}
+
 }  // namespace
 }  // namespace zenflow

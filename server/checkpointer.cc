@@ -110,6 +110,7 @@ absl::StatusOr<v1::CheckpointInfo> Checkpointer::CheckpointJob(const std::shared
   }
   const std::string name = CheckpointFileName(kPrefix, static_cast<uint64_t>(snap.rounds_updated));
   ZF_ASSIGN_OR_RETURN(CheckpointWriteStats w, WriteCheckpoint(dir, name, views));
+  job->SetDurableRounds(snap.rounds_updated);
   ZF_RETURN_IF_ERROR(PruneCheckpoints(dir, kPrefix, options_.keep));
   {
     MutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -493,6 +494,8 @@ void Job::Stats(v1::JobStats* out) {
   out->set_update_seconds_total(update_seconds_total_);
   out->set_last_update_seconds(last_update_seconds_);
   out->set_params(params_);
+  out->set_replays_dropped(replays_dropped_);
+  out->set_durable_rounds(durable_rounds_);
   rejected_.Export(out->mutable_rejected());
   out->set_memory_bytes(footprint_.total());
   out->set_state_bytes(footprint_.state_bytes);
@@ -590,6 +593,8 @@ v1::DownMessage Job::AttachedMessage(int32_t rank) {
   MutexLock lock(&mu_);
   v1::DownMessage msg;
   msg.mutable_attached()->set_selection_version(selection_version_);
+  msg.mutable_attached()->set_rounds_updated(rounds_updated_);
+  msg.mutable_attached()->set_durable_rounds(durable_rounds_);
   if (rank >= 0 && rank < world_) msg.mutable_attached()->set_next_round(ranks_[rank].next_round);
   return msg;
 }
@@ -614,6 +619,11 @@ void Job::Shutdown() {
   }
 }
 
+void Job::SetDurableRounds(int64_t rounds) {
+  MutexLock lock(&mu_);
+  durable_rounds_ = std::max(durable_rounds_, rounds);
+}
+
 // ---- Data ------------------------------------------------------------------
 
 absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
@@ -622,15 +632,16 @@ absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
   ZF_RETURN_IF_ERROR(CheckRank(rank));
   switch (up.kind_case()) {
     case v1::UpMessage::kShard:
-      return HandleShard(rank, up.shard(), wire);
+      return HandleShard(rank, up.shard(), wire, up.replay());
     case v1::UpMessage::kClose:
-      return HandleClose(rank, up.close());
+      return HandleClose(rank, up.close(), up.replay());
     default:
       return absl::InvalidArgumentError("empty message: set shard or close");
   }
 }
 
-absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire) {
+absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire,
+                              bool replay) {
   if (!uploaded_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", spec_.job_id(), "': upload the parameters before sending gradients"));
@@ -640,6 +651,10 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
     return absl::InvalidArgumentError(absl::StrCat("step ", shard.step(), " is negative"));
   }
   const int64_t round = shard.step() / interval_;
+  if (replay && round < rs.next_round) {
+    ++replays_dropped_;  // the rank closed that round before the restart
+    return absl::OkStatus();
+  }
   if (selection_.submitted(rank) && round >= selection_.step() / interval_) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
@@ -700,6 +715,18 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': scale of column ",
                                                      shard.columns(i), " is ", shard.scales(i),
                                                      "; need finite >= 0"));
+    }
+  }
+  if (replay && ncols > 0 && shard.columns(0) >= 0 && shard.columns(0) < t.cols &&
+      acc_->Received(ti, rank, shard.step(), shard.columns(0))) {
+    // Shards are replayed as they were sent: the first column decides.
+    bool all = true;
+    for (int32_t c : shard.columns()) {
+      all = all && c >= 0 && c < t.cols && acc_->Received(ti, rank, shard.step(), c);
+    }
+    if (all) {
+      ++replays_dropped_;
+      return absl::OkStatus();
     }
   }
   std::vector<int32_t> sorted(shard.columns().begin(), shard.columns().end());
@@ -788,11 +815,15 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   return absl::OkStatus();
 }
 
-absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close) {
+absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool replay) {
   RankState& rs = ranks_[rank];
   if (!uploaded_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", spec_.job_id(), "': upload the parameters before closing rounds"));
+  }
+  if (replay && close.round() >= 0 && close.round() < rs.next_round) {
+    ++replays_dropped_;
+    return absl::OkStatus();
   }
   if (close.round() < rs.next_round) {
     return absl::FailedPreconditionError(
@@ -943,6 +974,7 @@ void Job::RunUpdate(UpdateLease lease) {
     MutexLock lock(&mu_);
     rounds_updated_ = round + 1;
     rounds_.erase(round);
+    done.mutable_done()->set_durable_rounds(durable_rounds_);
     if (skip) ++rounds_skipped_;
     if (overflowed) ++rounds_overflowed_;
     delta_messages_sent_ += static_cast<int64_t>(deltas.size() * boxes.size());
@@ -973,6 +1005,7 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
                            std::function<void(absl::StatusOr<v1::Selection>)> done) {
   std::vector<std::function<void()>> callbacks;
   std::function<void(absl::StatusOr<v1::Selection>)> replaced;
+  std::optional<v1::Selection> replayed_answer;
   absl::Status status = [&]() -> absl::Status {
     MutexLock lock(&mu_);
     ZF_RETURN_IF_ERROR(CheckLive());
@@ -994,6 +1027,12 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
       return absl::FailedPreconditionError(absl::StrCat(
           "selection at step ", req.step(), " needs rank ", req.rank(),
           " to have closed every round before round ", round, "; its next round is ", next));
+    }
+    if (req.replay() && selection_version_ > 0 && req.step() <= selection_step_) {
+      // Made before the restart: what this rank did next is replayed too.
+      ++replays_dropped_;
+      replayed_answer = SelectionLocked();
+      return absl::OkStatus();
     }
     if (selection_version_ > 0 && req.step() <= selection_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1049,6 +1088,10 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
     done(status);
     return;
   }
+  if (replayed_answer) {
+    done(*std::move(replayed_answer));
+    return;
+  }
   for (auto& cb : callbacks) cb();
 }
 
@@ -1094,6 +1137,10 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
   MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
+  if (req.replay() && req.version() > 0 && req.version() < selection_version_) {
+    ++replays_dropped_;  // a later selection was made: this one was complete
+    return v1::HandOffResponse();
+  }
   if (req.version() != selection_version_ || req.version() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("hand-off for selection version ", req.version(),

@@ -188,6 +188,11 @@ class Job : public std::enable_shared_from_this<Job> {
 
   void CountRejection(absl::StatusCode code) { rejected_.Add(code); }
 
+  // Rounds [0, rounds) are in a durable checkpoint (the checkpointer says
+  // so once the file is synced); RoundDone and Attached carry it to the
+  // ranks, who may forget what they sent for those rounds.
+  void SetDurableRounds(int64_t rounds);
+
   // ---- Checkpoints (job_checkpoint.cc) ----
   // Waits until no round update is in flight, then copies the job's state
   // (spec, column sets, rounds, hand-off ledger, master/m/v/counts, both
@@ -243,9 +248,10 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRoundBuffer(int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire)
+  // `replay`: what the job already has is dropped without an error.
+  absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire, bool replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandleClose(int32_t rank, const v1::RoundClose& close)
+  absl::Status HandleClose(int32_t rank, const v1::RoundClose& close, bool replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The figures a worker sends with a round's close (RoundClose.step_reports).
   absl::Status CheckWorkerReport(const v1::RoundClose& close, int64_t steps) const;
@@ -293,6 +299,8 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t rounds_updated_ ABSL_GUARDED_BY(mu_) = 0;  // updates finished
   int64_t selection_version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t selection_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t durable_rounds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replays_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Who handed off which selection's state; guarded by mu_.
   HandOffLedger hand_off_ ABSL_GUARDED_BY(mu_);
   // The all-reduce rendezvous: its own lock (it needs no job state).

@@ -175,6 +175,7 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   selection_step_ = meta.Next();
   rounds_closed_ = meta.Next();
   rounds_updated_ = meta.Next();
+  durable_rounds_ = rounds_updated_;  // it came from a durable file
   for (RankState& r : ranks_) {
     r.joined = meta.Next() != 0;
     r.next_round = meta.Next();
