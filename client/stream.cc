@@ -72,6 +72,9 @@ void AttachedStream::Close() {
   bool window_open = false;
   {
     MutexLock lock(&mu_);
+    // Once closed, the window may serve a newer stream: a later Close (the
+    // last holder letting go) must not touch it.
+    if (closed_) return;
     closing_ = true;
     window_open = window_open_;
   }
@@ -87,6 +90,8 @@ void AttachedStream::Close() {
     ctx_.TryCancel();
     reader_.join();
   }
+  MutexLock lock(&mu_);
+  closed_ = true;
 }
 
 v1::Attached AttachedStream::greeting() {
@@ -152,6 +157,8 @@ void AttachedStream::ReaderLoop() {
   }
   if (window_open) deps_.window->Close(end);
   deps_.rounds->Close();
+  MutexLock lock(&mu_);
+  window_open_ = false;  // closed: a newer stream may open it again
 }
 
 void AttachedStream::WriterLoop() {

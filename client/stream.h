@@ -83,6 +83,7 @@ class AttachedStream final : private DataStreamSink {
   bool window_open_ ABSL_GUARDED_BY(mu_) = false;  // this stream opened the window
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish() returned
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;    // Close() ran to its end
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   // Why this side cancelled (the data path failed, or the daemon's fatal
   // error); reported as the stream's status.
