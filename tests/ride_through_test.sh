@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Workers ride through a daemon restart (README "Riding through a daemon
+# restart"), with real processes: zf_train ranks run against zenflowd with a
+# --state_dir; zenflowd is killed with SIGKILL mid-run (after a checkpoint
+# every 3 rounds) and started again on the same port and state directory.
+#  - one rank, sync apply delay and apply delay 1 (gRPC), and apply delay 1
+#    over UCX: training completes and the final parameters equal an
+#    uninterrupted run's bit for bit;
+#  - two ranks, apply delay 1: both complete, end bit-identical to each
+#    other and close to the uninterrupted run (two uninterrupted two-rank
+#    runs need not be bit-identical: the daemon adds the ranks' shards in
+#    the order they arrive);
+#  - without --daemon_wait a rank fails at once with UNAVAILABLE.
+set -euo pipefail
+R="$TEST_SRCDIR/$TEST_WORKSPACE"
+ZENFLOWD="$R/server/zenflowd"
+TRAIN="$R/gpu_worker/zf_train"
+STATS="$R/tools/zf_stats"
+JSON="$R/tools/json_get"
+dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/ride.XXXXXX")
+mkdir -p "$dir/state"
+dpid=""
+cleanup() {
+  [ -n "$dpid" ] && kill -TERM "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
+  for p in $(jobs -p); do kill "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+port=""
+start_daemon() {
+  local listen="127.0.0.1:${port:-0}"
+  rm -f "$dir/port"
+  "$ZENFLOWD" --listen="$listen" --port_file="$dir/port" --state_dir="$dir/state" \
+    --checkpoint_every_rounds=3 2>>"$dir/zenflowd.log" &
+  dpid=$!
+  for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
+  [ -s "$dir/port" ] || { echo "zenflowd did not start"; cat "$dir/zenflowd.log"; exit 1; }
+  port=$(cat "$dir/port")
+}
+start_daemon
+T="127.0.0.1:$port"
+common=(--width=32 --layers=2 --heads=2 --context=32 --batch=4 --threads=1 --progress=false
+        --steps=200 --interval=4 --select_interval=40 --emulate_device_ms=15
+        --data=/usr/share/common-licenses/GPL-3)
+
+# rounds_updated JOB: the daemon's figure (0 while the job does not exist).
+rounds_updated() {
+  local out
+  out=$("$STATS" --target="$T" --job="$1" --json --timeout_s=2 2>/dev/null) || { echo 0; return; }
+  "$JSON" - jobs.0.rounds_updated <<<"$out" 2>/dev/null || echo 0
+}
+
+# kill_mid_run JOB: waits until JOB has 12 rounds updated, then SIGKILLs the
+# daemon and starts another on the same port and state directory.
+kill_mid_run() {
+  for _ in $(seq 1 600); do
+    [ "$(rounds_updated "$1")" -ge 12 ] && break
+    sleep 0.05
+  done
+  kill -KILL "$dpid"
+  wait "$dpid" 2>/dev/null || true
+  echo "killed zenflowd (SIGKILL) with job $1 past round 12"
+  start_daemon
+}
+
+summary() { "$JSON" --line=ZF_SUMMARY "$1" "$2"; }
+
+for run in sync:grpc 1:grpc 1:ucx; do
+  delay=${run%%:*}
+  tr=${run##*:}
+  name="${delay}_$tr"
+  "$TRAIN" "${common[@]}" --delay=$delay --transport=$tr --job="ref_$name" --target="$T" \
+    --save="$dir/ref_$name.params" > "$dir/ref_$name.out"
+  "$TRAIN" "${common[@]}" --delay=$delay --transport=$tr --job="ride_$name" --target="$T" \
+    --daemon_wait=60s --save="$dir/ride_$name.params" > "$dir/ride_$name.out" 2> "$dir/ride_$name.err" &
+  rank=$!
+  kill_mid_run "ride_$name"
+  wait $rank || { echo "$name: the rank failed"; cat "$dir/ride_$name.err"; exit 1; }
+  cat "$dir/ride_$name.err"
+  [ "$(summary "$dir/ride_$name.out" reconnects)" = 1 ] || {
+    echo "$name: the rank should have reconnected once"; exit 1; }
+  cmp "$dir/ref_$name.params" "$dir/ride_$name.params" || {
+    echo "$name: the run through a daemon restart differs from the uninterrupted run"; exit 1; }
+  echo "apply delay $delay over $tr: bit-identical after SIGKILL and restart"
+done
+
+two=(--world=2 --delay=1 --target="$T")
+"$TRAIN" "${common[@]}" "${two[@]}" --job=ref2 --rank=0 --save="$dir/ref2.params" > "$dir/ref2.out" &
+r0=$!
+"$TRAIN" "${common[@]}" "${two[@]}" --job=ref2 --rank=1 > /dev/null
+wait $r0
+for rank in 0 1; do
+  "$TRAIN" "${common[@]}" "${two[@]}" --job=ride2 --rank=$rank --daemon_wait=60s \
+    --save="$dir/ride2_$rank.params" > "$dir/ride2_$rank.out" 2> "$dir/ride2_$rank.err" &
+  eval "p$rank=\$!"
+done
+kill_mid_run ride2
+wait "$p0" || { echo "two ranks: rank 0 failed"; cat "$dir/ride2_0.err"; exit 1; }
+wait "$p1" || { echo "two ranks: rank 1 failed"; cat "$dir/ride2_1.err"; exit 1; }
+cmp "$dir/ride2_0.params" "$dir/ride2_1.params" || { echo "two ranks ended different"; exit 1; }
+for rank in 0 1; do
+  [ "$(summary "$dir/ride2_$rank.out" reconnects)" = 1 ] || {
+    echo "two ranks: rank $rank should have reconnected once"; exit 1; }
+done
+awk -v a="$(summary "$dir/ref2.out" val_loss)" -v b="$(summary "$dir/ride2_0.out" val_loss)" 'BEGIN {
+  r = b / a; printf "two ranks: validation loss %.6f vs uninterrupted %.6f\n", b, a;
+  if (r > 1.001 || r < 0.999) { print "more than 0.1% apart"; exit 1 } }'
+
+# Without --daemon_wait the rank does not wait.
+"$TRAIN" "${common[@]}" --delay=1 --job=nowait --target="$T" > /dev/null 2> "$dir/nowait.err" &
+rank=$!
+kill_mid_run nowait
+if wait $rank; then echo "a rank without --daemon_wait should fail when zenflowd goes"; exit 1; fi
+grep -q "UNAVAILABLE\|CANCELLED" "$dir/nowait.err" || { cat "$dir/nowait.err"; exit 1; }
+echo "without --daemon_wait: $(tail -n 1 "$dir/nowait.err")"
+echo PASS
