@@ -433,6 +433,8 @@ absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
   return Recover(seen);
 }
 
+absl::Status Client::PushUp(v1::UpMessage msg) { return Enqueue(std::move(msg)); }
+
 absl::Status Client::PushShard(v1::GradientShard shard) {
   v1::UpMessage msg;
   *msg.mutable_shard() = std::move(shard);

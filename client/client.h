@@ -148,6 +148,9 @@ class Client {
   // Queues an up message; blocks only while the send window is full. Fails
   // if the stream is broken (see stream_status()).
   absl::Status PushShard(v1::GradientShard shard);
+  // Queues an up message as it is (a shard or a close; tests and tools that
+  // need fields the calls above do not set, such as `replay`).
+  absl::Status PushUp(v1::UpMessage msg);
   // Encodes columns (column-major fp32, rows values per column) in `dtype`
   // and pushes them as shards of at most max_shard_bytes.
   absl::Status PushColumns(int64_t step, const std::string& tensor, int64_t version,

@@ -21,8 +21,13 @@ void RoundAssembler::Reset() {
   MutexLock lock(&mu_);
   partial_.clear();
   ready_.clear();
-  last_round_ = -1;
+  delivered_.clear();
+  floor_ = -1;
   durable_rounds_ = 0;
+}
+
+bool RoundAssembler::DeliveredLocked(int64_t round) const {
+  return round <= floor_ || delivered_.count(round) > 0;
 }
 
 bool RoundAssembler::WaitDoneSeen(int64_t round, absl::Duration timeout) {
@@ -53,7 +58,7 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
       case v1::DownMessage::kDelta: {
         ++stats_.deltas_received;
         stats_.delta_bytes_received += static_cast<int64_t>(msg.ByteSizeLong());
-        if (msg.delta().round() <= last_round_) break;  // a replayed round: dropped at its end
+        if (DeliveredLocked(msg.delta().round())) break;  // sent again: dropped at its end
         RoundUpdate& u = partial_[msg.delta().round()];
         u.round = msg.delta().round();
         u.deltas.push_back(std::move(*msg.mutable_delta()));
@@ -63,13 +68,17 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
         const int64_t r = msg.done().round();
         durable_rounds_ = std::max(durable_rounds_, msg.done().durable_rounds());
         done_seen_ = std::max(done_seen_, r);
-        if (r <= last_round_) {
+        if (DeliveredLocked(r)) {
           // The daemon restarted from a checkpoint and updated this round
           // again from the replayed shards: it was delivered already.
           ++stats_.rounds_dropped_duplicate;
           break;
         }
-        last_round_ = r;
+        delivered_.insert(r);
+        while (delivered_.size() > 64) {  // older rounds count as delivered
+          floor_ = *delivered_.begin();
+          delivered_.erase(delivered_.begin());
+        }
         RoundUpdate u;
         auto it = partial_.find(r);
         if (it != partial_.end()) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -91,7 +92,10 @@ class RoundAssembler {
   std::deque<RoundUpdate> ready_ ABSL_GUARDED_BY(mu_);
   std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
-  int64_t last_round_ ABSL_GUARDED_BY(mu_) = -1;  // the newest round delivered
+  // Rounds delivered: the newest 64, and every round up to floor_.
+  bool DeliveredLocked(int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::set<int64_t> delivered_ ABSL_GUARDED_BY(mu_);
+  int64_t floor_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t durable_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t done_seen_ ABSL_GUARDED_BY(mu_) = -1;  // newest RoundDone on this stream
   Stats stats_ ABSL_GUARDED_BY(mu_);

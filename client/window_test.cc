@@ -214,5 +214,32 @@ TEST(RoundAssemblerTest, ErrorsKeepTheirCodeAndOnlyFatalOnesEndTheStream) {
   EXPECT_EQ(a.stats().stream_errors, 2);
 }
 
+TEST(RoundAssemblerTest, RoundsSentAgainAfterADaemonRestartAreDropped) {
+  RoundAssembler a;
+  a.Open();
+  ASSERT_TRUE(a.Deliver(Delta(1, "w"), 10).ok());
+  ASSERT_TRUE(a.Deliver(Done(1), 5).ok());
+  ASSERT_TRUE(a.Wait(1, absl::ZeroDuration()).ok());
+  // A new stream (the daemon restarted from an older checkpoint) sends
+  // rounds 1 and 2 again: round 1 was delivered, round 2 is new.
+  a.Close();
+  a.Open();
+  ASSERT_TRUE(a.Deliver(Delta(1, "w"), 10).ok());
+  ASSERT_TRUE(a.Deliver(Done(1), 5).ok());
+  ASSERT_TRUE(a.Deliver(Delta(2, "w"), 10).ok());
+  ASSERT_TRUE(a.Deliver(Done(2), 5).ok());
+  EXPECT_TRUE(a.WaitDoneSeen(2, absl::ZeroDuration()));
+  std::optional<RoundUpdate> next = a.Poll();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->round, 2);
+  EXPECT_EQ(next->deltas.size(), 1u);
+  EXPECT_FALSE(a.Poll().has_value());
+  EXPECT_EQ(a.stats().rounds_dropped_duplicate, 1);
+  // Another job: rounds start again from 0 and nothing counts as delivered.
+  a.Reset();
+  ASSERT_TRUE(a.Deliver(Done(1), 5).ok());
+  EXPECT_TRUE(a.Poll().has_value());
+}
+
 }  // namespace
 }  // namespace zenflow

@@ -293,6 +293,38 @@ TEST_F(BadInputTest, StepOfClosedRoundIsFailedPrecondition) {
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
+TEST_F(BadInputTest, ReplayedMessagesTheJobHasAreDroppedWithoutAnError) {
+  // What a rank resends after a reconnect (README "Riding through a daemon
+  // restart"): what the job already has is acknowledged and dropped; the
+  // same messages without `replay` are still rejected.
+  auto h = MakeJob();  // round 0 is closed and updated
+  ASSERT_OK(h->PushStep(0, 4));  // every column of step 4 from rank 0
+  Client& c = h->client(0);
+  c.TakeErrors();
+  v1::UpMessage old_shard;
+  *old_shard.mutable_shard() = Shard(*h, 3, {0});  // round 0: closed
+  old_shard.set_replay(true);
+  ASSERT_OK(c.PushUp(old_shard));
+  v1::UpMessage old_close;
+  old_close.mutable_close()->set_round(0);
+  old_close.mutable_close()->set_lr(1e-2f);
+  old_close.set_replay(true);
+  ASSERT_OK(c.PushUp(old_close));
+  v1::UpMessage have;
+  *have.mutable_shard() = Shard(*h, 4, {7});  // step 4 column 7 is there
+  have.set_replay(true);
+  ASSERT_OK(c.PushUp(have));
+  ASSERT_OK(c.Flush(absl::Seconds(30)));
+  EXPECT_FALSE(c.WaitForErrors(1, absl::Seconds(1))) << c.TakeErrors().front();
+  absl::StatusOr<v1::GetStatsResponse> st = c.GetStats(h->options().job_id);
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).replays_dropped(), 3);
+  // Without `replay` the same shard is a duplicate.
+  ExpectStatus(Rejection(*h, 0, Shard(*h, 4, {7})), StatusCode::kAlreadyExists,
+               "column 7 of step 4 was already received from rank 0");
+  ASSERT_OK(h->GoodRound(1e-2f));  // nothing was added twice: exact
+}
+
 TEST_F(BadInputTest, StepTooFarAheadIsOutOfRange) {
   auto h = MakeJob();  // next round is 1 (steps 4..7)
   ExpectStatus(Rejection(*h, 0, Shard(*h, 8, {0})), StatusCode::kOutOfRange,

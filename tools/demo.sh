@@ -25,6 +25,9 @@ usage: ./zf demo [options]
   --data=PATH            fine-tuning text (default /usr/share/common-licenses/Apache-2.0)
   --pretrain-data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
   --target=HOST:PORT     use a running zenflowd instead of starting one
+  --kill-daemon-at=STEP  kill zenflowd (SIGKILL) once the zenflow run passed STEP and
+                         start it again on the same port and --state_dir: the ranks
+                         (--daemon_wait=60s) reconnect, replay and finish the run
   --out=DIR              where logs and the plot go (default demo-out/)
 EOF
 }
@@ -32,6 +35,7 @@ EOF
 steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=4
 delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
+kill_at=""
 for a in "$@"; do
   case "$a" in
     --help|-h) usage; exit 0 ;;
@@ -52,29 +56,76 @@ for a in "$@"; do
     --pretrain-data=*) pretrain_data="${a#*=}" ;;
     --target=*) target="${a#*=}" ;;
     --out=*) out="${a#*=}" ;;
+    --kill-daemon-at=*) kill_at="${a#*=}" ;;
     *) echo "unknown option $a" >&2; usage >&2; exit 2 ;;
   esac
 done
 case "$transport" in ucx|grpc) ;; *) echo "--transport must be ucx or grpc" >&2; exit 2 ;; esac
+if [ -n "$kill_at" ]; then
+  if ! [[ "$kill_at" =~ ^[0-9]+$ ]] || [ "$kill_at" -lt 1 ] || [ "$kill_at" -ge "$steps" ]; then
+    echo "--kill-daemon-at must be a step in [1, --steps) (--steps is $steps)" >&2; exit 2
+  fi
+  [ -z "$target" ] || { echo "--kill-daemon-at restarts the demo's own zenflowd: drop --target" >&2; exit 2; }
+fi
 # ./zf demo checks the arguments this way before it builds anything.
 [ "${ZF_DEMO_CHECK_ARGS:-}" = "1" ] && exit 0
 mkdir -p "$out"
 TRAIN="$ROOT/bazel-bin/gpu_worker/zf_train"
 ZENFLOWD="$ROOT/bazel-bin/server/zenflowd"
+STATS="$ROOT/bazel-bin/tools/zf_stats"
 model=(--width="$width" --layers="$layers" --heads="$heads" --context="$context")
 
-pid=""
-cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; }
+# The demo's own zenflowd; its pid lives in a file (--kill-daemon-at starts
+# another from a background job).
+pidfile="$out/zenflowd.pid"
+killer=""
+cleanup() {
+  [ -n "$killer" ] && kill "$killer" 2>/dev/null
+  if [ -s "$pidfile" ]; then
+    local p
+    p=$(cat "$pidfile")
+    if kill -TERM "$p" 2>/dev/null; then
+      for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -f "$pidfile"
+  fi
+  return 0
+}
 trap cleanup EXIT
-if [ -z "$target" ]; then
+# start_daemon [PORT]: starts zenflowd on PORT (0: any) and waits for it.
+start_daemon() {
+  local extra=()
+  if [ -n "$kill_at" ]; then
+    extra=(--state_dir="$out/state" --checkpoint_every_rounds=5)
+  fi
   rm -f "$out/port"  # a previous run's port is not this daemon's
-  "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$out/port" 2>"$out/zenflowd.log" &
-  pid=$!
+  "$ZENFLOWD" --listen="127.0.0.1:${1:-0}" --port_file="$out/port" "${extra[@]}" 2>>"$out/zenflowd.log" &
+  echo $! > "$pidfile"
   for _ in $(seq 1 300); do [ -s "$out/port" ] && break; sleep 0.1; done
   [ -s "$out/port" ] || { cat "$out/zenflowd.log" >&2; echo "zenflowd did not start" >&2; exit 1; }
+}
+if [ -z "$target" ]; then
+  rm -rf "$out/state"
+  : > "$out/zenflowd.log"
+  start_daemon 0
   target="127.0.0.1:$(cat "$out/port")"
-  echo "zenflowd (pid $pid) serving on $target"
+  echo "zenflowd (pid $(cat "$pidfile")) serving on $target"
 fi
+
+# kill_daemon_when JOB: once JOB's rounds cover --kill-daemon-at steps,
+# SIGKILLs zenflowd and starts another on the same port and state directory.
+kill_daemon_when() {
+  local job=$1 r=0 want=$(( (kill_at + interval - 1) / interval ))
+  while [ "$r" -lt "$want" ]; do
+    sleep 0.05
+    r=$("$STATS" --target="$target" --job="$job" --json --timeout_s=2 2>/dev/null |
+        "$ROOT/tools/json_get" - jobs.0.rounds_updated 2>/dev/null) || r=0
+  done
+  kill -KILL "$(cat "$pidfile")"
+  echo "== zenflowd KILLED (SIGKILL) after round $r (step $((r * interval))); starting it again on $target"
+  start_daemon "${target##*:}"
+  echo "== zenflowd (pid $(cat "$pidfile")) is back: it restored the job from its newest checkpoint"
+}
 
 # Pretrained parameters: made once by local pretraining, then cached.
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/zenflow"
@@ -106,7 +157,18 @@ two_ranks() {  # mode job extra...
   wait "$r1" || { cat "$out/$mode-rank1.out" >&2; return 1; }
 }
 
-two_ranks zenflow "demo-zf-$run" --topk="$topk" --interval="$interval" --delay="$delay" --wire="$wire"
+zf_extra=()
+if [ -n "$kill_at" ]; then
+  kill_daemon_when "demo-zf-$run" &
+  killer=$!
+  zf_extra=(--daemon_wait=60s)
+fi
+two_ranks zenflow "demo-zf-$run" --topk="$topk" --interval="$interval" --delay="$delay" --wire="$wire" \
+  "${zf_extra[@]}"
+if [ -n "$killer" ]; then
+  wait "$killer" 2>/dev/null || true
+  killer=""
+fi
 two_ranks zero_offload "demo-zo-$run" --wire="$wire"
 echo "== local: 1 rank, in-process AdamW, batch $((2 * batch)) (the same tokens per step)"
 "$TRAIN" --mode=local --batch=$((2 * batch)) --log="$out/local.csv" "${ft[@]}" | tee "$out/local.out" | grep -v '^ZF_SUMMARY' || true
@@ -125,6 +187,10 @@ for m in zenflow zero_offload local; do
       'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
 done
 awk -v a="$zf_val" -v b="$lo_val" 'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
+if [ -n "$kill_at" ]; then
+  echo "zenflow rode through a zenflowd SIGKILL: each rank reconnected $(summary zenflow reconnects) time(s)" \
+    "and dropped $(summary zenflow rounds_dropped_duplicate) round(s) the restarted daemon sent again"
+fi
 if [ "$emulate" != "0" ]; then
   echo "NOTE: every step includes $emulate ms of EMULATED device time (sleep); no GPU ran."
 else
