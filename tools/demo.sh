@@ -96,11 +96,13 @@ trap cleanup EXIT
 start_daemon() {
   local extra=()
   if [ -n "$kill_at" ]; then
+    mkdir -p "$out/state"
     extra=(--state_dir="$out/state" --checkpoint_every_rounds=5)
   fi
   rm -f "$out/port"  # a previous run's port is not this daemon's
   "$ZENFLOWD" --listen="127.0.0.1:${1:-0}" --port_file="$out/port" "${extra[@]}" 2>>"$out/zenflowd.log" &
   echo $! > "$pidfile"
+  disown $!  # killed on purpose by --kill-daemon-at: no "Killed" notice
   for _ in $(seq 1 300); do [ -s "$out/port" ] && break; sleep 0.1; done
   [ -s "$out/port" ] || { cat "$out/zenflowd.log" >&2; echo "zenflowd did not start" >&2; exit 1; }
 }
@@ -187,9 +189,13 @@ for m in zenflow zero_offload local; do
       'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
 done
 awk -v a="$zf_val" -v b="$lo_val" 'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
-if [ -n "$kill_at" ]; then
+if [ -n "$kill_at" ] && [ "$(summary zenflow reconnects)" = 0 ]; then
+  echo "zenflowd was killed after the zenflow ranks were done with it: nothing to ride through" \
+    "(try a smaller --kill-daemon-at)"
+elif [ -n "$kill_at" ]; then
   echo "zenflow rode through a zenflowd SIGKILL: each rank reconnected $(summary zenflow reconnects) time(s)" \
-    "and dropped $(summary zenflow rounds_dropped_duplicate) round(s) the restarted daemon sent again"
+    "and dropped $(summary zenflow rounds_dropped_duplicate) round(s) the restarted daemon sent again" \
+    "(its mean step includes the wait for the restart)"
 fi
 if [ "$emulate" != "0" ]; then
   echo "NOTE: every step includes $emulate ms of EMULATED device time (sleep); no GPU ran."
