@@ -22,34 +22,28 @@ void ReplayLog::Add(std::shared_ptr<ReplayEntry> e) {
   }
 }
 
-void ReplayLog::AddUp(int64_t round, v1::UpMessage msg) {
+template <typename Msg>
+void ReplayLog::AddMessage(ReplayEntry::Kind kind, int64_t round, Msg msg,
+                           Msg ReplayEntry::*field) {
   auto e = std::make_shared<ReplayEntry>();
-  e->kind = ReplayEntry::Kind::kUp;
+  e->kind = kind;
   e->round = round;
+  msg.set_replay(true);
   e->bytes = static_cast<int64_t>(msg.ByteSizeLong());
-  e->up = std::move(msg);
-  e->up.set_replay(true);
+  (*e).*field = std::move(msg);
   Add(std::move(e));
+}
+
+void ReplayLog::AddUp(int64_t round, v1::UpMessage msg) {
+  AddMessage(ReplayEntry::Kind::kUp, round, std::move(msg), &ReplayEntry::up);
 }
 
 void ReplayLog::AddSelection(int64_t round, v1::SubmitImportanceRequest req) {
-  auto e = std::make_shared<ReplayEntry>();
-  e->kind = ReplayEntry::Kind::kSelection;
-  e->round = round;
-  e->bytes = static_cast<int64_t>(req.ByteSizeLong());
-  e->selection = std::move(req);
-  e->selection.set_replay(true);
-  Add(std::move(e));
+  AddMessage(ReplayEntry::Kind::kSelection, round, std::move(req), &ReplayEntry::selection);
 }
 
 void ReplayLog::AddHandOff(int64_t round, v1::HandOffRequest req) {
-  auto e = std::make_shared<ReplayEntry>();
-  e->kind = ReplayEntry::Kind::kHandOff;
-  e->round = round;
-  e->bytes = static_cast<int64_t>(req.ByteSizeLong());
-  e->hand_off = std::move(req);
-  e->hand_off.set_replay(true);
-  Add(std::move(e));
+  AddMessage(ReplayEntry::Kind::kHandOff, round, std::move(req), &ReplayEntry::hand_off);
 }
 
 void ReplayLog::SetAllReduce(v1::AllReduceRequest req) {

@@ -66,6 +66,8 @@ class ReplayLog {
 
  private:
   void Add(std::shared_ptr<ReplayEntry> e);
+  template <typename Msg>
+  void AddMessage(ReplayEntry::Kind kind, int64_t round, Msg msg, Msg ReplayEntry::*field);
 
   const int64_t max_bytes_;
   Mutex mu_;
