@@ -1019,6 +1019,12 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
           absl::StrCat("selection step ", req.step(),
                        " is not a round boundary (a multiple of update_interval ", interval_, ")"));
     }
+    if (req.replay() && selection_version_ > 0 && req.step() <= selection_step_) {
+      // Made before the restart: what this rank did next is replayed too.
+      ++replays_dropped_;
+      replayed_answer = SelectionLocked();
+      return absl::OkStatus();
+    }
     const int64_t round = req.step() / interval_;
     // The rank's close of the previous round may still be in flight on its
     // stream: the selection then waits for it.
@@ -1027,12 +1033,6 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
       return absl::FailedPreconditionError(absl::StrCat(
           "selection at step ", req.step(), " needs rank ", req.rank(),
           " to have closed every round before round ", round, "; its next round is ", next));
-    }
-    if (req.replay() && selection_version_ > 0 && req.step() <= selection_step_) {
-      // Made before the restart: what this rank did next is replayed too.
-      ++replays_dropped_;
-      replayed_answer = SelectionLocked();
-      return absl::OkStatus();
     }
     if (selection_version_ > 0 && req.step() <= selection_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
