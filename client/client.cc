@@ -320,6 +320,14 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
         break;
       }
       case ReplayEntry::Kind::kSelection: {
+        // The engine drained before it selected: the rounds before the
+        // selection's are updated first (their closes, replayed above,
+        // travel on the stream, which a unary call can overtake).
+        if (e->round - 1 >= hello.rounds_updated() &&
+            !rounds_.WaitDoneSeen(e->round - 1, options_.selection_timeout)) {
+          return absl::UnavailableError(absl::StrCat(
+              "the replay waited for round ", e->round - 1, "'s update and the stream ended"));
+        }
         v1::SubmitImportanceResponse resp;
         ZF_RETURN_IF_ERROR(RawSubmitImportance(e->selection, &resp));
         break;

@@ -1137,8 +1137,11 @@ absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) 
   MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
-  if (req.replay() && req.version() > 0 && req.version() < selection_version_) {
-    ++replays_dropped_;  // a later selection was made: this one was complete
+  if (req.replay() && req.version() > 0 &&
+      (req.version() < selection_version_ || hand_off_.rank_version(req.rank()) >= req.version())) {
+    // A later selection was made, or this rank's hand-off of this version
+    // is complete (and rounds since may have moved those columns on).
+    ++replays_dropped_;
     return v1::HandOffResponse();
   }
   if (req.version() != selection_version_ || req.version() == 0) {
