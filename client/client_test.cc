@@ -30,13 +30,14 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override { StartServer(""); }
   // (Re)starts the in-process daemon, with checkpoints in `state_dir` if set.
-  void StartServer(const std::string& state_dir) {
+  // On `port` (0: any free one).
+  void StartServer(const std::string& state_dir, int port = 0) {
     if (server_ != nullptr) {
       server_->Shutdown();
       server_.reset();
     }
     ServerOptions opts;
-    opts.listen = "127.0.0.1:0";
+    opts.listen = absl::StrCat("127.0.0.1:", port);
     opts.state_dir = state_dir;
     absl::StatusOr<std::unique_ptr<ZenFlowServer>> s = ZenFlowServer::Start(opts);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -325,6 +326,63 @@ TEST_P(ClientTest, AJobSurvivesARestartFromItsNewestWholeCheckpoint) {
   StartServer(dir);
   c = NewClient();
   EXPECT_EQ(c->GetStats("keep").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(ClientTest, ARankRidesThroughADaemonRestartFromAnOlderCheckpoint) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ride_",
+                                       GetParam() == Transport::kUcx ? "ucx" : "grpc");
+  ASSERT_EQ(system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
+  StartServer(dir);
+  const int port = server_->port();
+  ClientOptions o = Options();
+  o.daemon_wait = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<Client> c = *std::move(made);
+  CreateAndUpload(c.get(), "ride");
+  ASSERT_TRUE(c->JoinJob("ride", 0).ok());
+  GoodRound(c.get(), 0);
+  GoodRound(c.get(), 1);
+  ASSERT_TRUE(Checkpoint(c.get(), "ride").ok());  // rounds 0 and 1 are durable
+  GoodRound(c.get(), 2);  // its RoundDone says so: the log forgets rounds 0 and 1
+  EXPECT_GT(c->stats().replay_log_entries, 0);
+  ASSERT_TRUE(PushStep(c.get(), 3).ok());
+  // The daemon goes (without a checkpoint: round 2 and round 3's shards are
+  // lost) and comes back on the same address and directory.
+  StartServer(dir, port);
+  // The close (or, if it went into the dying stream, the wait) rides
+  // through: the client re-attaches, replays round 2 and round 3, drops
+  // round 2's second update and gets round 3 as if nothing had happened.
+  ASSERT_TRUE(c->CloseRound(3, kLr).ok());
+  absl::StatusOr<RoundUpdate> u = c->WaitRound(3, absl::Seconds(60));
+  ASSERT_TRUE(u.ok()) << u.status();
+  ExpectRound(*u, 3);
+  const ClientStats st = c->stats();
+  EXPECT_EQ(st.reconnects, 1);
+  EXPECT_EQ(st.rounds_dropped_duplicate, 1);
+  GoodRound(c.get(), 4);
+  absl::StatusOr<v1::GetStatsResponse> js = c->GetStats("ride");
+  ASSERT_TRUE(js.ok()) << js.status();
+  EXPECT_EQ(js->jobs(0).rounds_updated(), 5);
+  EXPECT_EQ(js->jobs(0).rejected_size(), 0);
+}
+
+TEST_P(ClientTest, WithoutDaemonWaitARestartEndsTheWait) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/nowait_",
+                                       GetParam() == Transport::kUcx ? "ucx" : "grpc");
+  ASSERT_EQ(system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
+  StartServer(dir);
+  const int port = server_->port();
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "nowait");
+  ASSERT_TRUE(c->JoinJob("nowait", 0).ok());
+  GoodRound(c.get(), 0);
+  ASSERT_TRUE(PushStep(c.get(), 1).ok());
+  StartServer(dir, port);
+  absl::StatusOr<RoundUpdate> u = c->WaitRound(1, absl::Seconds(60));
+  EXPECT_FALSE(u.ok());
+  EXPECT_EQ(c->stats().reconnects, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClientTest,

@@ -51,10 +51,12 @@ ABSL_FLAG(std::string, transport, "grpc",
 ABSL_FLAG(std::string, ucx_tls, "sm,self",
           "with --transport=ucx: UCX transports (UCX_TLS syntax); they must overlap the "
           "daemon's --ucx_tls (e.g. tcp,self for a daemon on another host)");
-ABSL_FLAG(absl::Duration, daemon_wait, absl::ZeroDuration(),
+// A string, not an absl::Duration flag: those use a sequence lock that
+// ThreadSanitizer builds refuse.
+ABSL_FLAG(std::string, daemon_wait, "0s",
           "how long to wait for zenflowd to come back when it goes away (a restart from "
-          "--state_dir): the rank reconnects and replays what the daemon may have lost; "
-          "0 = fail at once");
+          "--state_dir), e.g. 60s: the rank reconnects and replays what the daemon may have "
+          "lost; 0s = fail at once");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
 ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
 ABSL_FLAG(int, world, 1, "data-parallel ranks");
@@ -248,7 +250,11 @@ absl::Status Run() {
     co.target = absl::GetFlag(FLAGS_target);
     ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
     co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
-    co.daemon_wait = absl::GetFlag(FLAGS_daemon_wait);
+    if (!absl::ParseDuration(absl::GetFlag(FLAGS_daemon_wait), &co.daemon_wait) ||
+        co.daemon_wait < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("--daemon_wait=", absl::GetFlag(FLAGS_daemon_wait),
+                                                     " is not a duration >= 0 (e.g. 60s, 2m)"));
+    }
     ZF_ASSIGN_OR_RETURN(client, Client::Connect(co));
     v1::JobSpec want;
     want.set_job_id(absl::GetFlag(FLAGS_job));
