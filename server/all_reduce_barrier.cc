@@ -1,6 +1,7 @@
 // The all-reduce rendezvous; see all_reduce_barrier.h.
 #include "server/all_reduce_barrier.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -247,6 +248,22 @@ void AllReduceBarrier::Shutdown(absl::Status why) {
     }
     pending_.clear();
     bytes_ = 0;
+  }
+  for (Done& w : waiters) w(why);
+}
+
+void AllReduceBarrier::FailWaiters(absl::Status why) {
+  std::vector<Done> waiters;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [step, p] : pending_) {
+      for (Done& w : p.waiters) {
+        if (w) waiters.push_back(std::move(w));
+      }
+    }
+    pending_.clear();
+    bytes_ = 0;
+    std::fill(replay_step_.begin(), replay_step_.end(), -1);
   }
   for (Done& w : waiters) w(why);
 }

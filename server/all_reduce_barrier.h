@@ -46,6 +46,9 @@ class AllReduceBarrier {
   void Withdraw(int32_t rank, uint64_t call);
   // Fails every waiting call and every later Submit with `why`.
   void Shutdown(absl::Status why);
+  // Fails every waiting call with `why` and drops every part held; later
+  // calls start afresh.
+  void FailWaiters(absl::Status why);
   // Payload bytes held by waiting calls.
   int64_t bytes();
 

@@ -619,6 +619,59 @@ void Job::Shutdown() {
   }
 }
 
+uint64_t Job::StreamAttached(int32_t rank) {
+  MutexLock lock(&mu_);
+  if (rank < 0 || rank >= world_) return 0;
+  ranks_[rank].streaming = true;
+  ranks_[rank].absence_reported = false;
+  return ++ranks_[rank].stream_number;
+}
+
+void Job::StreamEnded(int32_t rank, uint64_t stream) {
+  MutexLock lock(&mu_);
+  if (rank < 0 || rank >= world_ || ranks_[rank].stream_number != stream) return;
+  ranks_[rank].streaming = false;
+  ranks_[rank].stream_gone = std::chrono::steady_clock::now();
+}
+
+void Job::FailIfRankGone(absl::Duration timeout) {
+  std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
+  std::vector<std::shared_ptr<Mailbox>> boxes;
+  absl::Status why;
+  {
+    MutexLock lock(&mu_);
+    if (deleted_) return;
+    const auto now = std::chrono::steady_clock::now();
+    int gone = -1;
+    double seconds = 0;
+    for (int r = 0; r < world_; ++r) {
+      RankState& rs = ranks_[r];
+      if (!rs.joined || rs.streaming || rs.absence_reported) continue;
+      seconds = Seconds(now - rs.stream_gone);
+      if (seconds < absl::ToDoubleSeconds(timeout)) continue;
+      rs.absence_reported = true;
+      gone = r;
+      break;
+    }
+    if (gone < 0) return;
+    why = absl::AbortedError(absl::StrCat(
+        "rank ", gone, " of job '", spec_.job_id(), "' has had no data stream for ",
+        static_cast<int64_t>(seconds), " s (zenflowd --dead_rank_timeout_s): the job cannot go on "
+        "without it (round ", rounds_closed_, " waits for its close); restart its ranks, which "
+        "attach again (Client::Attach) and continue from the daemon's state"));
+    for (auto& w : selection_.Take()) waiters.push_back(std::move(w));
+    for (const RankState& r : ranks_) {
+      if (r.joined && r.streaming) boxes.push_back(r.mailbox);
+    }
+  }
+  // Nobody waits and no rank is attached (a finished job): nothing to say.
+  if (waiters.empty() && boxes.empty() && all_reduce_.bytes() == 0) return;
+  std::fprintf(stderr, "zenflowd: %s\n", std::string(why.message()).c_str());
+  for (auto& w : waiters) w(why);
+  all_reduce_.FailWaiters(why);
+  for (const auto& box : boxes) box->Push(StreamErrorMessage(why, 0, /*fatal=*/true));
+}
+
 void Job::SetDurableRounds(int64_t rounds) {
   MutexLock lock(&mu_);
   durable_rounds_ = std::max(durable_rounds_, rounds);

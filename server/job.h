@@ -188,6 +188,17 @@ class Job : public std::enable_shared_from_this<Job> {
 
   void CountRejection(absl::StatusCode code) { rejected_.Add(code); }
 
+  // A data stream of `rank` attached (returns its number) / ended (an end
+  // of an older stream than the newest attached is ignored).
+  uint64_t StreamAttached(int32_t rank);
+  void StreamEnded(int32_t rank, uint64_t stream);
+  // A joined rank without a data stream for longer than `timeout` cannot
+  // take part in anything: the calls waiting on it (selection, all-reduce)
+  // fail with ABORTED naming it, and the attached ranks' streams end with
+  // that status (their rounds cannot complete). Once per absence; a rank
+  // that attaches again starts afresh. Called periodically by the server.
+  void FailIfRankGone(absl::Duration timeout);
+
   // Rounds [0, rounds) are in a durable checkpoint (the checkpointer says
   // so once the file is synced); RoundDone and Attached carry it to the
   // ranks, who may forget what they sent for those rounds.
@@ -228,6 +239,11 @@ class Job : public std::enable_shared_from_this<Job> {
     v1::WorkerStats worker;  // what its worker reported (sums)
     HistogramCounts stall_per_step{StallSecondsBuckets()};
     std::shared_ptr<Mailbox> mailbox;
+    // The data stream (README "Dead ranks"): attached, or since when not.
+    bool streaming = false;
+    std::chrono::steady_clock::time_point stream_gone = std::chrono::steady_clock::now();
+    bool absence_reported = false;
+    uint64_t stream_number = 0;
   };
 
   struct RoundState {

@@ -514,6 +514,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void OnCancel() override { RequestFinish(absl::CancelledError("stream cancelled")); }
 
   void OnDone() override {
+    // Only a stream that attached detaches (a refused attach leaves the
+    // rank's stream, if any, alone).
+    if (mailbox_ != nullptr) job_->StreamEnded(rank_, stream_number_);
     if (ucx_ != nullptr) {
       ucx_plane_->Close(ucx_);
     } else if (mailbox_ != nullptr) {
@@ -550,6 +553,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                                                    "' already has a stream attached"));
     }
     mailbox_ = *box;
+    stream_number_ = job_->StreamAttached(rank_);
     // The greeting goes behind anything already queued; clients treat it as
     // informational.
     mailbox_->Push(std::move(hello));
@@ -579,6 +583,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       ucx_ = *std::move(conn);
       hello_in_flight_ = true;
     }
+    stream_number_ = job_->StreamAttached(rank_);
     StartWrite(&out_);
     return absl::OkStatus();
   }
@@ -641,6 +646,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // waits for Resume()
   bool done_ ABSL_GUARDED_BY(mu_) = false;         // OnDone ran
   std::shared_ptr<StreamReactor> self_;            // until OnDone
+  uint64_t stream_number_ = 0;                     // Job::StreamAttached's
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // a fatal error was written
   absl::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
@@ -773,6 +779,22 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
     if (!m.ok()) return m.status();
     s->metrics_ = *std::move(m);
   }
+  if (options.dead_rank_timeout_s > 0) {
+    const absl::Duration timeout = absl::Seconds(options.dead_rank_timeout_s);
+    ZenFlowServer* raw = s.get();
+    s->watchdog_ = std::thread([raw, timeout] {
+      for (;;) {
+        {
+          MutexLock lock(&raw->watchdog_mu_);
+          raw->watchdog_mu_.AwaitWithTimeout(
+              [raw]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return raw->stopping_; },
+              std::min(absl::Seconds(1), timeout / 4));
+          if (raw->stopping_) return;
+        }
+        for (const std::shared_ptr<Job>& job : raw->registry_->Jobs()) job->FailIfRankGone(timeout);
+      }
+    });
+  }
   return s;
 }
 
@@ -792,6 +814,11 @@ void ZenFlowServer::Shutdown() {
 }
 
 ZenFlowServer::~ZenFlowServer() {
+  {
+    MutexLock lock(&watchdog_mu_);
+    stopping_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
   metrics_.reset();  // its scrapes read the registry
   Shutdown();
   round_hook_.store(nullptr, std::memory_order_release);

@@ -11,10 +11,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "common/ucx.h"
 #include "server/registry.h"
@@ -112,6 +114,9 @@ struct ServerOptions {
   std::string state_dir;
   int checkpoint_keep = 2;
   int checkpoint_every_rounds = 0;
+  // A joined rank without a data stream for this long fails what waits on
+  // it (README "Dead ranks"); 0: never.
+  int dead_rank_timeout_s = 0;
 };
 
 // Owns the registry, the service and the gRPC server. Thread-safe.
@@ -148,6 +153,10 @@ class ZenFlowServer {
   // checkpointer_ for the jobs' round hook (their update threads outlive it).
   std::atomic<Checkpointer*> round_hook_{nullptr};
   int port_ = 0;
+  // Looks for dead ranks every second (with dead_rank_timeout_s).
+  std::thread watchdog_;
+  Mutex watchdog_mu_;
+  bool stopping_ ABSL_GUARDED_BY(watchdog_mu_) = false;
 };
 
 }  // namespace zenflow

@@ -68,6 +68,9 @@ ABSL_FLAG(std::string, state_dir, "",
           "restored at start (health says NOT_SERVING until done), a Checkpoint call and "
           "SIGTERM write them; empty: no checkpoints");
 ABSL_FLAG(int32_t, checkpoint_keep, 2, "checkpoints kept per job (the newest)");
+ABSL_FLAG(int32_t, dead_rank_timeout_s, 300,
+          "a joined rank without a data stream for this many seconds fails what waits on it "
+          "(the others' selection, all-reduce and rounds) with ABORTED; 0 = never");
 ABSL_FLAG(int32_t, checkpoint_every_rounds, 0,
           "also checkpoint each job every this many rounds, in the background (rounds do not "
           "wait for the disk); 0: only on request and at SIGTERM");
@@ -218,6 +221,11 @@ int main(int argc, char** argv) {
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   opts.checkpoint_every_rounds = absl::GetFlag(FLAGS_checkpoint_every_rounds);
+  opts.dead_rank_timeout_s = absl::GetFlag(FLAGS_dead_rank_timeout_s);
+  if (opts.dead_rank_timeout_s < 0) {
+    std::fprintf(stderr, "zenflowd: --dead_rank_timeout_s must be >= 0\n");
+    return 2;
+  }
   if (opts.checkpoint_keep < 1 || opts.checkpoint_every_rounds < 0) {
     std::fprintf(stderr, "zenflowd: --checkpoint_keep must be >= 1 and --checkpoint_every_rounds >= 0\n");
     return 2;

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -94,4 +96,51 @@ TEST_F(RestartTest, AfterSigkillTheLastCheckpointComesBack) {
 }
 
 }  // namespace
+TEST_F(RestartTest, ADeadRankFailsWhatWaitsOnItAndMayAttachAgain) {
+  DaemonProcess d;
+  ASSERT_OK(d.Start({"--listen=127.0.0.1:0", "--dead_rank_timeout_s=1"}));
+  JobOptions o;
+  o.job_id = "dead";
+  Harness h(d.target(), o);  // creates and uploads the job; its own ranks stay out
+  ASSERT_OK(h.Connect());
+  ASSERT_OK(h.CreateJob());
+  ASSERT_OK(h.Upload());
+  const ClientOptions co = TestClientOptions(d.target());
+  absl::StatusOr<std::unique_ptr<Client>> made0 = Client::Connect(co);
+  absl::StatusOr<std::unique_ptr<Client>> made1 = Client::Connect(co);
+  ASSERT_OK(made0.status());
+  ASSERT_OK(made1.status());
+  std::unique_ptr<Client> c0 = *std::move(made0), c1 = *std::move(made1);
+  ASSERT_OK(c0->JoinJob("dead", 0).status());
+  ASSERT_OK(c1->JoinJob("dead", 1).status());
+  const std::vector<float> a = {1.f, 2.f}, b = {3.f, 6.f};
+  c1.reset();  // rank 1's process is gone: its stream ends
+  // Rank 0 waits on rank 1 in an all-reduce; a second later it is told.
+  absl::StatusOr<std::vector<std::vector<float>>> r = c0->AllReduce(0, {{"g", &a}});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_NE(r.status().message().find("rank 1 of job 'dead' has had no data stream"),
+            std::string::npos)
+      << r.status();
+  // Its stream ends with the same status (its rounds cannot complete).
+  absl::Status s;
+  for (int i = 0; i < 100 && (s = c0->stream_status()).ok(); ++i) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  // A restarted rank attaches again (it joined before), and so does rank 0:
+  // the job goes on.
+  made1 = Client::Connect(co);
+  ASSERT_OK(made1.status());
+  c1 = *std::move(made1);
+  ASSERT_OK(c1->Attach("dead", 1));
+  ASSERT_OK(c0->Attach("dead", 0));
+  absl::StatusOr<std::vector<std::vector<float>>> r1;
+  std::thread t([&] { r1 = c1->AllReduce(1, {{"g", &b}}); });
+  absl::StatusOr<std::vector<std::vector<float>>> r0 = c0->AllReduce(1, {{"g", &a}});
+  t.join();
+  ASSERT_OK(r0.status());
+  ASSERT_OK(r1.status());
+  EXPECT_EQ((*r0)[0], (std::vector<float>{2.f, 4.f}));
+  EXPECT_EQ((*r1)[0], (*r0)[0]);
+  ASSERT_OK(d.Stop());
+}
+
 }  // namespace zenflow::testing
