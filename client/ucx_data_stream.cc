@@ -118,16 +118,24 @@ bool UcxDataStream::Send(Outgoing out, DoneFn done) {
   f->hold = std::move(out.hold);
   SplitFrame(&f->msg, &f->payload, &f->header);
   const absl::string_view body = f->borrowed.empty() ? absl::string_view(f->payload) : f->borrowed;
-  uint64_t ep = 0;
+  uint64_t ep = 0, id = 0;
   {
     MutexLock lock(&mu_);
     ++sending_;
     ep = ep_;
+    id = ++next_send_;
+    // Abort's way to end this send if UCX never does: fail it and let go of
+    // the borrowed payload (the peer is gone; nothing reads it any more).
+    in_flight_[id].end = [f, done] {
+      f->hold.reset();
+      done(false);
+    };
   }
-  link_->worker()->Send(ep, tag_, {body, f->header}, [this, f, done](absl::Status s) {
+  link_->worker()->Send(ep, tag_, {body, f->header}, [this, f, done, id](absl::Status s) {
     bool report = false;
     {
       MutexLock lock(&mu_);
+      if (in_flight_.erase(id) == 0) return;  // Abort ended it already
       report = !s.ok() && !aborted_;
     }
     // The lifeline goes down with the data path; the stream reports why.
@@ -162,6 +170,21 @@ void UcxDataStream::Abort() {
     ep_ = 0;
   }
   if (ep != 0) link_->worker()->Disconnect(ep, /*force=*/true);
+  // The force close fails the sends in flight, as a rule; a peer that died
+  // mid-transfer (shared memory) can leave some that never end. Give UCX a
+  // moment, then end them here.
+  std::map<uint64_t, InFlight> stuck;
+  {
+    MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_.empty(); },
+                         absl::Seconds(2));
+    stuck.swap(in_flight_);
+  }
+  for (auto& [id, s] : stuck) {
+    s.end();
+    MutexLock lock(&mu_);
+    --sending_;
+  }
 }
 
 }  // namespace zenflow

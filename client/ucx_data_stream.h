@@ -76,6 +76,14 @@ class UcxDataStream final : public DataStream {
   uint64_t ep_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not yet ended
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  // Sends UCX has not completed: what ends each (its done callback and the
+  // borrowed payload's owner). A force-closed endpoint to a peer that died
+  // does not always complete them; Abort then ends them itself.
+  struct InFlight {
+    std::function<void()> end;
+  };
+  std::map<uint64_t, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zenflow

@@ -3,10 +3,9 @@
 # restart"), with real processes: zf_train ranks run against zenflowd with a
 # --state_dir; zenflowd is killed with SIGKILL mid-run (after a checkpoint
 # every 3 rounds) and started again on the same port and state directory.
-#  - one rank, sync apply delay and apply delay 1: training completes and
-#    the final parameters equal an uninterrupted run's bit for bit (the data
-#    stream over gRPC: over UCX a SIGKILLed daemon can leave shared-memory
-#    sends that never complete; README "Riding through a daemon restart");
+#  - one rank, sync apply delay and apply delay 1, and apply delay 1 with the
+#    data over UCX: training completes and the final parameters equal an
+#    uninterrupted run's bit for bit;
 #  - two ranks, apply delay 1: both complete, end bit-identical to each
 #    other and close to the uninterrupted run (two uninterrupted two-rank
 #    runs need not be bit-identical: the daemon adds the ranks' shards in
@@ -66,7 +65,7 @@ kill_mid_run() {
 
 summary() { "$JSON" --line=ZF_SUMMARY "$1" "$2"; }
 
-for run in sync:grpc 1:grpc; do
+for run in sync:grpc 1:grpc 1:ucx; do
   delay=${run%%:*}
   tr=${run##*:}
   name="${delay}_$tr"
