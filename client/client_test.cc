@@ -30,6 +30,13 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override { StartServer(""); }
   // (Re)starts the in-process daemon, with checkpoints in `state_dir` if set.
+  // An empty state directory for this test and transport.
+  std::string FreshStateDir(const std::string& name) const {
+    const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/", name, "_",
+                                         GetParam() == Transport::kUcx ? "ucx" : "grpc");
+    EXPECT_EQ(system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
+    return dir;
+  }
   // On `port` (0: any free one).
   void StartServer(const std::string& state_dir, int port = 0) {
     if (server_ != nullptr) {
@@ -329,9 +336,7 @@ TEST_P(ClientTest, AJobSurvivesARestartFromItsNewestWholeCheckpoint) {
 }
 
 TEST_P(ClientTest, ARankRidesThroughADaemonRestartFromAnOlderCheckpoint) {
-  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ride_",
-                                       GetParam() == Transport::kUcx ? "ucx" : "grpc");
-  ASSERT_EQ(system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
+  const std::string dir = FreshStateDir("ride");
   StartServer(dir);
   const int port = server_->port();
   ClientOptions o = Options();
@@ -368,9 +373,7 @@ TEST_P(ClientTest, ARankRidesThroughADaemonRestartFromAnOlderCheckpoint) {
 }
 
 TEST_P(ClientTest, WithoutDaemonWaitARestartEndsTheWait) {
-  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/nowait_",
-                                       GetParam() == Transport::kUcx ? "ucx" : "grpc");
-  ASSERT_EQ(system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
+  const std::string dir = FreshStateDir("nowait");
   StartServer(dir);
   const int port = server_->port();
   std::unique_ptr<Client> c = NewClient();
