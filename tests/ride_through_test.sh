@@ -10,6 +10,8 @@
 #    other and close to the uninterrupted run (two uninterrupted two-rank
 #    runs need not be bit-identical: the daemon adds the ranks' shards in
 #    the order they arrive);
+#  - SIGKILL while a checkpoint file is being written: the checkpoint before
+#    it is restored and the run still ends bit-identical;
 #  - without --daemon_wait a rank fails at once with UNAVAILABLE.
 set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -27,11 +29,12 @@ cleanup() {
 trap cleanup EXIT
 
 port=""
+extra_flags=()
 start_daemon() {
   local listen="127.0.0.1:${port:-0}"
   rm -f "$dir/port"
   "$ZENFLOWD" --listen="$listen" --port_file="$dir/port" --state_dir="$dir/state" \
-    --checkpoint_every_rounds=3 2>>"$dir/zenflowd.log" &
+    --checkpoint_every_rounds=3 "${extra_flags[@]}" 2>>"$dir/zenflowd.log" &
   dpid=$!
   for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
   [ -s "$dir/port" ] || { echo "zenflowd did not start"; cat "$dir/zenflowd.log"; exit 1; }
@@ -83,6 +86,45 @@ for run in sync:grpc 1:grpc 1:ucx; do
     echo "$name: the run through a daemon restart differs from the uninterrupted run"; exit 1; }
   echo "apply delay $delay over $tr: bit-identical after SIGKILL and restart"
 done
+
+# SIGKILL while a checkpoint is being written: the daemon is killed the moment
+# a temporary checkpoint file exists (checkpoints every round); the next one
+# restores the checkpoint before it and the rank still ends bit-identical.
+ck=(--width=128 --layers=2 --heads=4 --context=32 --batch=4 --threads=1 --progress=false
+    --steps=120 --interval=4 --select_interval=40 --emulate_device_ms=5 --delay=sync
+    --data=/usr/share/common-licenses/GPL-3)
+kill -TERM "$dpid"
+wait "$dpid" 2>/dev/null || true
+extra_flags=(--checkpoint_every_rounds=1)
+start_daemon
+"$TRAIN" "${ck[@]}" --job=ckref --target="$T" --save="$dir/ckref.params" > /dev/null
+"$TRAIN" "${ck[@]}" --job=ckw --target="$T" --daemon_wait=60s --save="$dir/ckw.params" \
+  > "$dir/ckw.out" 2> "$dir/ckw.err" &
+rank=$!
+for _ in $(seq 1 600); do [ "$(rounds_updated ckw)" -ge 8 ] && break; sleep 0.02; done
+tmp=""
+for _ in $(seq 1 200000); do
+  for f in "$dir"/state/ckw/.ckpt-*.tmp.*; do [ -e "$f" ] && tmp=$f; done
+  [ -n "$tmp" ] && break
+done
+kill -KILL "$dpid"
+wait "$dpid" 2>/dev/null || true
+[ -n "$tmp" ] || { echo "no checkpoint write was seen in progress"; exit 1; }
+echo "killed zenflowd (SIGKILL) while it wrote $(basename "$tmp")"
+start_daemon
+wait $rank || { echo "checkpoint-write kill: the rank failed"; cat "$dir/ckw.err"; exit 1; }
+grep "restored job 'ckw'" "$dir/zenflowd.log" | tail -n 1
+written=$(basename "$tmp" | sed -n 's/^\.ckpt-0*\([0-9]*\)\.zfck\.tmp\..*/\1/p')
+restored=$(grep "restored job 'ckw'" "$dir/zenflowd.log" | tail -n 1 | sed -n 's/.*ckpt-0*\([0-9]*\)\.zfck$/\1/p')
+[ -n "$restored" ] && [ "$restored" -lt "$written" ] || {
+  echo "the restart should have restored a checkpoint before $written (got '$restored')"; exit 1; }
+cmp "$dir/ckref.params" "$dir/ckw.params" || {
+  echo "after a SIGKILL mid-checkpoint the run differs from the uninterrupted run"; exit 1; }
+echo "SIGKILL during the write of checkpoint $written: checkpoint $restored restored, bit-identical"
+extra_flags=()
+kill -TERM "$dpid"
+wait "$dpid" 2>/dev/null || true
+start_daemon
 
 two=(--world=2 --delay=1 --target="$T")
 "$TRAIN" "${common[@]}" "${two[@]}" --job=ref2 --rank=0 --save="$dir/ref2.params" > "$dir/ref2.out" &
