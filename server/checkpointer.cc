@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_file.h"
 #include "common/status_macros.h"
@@ -98,6 +99,11 @@ absl::StatusOr<int> Checkpointer::RestoreAll() {
 
 absl::StatusOr<v1::CheckpointInfo> Checkpointer::CheckpointJob(const std::shared_ptr<Job>& job) {
   MutexLock write(&write_mu_);
+  // The snapshot is a copy of the job's state and bookkeeping: it counts
+  // against the memory budget while the file is written.
+  const int64_t copy = job->footprint().state_bytes + job->footprint().bookkeeping_bytes;
+  ZF_RETURN_IF_ERROR(registry_->ReserveBytes(copy, job->spec().job_id()));
+  absl::Cleanup release = [&] { registry_->ReleaseBytes(copy); };
   ZF_ASSIGN_OR_RETURN(JobSnapshot snap, job->Snapshot());
   const std::string dir = JobDir(snap.job_id);
   if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
@@ -135,15 +141,24 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Run(const std::string& job_
     jobs.push_back(std::move(job));
   }
   v1::CheckpointResponse resp;
+  absl::Status first_error;
   for (const std::shared_ptr<Job>& job : jobs) {
     absl::StatusOr<v1::CheckpointInfo> info = CheckpointJob(job);
     // A job deleted meanwhile has nothing to save.
     if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound && job_id.empty()) {
       continue;
     }
+    if (!info.ok() && job_id.empty()) {
+      // The other jobs are still saved; the call reports the first failure.
+      std::fprintf(stderr, "zenflowd: checkpoint of job '%s' failed: %s\n",
+                   job->spec().job_id().c_str(), info.status().ToString().c_str());
+      if (first_error.ok()) first_error = info.status();
+      continue;
+    }
     ZF_RETURN_IF_ERROR(info.status());
     *resp.add_checkpoints() = *std::move(info);
   }
+  if (!first_error.ok()) return first_error;
   return resp;
 }
 

@@ -223,4 +223,21 @@ ProcessUsage ReadProcessUsage() {
   return u;
 }
 
+absl::Status JobRegistry::ReserveBytes(int64_t bytes, const std::string& job_id) {
+  MutexLock lock(&mu_);
+  if (bytes > budget_ - bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a checkpoint of job '", job_id, "' copies ", Bytes(bytes), " of its state; the daemon's ",
+        "jobs hold ", Bytes(bytes_), " of its memory budget of ", Bytes(budget_),
+        " (--memory_budget_bytes): raise the budget, or checkpoint while fewer jobs are held"));
+  }
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void JobRegistry::ReleaseBytes(int64_t bytes) {
+  MutexLock lock(&mu_);
+  bytes_ -= bytes;
+}
+
 }  // namespace zenflow

@@ -64,6 +64,12 @@ class JobRegistry {
   // Every open job.
   std::vector<std::shared_ptr<Job>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Charges `bytes` of passing use (a checkpoint's snapshot of job
+  // `job_id`) against the memory budget; RESOURCE_EXHAUSTED, saying so,
+  // when they do not fit. Give them back with ReleaseBytes.
+  absl::Status ReserveBytes(int64_t bytes, const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseBytes(int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Counts a rejected request or stream message (daemon-wide; jobs count
   // their own too) by code and where (`reason`: the RPC in snake_case, or
   // "stream").

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "grpcpp/grpcpp.h"
+#include "zenflow/v1/zenflow.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/harness.h"
@@ -141,6 +143,48 @@ TEST_F(RestartTest, ADeadRankFailsWhatWaitsOnItAndMayAttachAgain) {
   EXPECT_EQ((*r0)[0], (std::vector<float>{2.f, 4.f}));
   EXPECT_EQ((*r1)[0], (*r0)[0]);
   ASSERT_OK(d.Stop());
+}
+
+TEST_F(RestartTest, ACheckpointWhoseSnapshotDoesNotFitTheBudgetIsRefused) {
+  // The job's footprint, measured on a daemon with room to spare.
+  JobOptions o;
+  o.job_id = "big";
+  o.tensors = {{"w", 256, 1024, false}};
+  int64_t memory = 0, copy = 0;
+  {
+    DaemonProcess probe;
+    ASSERT_OK(probe.Start({"--listen=127.0.0.1:0"}));
+    Harness h(probe.target(), o);
+    ASSERT_OK(h.Setup());
+    absl::StatusOr<v1::GetStatsResponse> st = h.client(0).GetStats("big");
+    ASSERT_OK(st.status());
+    memory = st->jobs(0).memory_bytes();
+    copy = st->jobs(0).state_bytes() + st->jobs(0).bookkeeping_bytes();
+    ASSERT_OK(probe.Stop());
+  }
+  // A budget the job fits in, but not the job and its snapshot.
+  DaemonProcess d;
+  ASSERT_OK(d.Start({"--listen=127.0.0.1:0", "--state_dir=" + dir_,
+                     absl::StrCat("--memory_budget_bytes=", memory + copy / 2)}));
+  Harness h(d.target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+  std::unique_ptr<v1::ZenFlow::Stub> stub = v1::ZenFlow::NewStub(h.client(0).channel());
+  grpc::ClientContext ctx;
+  v1::CheckpointRequest req;
+  req.set_job_id("big");
+  v1::CheckpointResponse resp;
+  const grpc::Status g = stub->Checkpoint(&ctx, req, &resp);
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << g.error_message();
+  EXPECT_NE(g.error_message().find("a checkpoint of job 'big' copies"), std::string::npos)
+      << g.error_message();
+  // Nothing was written, nothing stays reserved, and the job goes on exactly.
+  EXPECT_EQ(system(absl::StrCat("test -z \"$(ls '", dir_, "/big' 2>/dev/null)\"").c_str()), 0);
+  ASSERT_OK(h.GoodRound(1e-2f));
+  absl::StatusOr<v1::GetStatsResponse> st = h.client(0).GetStats("big");
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).memory_bytes(), memory);
+  ASSERT_OK(d.Stop());  // the save at SIGTERM fails the same way, logged
 }
 
 }  // namespace zenflow::testing
