@@ -10,8 +10,8 @@
 #    other and close to the uninterrupted run (two uninterrupted two-rank
 #    runs need not be bit-identical: the daemon adds the ranks' shards in
 #    the order they arrive);
-#  - SIGKILL while a checkpoint file is being written: the checkpoint before
-#    it is restored and the run still ends bit-identical;
+#  - SIGKILL while a checkpoint file is being written: the newest whole
+#    checkpoint is restored and the run still ends bit-identical;
 #  - without --daemon_wait a rank fails at once with UNAVAILABLE.
 set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -89,7 +89,7 @@ done
 
 # SIGKILL while a checkpoint is being written: the daemon is killed the moment
 # a temporary checkpoint file exists (checkpoints every round); the next one
-# restores the checkpoint before it and the rank still ends bit-identical.
+# restores the newest whole checkpoint and the rank still ends bit-identical.
 ck=(--width=128 --layers=2 --heads=4 --context=32 --batch=4 --threads=1 --progress=false
     --steps=120 --interval=4 --select_interval=40 --emulate_device_ms=5 --delay=sync
     --data=/usr/share/common-licenses/GPL-3)
@@ -116,8 +116,10 @@ wait $rank || { echo "checkpoint-write kill: the rank failed"; cat "$dir/ckw.err
 grep "restored job 'ckw'" "$dir/zenflowd.log" | tail -n 1
 written=$(basename "$tmp" | sed -n 's/^\.ckpt-0*\([0-9]*\)\.zfck\.tmp\..*/\1/p')
 restored=$(grep "restored job 'ckw'" "$dir/zenflowd.log" | tail -n 1 | sed -n 's/.*ckpt-0*\([0-9]*\)\.zfck$/\1/p')
-[ -n "$restored" ] && [ "$restored" -lt "$written" ] || {
-  echo "the restart should have restored a checkpoint before $written (got '$restored')"; exit 1; }
+# The kill lands a moment after the temporary file was seen: usually before
+# the rename (the checkpoint before it comes back), sometimes just after.
+[ -n "$restored" ] && [ "$restored" -le "$written" ] || {
+  echo "the restart should have restored checkpoint $written or an earlier one (got '$restored')"; exit 1; }
 cmp "$dir/ckref.params" "$dir/ckw.params" || {
   echo "after a SIGKILL mid-checkpoint the run differs from the uninterrupted run"; exit 1; }
 echo "SIGKILL during the write of checkpoint $written: checkpoint $restored restored, bit-identical"
