@@ -301,17 +301,21 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
         " (max_replay_bytes filled up before the daemon made a checkpoint): the rank cannot "
         "continue exactly; checkpoint more often (--checkpoint_every_rounds)"));
   }
+  // Waits until the daemon has updated `round` (at once if it had before).
+  auto updated = [&](int64_t round) -> absl::Status {
+    if (round < hello.rounds_updated() || rounds_.WaitDoneSeen(round, options_.selection_timeout)) {
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(
+        absl::StrCat("the replay waited for round ", round, "'s update and the stream ended"));
+  };
   for (const std::shared_ptr<const ReplayEntry>& e : log_.Entries()) {
     switch (e->kind) {
       case ReplayEntry::Kind::kUp: {
         // Round X reuses round X-2's accumulation buffer on the daemon:
         // its update must be done first (the engine's apply delay keeps
         // that true as it runs; a replay goes faster).
-        if (e->round - 2 >= hello.rounds_updated() &&
-            !rounds_.WaitDoneSeen(e->round - 2, options_.selection_timeout)) {
-          return absl::UnavailableError(absl::StrCat(
-              "the replay waited for round ", e->round - 2, "'s update and the stream ended"));
-        }
+        ZF_RETURN_IF_ERROR(updated(e->round - 2));
         Outgoing out;
         out.msg = e->up;
         out.size = static_cast<int64_t>(e->bytes);
@@ -323,11 +327,7 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
         // The engine drained before it selected: the rounds before the
         // selection's are updated first (their closes, replayed above,
         // travel on the stream, which a unary call can overtake).
-        if (e->round - 1 >= hello.rounds_updated() &&
-            !rounds_.WaitDoneSeen(e->round - 1, options_.selection_timeout)) {
-          return absl::UnavailableError(absl::StrCat(
-              "the replay waited for round ", e->round - 1, "'s update and the stream ended"));
-        }
+        ZF_RETURN_IF_ERROR(updated(e->round - 1));
         v1::SubmitImportanceResponse resp;
         ZF_RETURN_IF_ERROR(RawSubmitImportance(e->selection, &resp));
         break;

@@ -104,13 +104,7 @@ absl::Status AllReduceBarrier::SubmitCallLocked(const v1::AllReduceRequest& req,
       break;
     }
   }
-  Pending& p = pending_[req.step()];
-  if (found == pending_.end()) {
-    p.submitted.assign(world_, false);
-    p.parts.resize(world_);
-    p.waiters.resize(world_);
-    p.calls.assign(world_, 0);
-  }
+  Pending& p = PendingLocked(req.step());
   if (p.submitted[rank]) {
     *replaced = std::move(p.waiters[rank]);  // a retry: the newer call wins
     bytes_ -= PartsBytes(p.parts[rank]);
@@ -125,6 +119,17 @@ absl::Status AllReduceBarrier::SubmitCallLocked(const v1::AllReduceRequest& req,
   bytes_ += PartsBytes(req);
   if (p.count == world_) *waiters = CompleteLocked(req.step(), result);
   return absl::OkStatus();
+}
+
+AllReduceBarrier::Pending& AllReduceBarrier::PendingLocked(int64_t step) {
+  Pending& p = pending_[step];
+  if (p.submitted.empty()) {  // a new step: nobody in yet
+    p.submitted.assign(world_, false);
+    p.parts.resize(world_);
+    p.waiters.resize(world_);
+    p.calls.assign(world_, 0);
+  }
+  return p;
 }
 
 std::vector<AllReduceBarrier::Done> AllReduceBarrier::CompleteLocked(
@@ -201,13 +206,7 @@ absl::Status AllReduceBarrier::SubmitReplayLocked(const v1::AllReduceRequest& re
     }
     replay_step_[rank] = -1;
   }
-  Pending& p = pending_[req.step()];
-  if (p.submitted.empty()) {
-    p.submitted.assign(world_, false);
-    p.parts.resize(world_);
-    p.waiters.resize(world_);
-    p.calls.assign(world_, 0);
-  }
+  Pending& p = PendingLocked(req.step());
   p.submitted[rank] = true;
   p.parts[rank] = req;
   p.parts[rank].set_replay(false);

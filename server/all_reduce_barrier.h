@@ -53,6 +53,14 @@ class AllReduceBarrier {
   int64_t bytes();
 
  private:
+  struct Pending {
+    std::vector<bool> submitted;
+    int32_t count = 0;
+    std::vector<v1::AllReduceRequest> parts;  // by rank
+    std::vector<Done> waiters;
+    std::vector<uint64_t> calls;
+  };
+
   // A call: records it (a retry replaces the rank's earlier call of the
   // step) and completes the step if it was the last.
   absl::Status SubmitCallLocked(const v1::AllReduceRequest& req, uint64_t call, Done done,
@@ -63,18 +71,12 @@ class AllReduceBarrier {
   absl::Status SubmitReplayLocked(const v1::AllReduceRequest& req, std::vector<Done>* waiters,
                                   v1::AllReduceResponse* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step's rendezvous, made empty for every rank if new.
+  Pending& PendingLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step `step` has every part: the mean into `result`, the waiters to
   // answer; drops the step and replayed parts of earlier ones.
   std::vector<Done> CompleteLocked(int64_t step, v1::AllReduceResponse* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  struct Pending {
-    std::vector<bool> submitted;
-    int32_t count = 0;
-    std::vector<v1::AllReduceRequest> parts;  // by rank
-    std::vector<Done> waiters;
-    std::vector<uint64_t> calls;
-  };
 
   const int world_;
   Mutex mu_;
