@@ -76,6 +76,10 @@ ABSL_FLAG(int, warmup_rounds, 0, "zenflow: full warm-up rounds");
 ABSL_FLAG(std::string, delay, "adaptive", "zenflow: apply delay: sync, 1..S, or adaptive");
 ABSL_FLAG(std::string, wire, "bf16",
           "gradient wire dtype: fp32, bf16, fp16, or int8 (one fp32 scale per column)");
+ABSL_FLAG(bool, rank_ordered_sums, false,
+          "zenflow, zero_offload: the daemon sums each rank's gradients apart and adds the "
+          "ranks in rank order (JobSpec.rank_ordered_sums), so multi-rank reruns and runs "
+          "through a daemon restart are bit-identical; 8 B per parameter per extra rank");
 ABSL_FLAG(int, emulate_device_ms, 0,
           "adds this much emulated device time per step (sleep), to study stalls on a CPU machine");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -271,6 +275,7 @@ absl::Status Run() {
       return absl::InvalidArgumentError("--wire must be fp32, bf16, fp16 or int8");
     }
     want.set_wire_dtype(*wire_dtype);
+    want.set_rank_ordered_sums(absl::GetFlag(FLAGS_rank_ordered_sums));
     want.mutable_adamw()->set_lr(lr);
     want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
     v1::ZenFlowConfig* z = want.mutable_zenflow();

@@ -214,7 +214,9 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     const int64_t rows = geo.rows, cols = geo.cols;
     const int64_t n = mul(rows, cols);
     add(&f.params, n);
-    add(&f.state_bytes, mul(n, 5 * sizeof(float)));
+    // Rank-ordered sums: two accumulation buffers per rank.
+    const int64_t sums = spec.rank_ordered_sums() ? spec.world_size() : 1;
+    add(&f.state_bytes, mul(n, mul(3 + 2 * sums, sizeof(float))));
     add(&f.bookkeeping_bytes, mul(cols, sizeof(int64_t) + 1 + 2 * sizeof(int32_t)));
     add(&f.bookkeeping_bytes,
         mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
@@ -272,7 +274,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
   std::vector<TensorStore::Shape> shapes;
   for (const TensorState& t : tensors_) shapes.push_back({t.rows, t.cols});
   store_ = std::make_unique<TensorStore>(shapes);
-  acc_ = std::make_unique<RoundAccumulator>(shapes, world_);
+  acc_ = std::make_unique<RoundAccumulator>(shapes, world_, spec.rank_ordered_sums());
   for (const TensorState& t : tensors_) update_tensors_.push_back({t.name, t.rows, t.param_dtype});
   ranks_.resize(world_);
   for (RankState& r : ranks_) r.mailbox = std::make_shared<Mailbox>(ctx_.outbox_limit_bytes);
@@ -844,7 +846,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   if (!finite) rounds_[round].nonfinite = true;
   for (size_t i = 0; i < ncols; ++i) {
     const int32_t c = shard.columns(static_cast<int>(i));
-    float* dst = acc_->sum(ti, round, c);
+    float* dst = acc_->sum_of(ti, rank, round, c);
     if (!finite) {
       // The round is skipped: nothing to add.
     } else if (int8) {

@@ -64,7 +64,8 @@ struct JobContext {
 struct JobFootprint {
   int64_t params = 0;
   // fp32 master, m, v and two accumulation buffers: 20 B per parameter
-  // (the upload is staged in an accumulation buffer: nothing extra).
+  // (the upload is staged in an accumulation buffer: nothing extra); with
+  // rank_ordered_sums, two accumulation buffers per rank: 12 + 8 * world B.
   int64_t state_bytes = 0;
   // Per column: update count, selection flag and lists (17 B); per rank and
   // column: last step received and hits in the open round (12 B).

@@ -65,6 +65,22 @@ class MetaReader {
   bool ok_ = true;
 };
 
+// Rank 0's (or the only) sums are "sum0" and "sum1"; rank r's, with
+// rank-ordered sums, "sum0.r<r>" and "sum1.r<r>".
+std::string SumSectionName(int rank, int parity) {
+  return rank == 0 ? absl::StrCat("sum", parity) : absl::StrCat("sum", parity, ".r", rank);
+}
+
+// A tensor's fp32 sections, in the order Snapshot copies them.
+std::vector<std::string> SectionNamesOfFloats(int sum_ranks) {
+  std::vector<std::string> names = {"master", "m", "v"};
+  for (int r = 0; r < sum_ranks; ++r) {
+    names.push_back(SumSectionName(r, 0));
+    names.push_back(SumSectionName(r, 1));
+  }
+  return names;
+}
+
 }  // namespace
 
 absl::StatusOr<JobSnapshot> Job::Snapshot() {
@@ -81,7 +97,7 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     const size_t elements = static_cast<size_t>(tensors_[ti].rows * tensors_[ti].cols);
     const size_t cols = static_cast<size_t>(tensors_[ti].cols);
     const std::string p = absl::StrCat("t", ti, ".");
-    for (const char* n : {"master", "m", "v", "sum0", "sum1"}) {
+    for (const std::string& n : SectionNamesOfFloats(acc_->sum_ranks())) {
       big.push_back({p + n, std::string(elements * sizeof(float), '\0')});
     }
     big.push_back({p + "count", std::string(cols * sizeof(int64_t), '\0')});
@@ -138,8 +154,10 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     copy(raw.master);
     copy(raw.m);
     copy(raw.v);
-    copy(acc_->sum_buffer(t, 0).data());
-    copy(acc_->sum_buffer(t, 1).data());
+    for (int r = 0; r < acc_->sum_ranks(); ++r) {
+      copy(acc_->sum_buffer(t, r, 0).data());
+      copy(acc_->sum_buffer(t, r, 1).data());
+    }
     copy(raw.count);
     const size_t cols = raw.cols;
     Big& last = big[at++];
@@ -222,10 +240,12 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     ZF_RETURN_IF_ERROR(load(p + "m", raw.m, raw.elements * sizeof(float)));
     ZF_RETURN_IF_ERROR(load(p + "v", raw.v, raw.elements * sizeof(float)));
     ZF_RETURN_IF_ERROR(load(p + "count", raw.count, raw.cols * sizeof(int64_t)));
-    for (int parity = 0; parity < 2; ++parity) {
-      std::vector<float>& sum = acc_->sum_buffer(t, parity);
-      ZF_RETURN_IF_ERROR(
-          load(absl::StrCat(p, "sum", parity), sum.data(), sum.size() * sizeof(float)));
+    for (int r = 0; r < acc_->sum_ranks(); ++r) {
+      for (int parity = 0; parity < 2; ++parity) {
+        std::vector<float>& sum = acc_->sum_buffer(t, r, parity);
+        ZF_RETURN_IF_ERROR(
+            load(p + SumSectionName(r, parity), sum.data(), sum.size() * sizeof(float)));
+      }
     }
     const std::string* last = section(p + "last");
     const std::string* hits = section(p + "hits");

@@ -5,6 +5,10 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/codec.h"
 #include "absl/time/clock.h"
@@ -62,9 +66,12 @@ TEST(NormalizeJobSpecTest, ExplicitZeroTopkAndWeightDecayAreKept) {
   EXPECT_EQ(spec.adamw().weight_decay(), 0.0f);
 }
 
-// A job of one rank, S = 2, its parameters uploaded and the rank joined.
-std::shared_ptr<Job> JoinedJob(JobRegistry* registry) {
-  v1::JobSpec spec = OneTensorSpec(1, 2);
+// A job of `world` ranks, S = 2, its parameters uploaded and the ranks
+// joined.
+std::shared_ptr<Job> JoinedJob(JobRegistry* registry, int world = 1,
+                               bool rank_ordered_sums = false) {
+  v1::JobSpec spec = OneTensorSpec(world, 2);
+  spec.set_rank_ordered_sums(rank_ordered_sums);
   EXPECT_TRUE(registry->CreateJob(spec).ok());
   std::shared_ptr<Job> job = *registry->Find("unit");
   v1::UploadParametersRequest chunk;
@@ -75,7 +82,7 @@ std::shared_ptr<Job> JoinedJob(JobRegistry* registry) {
   chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
   absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
   EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-  EXPECT_TRUE(job->Join(0).ok());
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(job->Join(r).ok());
   return job;
 }
 
@@ -195,6 +202,82 @@ TEST(JobCheckpointTest, AJobRestoredFromASnapshotContinuesBitIdentically) {
   sections["t0.master"] = &short_master;
   absl::Status s = copy->LoadSnapshot(sections);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+// Rank r's gradient at `step` (every element alike): 1e8 absorbs a 1 added
+// after it, so fp32 sums of these depend on the order of addition.
+std::array<float, 6> OrderSensitive(int rank, int64_t step) {
+  static constexpr float kValue[2][2] = {{1e8f, 1.0f}, {1.0f, -1e8f}};
+  const float v = kValue[rank][step % 2];
+  return {v, v, v, v, v, v};
+}
+
+// Sends the (rank, step) shards in `order`, then both ranks close `round`.
+void PushTwoRanks(Job* job, int64_t round, const std::vector<std::pair<int, int64_t>>& order) {
+  for (const auto& [rank, step] : order) {
+    ASSERT_TRUE(job->HandleUp(rank, AllColumns(step, OrderSensitive(rank, step)), Wire::kGrpc).ok());
+  }
+  for (int rank : {0, 1}) ASSERT_TRUE(job->HandleUp(rank, Close(round, 2, 0.1), Wire::kGrpc).ok());
+}
+
+std::string StateAfterUpdates(Job* job) {
+  EXPECT_TRUE(job->Snapshot().ok());  // waits for the updates
+  absl::StatusOr<v1::ColumnState> st = job->ReadColumns("w", {0, 1, 2});
+  EXPECT_TRUE(st.ok()) << st.status();
+  return st.ok() ? st->SerializeAsString() : "";
+}
+
+// Two ranks whose shards arrive in different orders: with rank_ordered_sums
+// the state is bit-identical, including after a snapshot taken with rank
+// 1's part of a round summed apart; without it the orders give different
+// state (so the test sees the option at work).
+TEST(JobTest, RankOrderedSumsMakeTheStateIndependentOfArrivalOrder) {
+  const std::vector<std::pair<int, int64_t>> rank_major = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
+  const std::vector<std::pair<int, int64_t>> rank1_first = {{1, 0}, {1, 1}, {0, 0}, {0, 1}};
+  const std::vector<std::pair<int, int64_t>> round1 = {{0, 2}, {1, 2}, {0, 3}, {1, 3}};
+  std::string shared[2], ordered[2];
+  for (bool rank_ordered : {false, true}) {
+    for (int i = 0; i < 2; ++i) {
+      JobRegistry registry(RegistryOptions{});
+      std::shared_ptr<Job> job = JoinedJob(&registry, 2, rank_ordered);
+      PushTwoRanks(job.get(), 0, i == 0 ? rank_major : rank1_first);
+      (rank_ordered ? ordered : shared)[i] = StateAfterUpdates(job.get());
+    }
+  }
+  EXPECT_NE(shared[0], shared[1]) << "these orders should round differently in one buffer";
+  EXPECT_EQ(ordered[0], ordered[1]);
+
+  // Round 1 half-way through a snapshot, then the rest in another order.
+  JobRegistry registry(RegistryOptions{});
+  std::shared_ptr<Job> whole = JoinedJob(&registry, 2, true);
+  PushTwoRanks(whole.get(), 0, rank_major);
+  PushTwoRanks(whole.get(), 1, round1);
+  const std::string want = StateAfterUpdates(whole.get());
+
+  JobRegistry first(RegistryOptions{});
+  std::shared_ptr<Job> job = JoinedJob(&first, 2, true);
+  PushTwoRanks(job.get(), 0, rank1_first);
+  for (const auto& [rank, step] : {std::make_pair(1, int64_t{2}), std::make_pair(0, int64_t{2})}) {
+    ASSERT_TRUE(job->HandleUp(rank, AllColumns(step, OrderSensitive(rank, step)), Wire::kGrpc).ok());
+  }
+  absl::StatusOr<JobSnapshot> snap = job->Snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  std::map<std::string, const std::string*> sections;
+  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  ASSERT_EQ(sections.count("t0.sum0.r1"), 1u);
+  ASSERT_EQ(sections.count("t0.sum1.r1"), 1u);
+  JobRegistry second(RegistryOptions{});
+  v1::JobSpec spec;
+  ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));
+  ASSERT_TRUE(second.CreateJob(spec).ok());
+  std::shared_ptr<Job> copy = *second.Find("unit");
+  std::map<std::string, const std::string*> missing = sections;
+  missing.erase("t0.sum1.r1");
+  absl::Status s = copy->LoadSnapshot(missing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  ASSERT_TRUE(copy->LoadSnapshot(sections).ok());
+  PushTwoRanks(copy.get(), 1, {{1, 3}, {0, 3}});
+  EXPECT_EQ(StateAfterUpdates(copy.get()), want);
 }
 
 TEST(JobRegistryTest, JobsBeyondMaxJobsAreRefusedUntilOneIsDeleted) {
@@ -362,6 +445,12 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
   EXPECT_EQ(f->delta_bytes, 2 * 6 * 2);                   // two rounds of bf16 deltas
   EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
+  // Rank-ordered sums: two accumulation buffers per rank.
+  spec.set_rank_ordered_sums(true);
+  absl::StatusOr<JobFootprint> ordered = ComputeJobFootprint(spec);
+  ASSERT_TRUE(ordered.ok()) << ordered.status();
+  EXPECT_EQ(ordered->state_bytes, 6 * (12 + 4 * 8));
+  EXPECT_EQ(ordered->bookkeeping_bytes, f->bookkeeping_bytes);
 
   v1::JobSpec huge = OneTensorSpec(1, 2);
   for (int i = 0; i < 2; ++i) {

@@ -3,11 +3,20 @@
 // accumulates while round r is updated), and which rank has sent which
 // column for which step of its open round.
 //
-//   RoundAccumulator acc({{rows, cols}}, /*world=*/2);
+//   RoundAccumulator acc({{rows, cols}}, /*world=*/2, /*rank_ordered=*/true);
 //   if (!acc.Received(t, rank, step, c)) {
-//     DecodeAdd(dtype, payload, rows, acc.sum(t, round, c));
+//     DecodeAdd(dtype, payload, rows, acc.sum_of(t, rank, round, c));
 //     acc.MarkReceived(t, rank, step, c);
 //   }
+//   ...  // every rank closed the round
+//   acc.Fold(t, round, first, n);  // acc.sum(t, round, first) is the total
+//
+// Floating-point addition is not associative: one buffer that every rank
+// adds into holds a sum that depends on the order the ranks' shards arrived
+// in. Rank-ordered sums give each rank beyond the first its own buffers and
+// add them to rank 0's in rank order (Fold), so the total depends only on
+// what each rank sent: reruns, and runs that ride through a daemon restart,
+// are bit-identical. A rank's own steps always arrive in order.
 //
 // Not thread-safe: its owner (Job) serializes access, under its mutex, or by
 // the ownership a round's update has of that round's buffer.
@@ -25,19 +34,27 @@ namespace zenflow {
 class RoundAccumulator {
  public:
   // Zeroed sums; per rank and column, nothing received. Allocates 8 B per
-  // element and 12 B per rank and column; throws std::bad_alloc when it
-  // cannot.
-  RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world);
+  // element (times `world` when rank_ordered) and 12 B per rank and column;
+  // throws std::bad_alloc when it cannot.
+  RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world, bool rank_ordered);
   RoundAccumulator(const RoundAccumulator&) = delete;
   RoundAccumulator& operator=(const RoundAccumulator&) = delete;
 
+  // How many sum buffers a round has: `world` when rank-ordered, else 1.
+  int sum_ranks() const { return sum_ranks_; }
+
   // Column c of tensor t in round `round`'s sum (rows floats, followed by
-  // column c + 1's).
-  float* sum(int t, int64_t round, int64_t c) {
+  // column c + 1's): after Fold, the total of every rank.
+  float* sum(int t, int64_t round, int64_t c) { return sum_of(t, 0, round, c); }
+  // Where `rank`'s shards of column c are added.
+  float* sum_of(int t, int rank, int64_t round, int64_t c) {
     Tensor& x = tensors_[t];
-    return x.sum[round & 1].data() + c * x.shape.rows;
+    return x.sum[rank < sum_ranks_ ? rank : 0][round & 1].data() + c * x.shape.rows;
   }
-  // Zeroes columns [first, first + n) of round `round`'s sum.
+  // Adds the other ranks' sums of columns [first, first + n) to rank 0's, in
+  // rank order, and zeroes them. Nothing to do unless rank-ordered.
+  void Fold(int t, int64_t round, int64_t first, int64_t n);
+  // Zeroes columns [first, first + n) of round `round`'s sums.
   void Clear(int t, int64_t round, int64_t first, int64_t n);
 
   // Whether `rank` already sent column c of tensor t for `step`.
@@ -54,24 +71,26 @@ class RoundAccumulator {
   // The rank closed its round: its counts start again from zero.
   void ResetRank(int rank);
 
-  // For checkpoints: tensor t's sum of the rounds of `parity` (rows * cols
-  // floats), and per rank its last step and hits per column.
-  std::vector<float>& sum_buffer(int t, int parity) { return tensors_[t].sum[parity & 1]; }
+  // For checkpoints: tensor t's sum buffer `r` (< sum_ranks()) of the
+  // rounds of `parity` (rows * cols floats), and per rank its last step and
+  // hits per column.
+  std::vector<float>& sum_buffer(int t, int r, int parity) { return tensors_[t].sum[r][parity & 1]; }
   std::vector<int64_t>& last_steps(int t, int rank) { return tensors_[t].last_step[rank]; }
   std::vector<int32_t>& hits_of(int t, int rank) { return tensors_[t].hits[rank]; }
 
   // Before the parameters are uploaded the odd rounds' sum is idle: an
   // upload stages tensor t there (row-major), then clears it.
-  float* staging(int t) { return tensors_[t].sum[1].data(); }
+  float* staging(int t) { return tensors_[t].sum[0][1].data(); }
   void ClearStaging(int t, int64_t elements);
 
  private:
   struct Tensor {
     TensorStore::Shape shape;
-    std::array<std::vector<float>, 2> sum;
+    std::vector<std::array<std::vector<float>, 2>> sum;  // [rank][parity]
     std::vector<std::vector<int64_t>> last_step;  // [rank][col]; -1: none
     std::vector<std::vector<int32_t>> hits;       // [rank][col]
   };
+  int sum_ranks_ = 1;
   std::vector<Tensor> tensors_;
 };
 

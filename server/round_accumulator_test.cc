@@ -19,7 +19,7 @@ float G(int rank, int64_t step, int64_t r, int64_t c) {
 // each rank.
 TEST(RoundAccumulatorTest, TwoRanksFourStepsAccumulateToTheMean) {
   constexpr int64_t kRows = 3, kCols = 5;
-  RoundAccumulator acc({{kRows, kCols}}, /*world=*/2);
+  RoundAccumulator acc({{kRows, kCols}}, /*world=*/2, /*rank_ordered=*/false);
   std::vector<float> want(kRows * kCols, 0.0f);
   for (int64_t step = 4; step < 8; ++step) {  // round 1
     for (int rank = 0; rank < 2; ++rank) {
@@ -56,7 +56,7 @@ TEST(RoundAccumulatorTest, TwoRanksFourStepsAccumulateToTheMean) {
 }
 
 TEST(RoundAccumulatorTest, StagingIsTheOddRoundsBufferAndClears) {
-  RoundAccumulator acc({{2, 4}}, 1);
+  RoundAccumulator acc({{2, 4}}, 1, false);
   float* s = acc.staging(0);
   for (int i = 0; i < 8; ++i) s[i] = 1.0f + i;
   EXPECT_EQ(acc.sum(0, 1, 0), s);
@@ -65,6 +65,70 @@ TEST(RoundAccumulatorTest, StagingIsTheOddRoundsBufferAndClears) {
   EXPECT_EQ(s[5], 6.0f);
   acc.ClearStaging(0, 8);
   EXPECT_EQ(s[7], 0.0f);
+}
+
+// One column, three ranks, two steps each: the values are chosen so that
+// fp32 addition in different orders gives different sums (1e8 absorbs a
+// 1 added after it but not 1 + 1 added first).
+constexpr float kStepValue[3][2] = {{1e8f, 1.0f}, {1.0f, -1e8f}, {1.0f, 3.0f}};
+
+// Adds every rank's two steps in the order `ranks` lists the arrivals (each
+// rank's own steps stay in order, as they do on a stream), then folds.
+float ArrivalSum(bool rank_ordered, const std::vector<int>& ranks) {
+  RoundAccumulator acc({{1, 1}}, /*world=*/3, rank_ordered);
+  int next[3] = {0, 0, 0};
+  for (int rank : ranks) {
+    const int step = next[rank]++;
+    acc.sum_of(0, rank, /*round=*/0, 0)[0] += kStepValue[rank][step];
+    acc.MarkReceived(0, rank, step, 0);
+  }
+  acc.Fold(0, 0, 0, 1);
+  return acc.sum(0, 0, 0)[0];
+}
+
+TEST(RoundAccumulatorTest, RankOrderedSumsDoNotDependOnArrivalOrder) {
+  const std::vector<std::vector<int>> orders = {
+      {0, 0, 1, 1, 2, 2}, {2, 2, 1, 1, 0, 0}, {1, 0, 2, 1, 0, 2}, {0, 1, 1, 0, 2, 2}};
+  // Rank order: ((1e8 + 1) + (1 + -1e8)) + (1 + 3) = (1e8 - 1e8) + 4.
+  const float want = (((1e8f + 1.0f) + (1.0f + -1e8f)) + (1.0f + 3.0f));
+  for (const auto& order : orders) EXPECT_EQ(ArrivalSum(true, order), want);
+  // The shared buffer's sum follows arrival: these orders give other sums,
+  // which is what rank_ordered_sums is for.
+  std::vector<float> shared;
+  for (const auto& order : orders) shared.push_back(ArrivalSum(false, order));
+  EXPECT_NE(shared[0], shared[1]);
+}
+
+TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
+  RoundAccumulator acc({{2, 3}}, /*world=*/2, /*rank_ordered=*/true);
+  EXPECT_EQ(acc.sum_ranks(), 2);
+  for (int64_t round : {0, 1}) {
+    for (int rank : {0, 1}) {
+      for (int64_t c = 0; c < 3; ++c) {
+        float* s = acc.sum_of(0, rank, round, c);
+        EXPECT_NE(s, acc.sum_of(0, 1 - rank, round, c)) << "ranks share a buffer";
+        s[0] = s[1] = static_cast<float>(10 * rank + c + 100 * round);
+      }
+    }
+  }
+  acc.Fold(0, /*round=*/1, /*first=*/1, /*n=*/2);
+  for (int64_t c = 1; c < 3; ++c) {
+    EXPECT_EQ(acc.sum(0, 1, c)[1], static_cast<float>(2 * (c + 100) + 10));
+    EXPECT_EQ(acc.sum_of(0, 1, 1, c)[0], 0.0f) << "Fold leaves rank 1's part zero";
+  }
+  EXPECT_EQ(acc.sum(0, 1, 0)[0], 100.0f) << "Fold went past its columns";
+  EXPECT_EQ(acc.sum_of(0, 1, 1, 0)[0], 110.0f);
+  EXPECT_EQ(acc.sum(0, 0, 1)[0], 1.0f) << "Fold touched the other round";
+  acc.Clear(0, 0, 0, 3);
+  for (int64_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(acc.sum_of(0, 0, 0, c)[1], 0.0f);
+    EXPECT_EQ(acc.sum_of(0, 1, 0, c)[1], 0.0f);
+  }
+  EXPECT_EQ(acc.sum_of(0, 1, 1, 0)[1], 110.0f) << "Clear touched the other round";
+  // Without rank order every rank adds into rank 0's buffer.
+  RoundAccumulator shared({{2, 3}}, 2, false);
+  EXPECT_EQ(shared.sum_ranks(), 1);
+  EXPECT_EQ(shared.sum_of(0, 1, 0, 2), shared.sum(0, 0, 2));
 }
 
 }  // namespace

@@ -90,6 +90,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
       for (size_t k = b; k < e; ++k) {
         const ColumnRun& run = runs[k];
         const RoundUpdateTensor& t = tensors_[run.tensor];
+        acc_->Fold(run.tensor, round, run.first_col, run.ncols);
         const float* g = acc_->sum(run.tensor, round, run.first_col);
         double s = 0;
         float big = 0;

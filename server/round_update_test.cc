@@ -12,12 +12,13 @@ namespace {
 constexpr int64_t kRows = 3, kCols = 4;
 
 struct Fixture {
+  explicit Fixture(bool rank_ordered = false);
   TensorStore store{{{kRows, kCols}}};
-  RoundAccumulator acc{{{kRows, kCols}}, 2};
+  RoundAccumulator acc;
   std::vector<RoundUpdateTensor> tensors{{"w", kRows, DType::kF32}};
   std::vector<std::vector<int32_t>> remote{{0, 1, 3}};  // column 2 is important
 
-  Fixture() {
+  void Init() {
     for (int64_t c = 0; c < kCols; ++c) {
       for (int64_t r = 0; r < kRows; ++r) {
         store.master(0, c)[r] = 1.0f + 0.5f * static_cast<float>(c) - 0.25f * static_cast<float>(r);
@@ -42,6 +43,8 @@ struct Fixture {
     return in;
   }
 };
+
+Fixture::Fixture(bool rank_ordered) : acc({{kRows, kCols}}, 2, rank_ordered) { Init(); }
 
 // The update equals the reference AdamW on the mean gradient, column by
 // column with each column's own count; the important column and the rest
@@ -113,6 +116,39 @@ TEST(RoundUpdateTest, ANonFiniteSumIsSkippedAndCleared) {
   EXPECT_EQ(f.store.count(0, 1), 2);
   EXPECT_EQ(f.acc.sum(0, 1, 1)[0], 0.0f);
   EXPECT_EQ(f.acc.sum(0, 1, 3)[2], 0.0f);
+}
+
+// Rank-ordered sums: the update folds rank 1's part into rank 0's before
+// anything reads the sum, so it equals the update of the folded sum; rank
+// 1's part is cleared with the rest (a skipped round's too).
+TEST(RoundUpdateTest, RankOrderedSumsAreFoldedBeforeTheUpdate) {
+  Fixture plain, ordered(true);
+  for (int64_t c = 0; c < kCols; ++c) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float part = 0.5f * static_cast<float>(c) - 0.2f * static_cast<float>(r) + 0.07f;
+      ordered.acc.sum_of(0, /*rank=*/1, /*round=*/1, c)[r] = part;
+      plain.acc.sum(0, 1, c)[r] += part;
+    }
+  }
+  UpdateRound(plain.Input(), UpdateLease::Grant(1, &plain.store, &plain.acc));
+  RoundUpdateResult r = UpdateRound(ordered.Input(), UpdateLease::Grant(1, &ordered.store, &ordered.acc));
+  ASSERT_FALSE(r.skipped);
+  for (int64_t c = 0; c < kCols; ++c) {
+    EXPECT_EQ(std::memcmp(ordered.store.master(0, c), plain.store.master(0, c), kRows * 4), 0);
+    EXPECT_EQ(std::memcmp(ordered.store.m(0, c), plain.store.m(0, c), kRows * 4), 0);
+    EXPECT_EQ(std::memcmp(ordered.store.v(0, c), plain.store.v(0, c), kRows * 4), 0);
+    EXPECT_EQ(ordered.acc.sum_of(0, 1, 1, c)[0] == 0.0f, c != 2)
+        << "column " << c << ": remote columns' parts are folded and cleared, the important "
+        << "column's is not touched";
+  }
+
+  Fixture skipped(true);
+  skipped.acc.sum_of(0, 1, 1, 3)[1] = 5.0f;
+  RoundUpdateInput in = skipped.Input();
+  in.nonfinite = true;
+  EXPECT_TRUE(UpdateRound(in, UpdateLease::Grant(1, &skipped.store, &skipped.acc)).skipped);
+  EXPECT_EQ(skipped.acc.sum_of(0, 1, 1, 3)[1], 0.0f);
+  EXPECT_EQ(skipped.acc.sum(0, 1, 3)[1], 0.0f);
 }
 
 }  // namespace
