@@ -76,8 +76,19 @@ absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& w
     // Wait until rank 0 created the job and uploaded the parameters.
     ZF_RETURN_IF_ERROR(client->WaitForUpload(want.job_id(), absl::Minutes(5)).status());
   }
-  ZF_ASSIGN_OR_RETURN(v1::JoinJobResponse joined, client->JoinJob(want.job_id(), rank));
-  return joined.spec();
+  absl::StatusOr<v1::JoinJobResponse> joined = client->JoinJob(want.job_id(), rank);
+  if (joined.status().code() == absl::StatusCode::kAlreadyExists) {
+    // An earlier process of this rank joined: the daemon kept the job, but
+    // this process has none of the rank's worker state.
+    return absl::FailedPreconditionError(absl::StrCat(
+        joined.status().message(), " (by an earlier process of this rank): a new process has "
+        "none of the rank's worker state (its important columns, their Adam moments, its "
+        "step), so it cannot continue the job; stop the job's other ranks and start every "
+        "rank again under a new job id (or after DeleteJob), e.g. from the last saved "
+        "parameters (zf_train --save, then --init)"));
+  }
+  ZF_RETURN_IF_ERROR(joined.status());
+  return joined->spec();
 }
 
 ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::JobSpec& spec,

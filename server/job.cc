@@ -659,8 +659,9 @@ void Job::FailIfRankGone(absl::Duration timeout) {
     why = absl::AbortedError(absl::StrCat(
         "rank ", gone, " of job '", spec_.job_id(), "' has had no data stream for ",
         static_cast<int64_t>(seconds), " s (zenflowd --dead_rank_timeout_s): the job cannot go on "
-        "without it (round ", rounds_closed_, " waits for its close); restart its ranks, which "
-        "attach again (Client::Attach) and continue from the daemon's state"));
+        "without it (round ", rounds_closed_, " waits for its close); a rank that kept its "
+        "worker state may attach again (Client::Attach) and go on from the daemon's state, "
+        "otherwise start the job's ranks again"));
     for (auto& w : selection_.Take()) waiters.push_back(std::move(w));
     for (const RankState& r : ranks_) {
       if (r.joined && r.streaming) boxes.push_back(r.mailbox);

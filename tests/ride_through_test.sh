@@ -11,6 +11,9 @@
 #    uninterrupted run's bit for bit (without rank-ordered sums the daemon
 #    adds the ranks' shards in the order they arrive, so two uninterrupted
 #    two-rank runs may differ in the last bits);
+#  - a rank process killed and started again stops with FAILED_PRECONDITION
+#    (it has no worker state), and the other rank ends with ABORTED after
+#    --dead_rank_timeout_s;
 #  - SIGKILL while a checkpoint file is being written: the newest whole
 #    checkpoint is restored and the run still ends bit-identical;
 #  - without --daemon_wait a rank fails at once with UNAVAILABLE.
@@ -156,6 +159,35 @@ for delay in sync 1; do
   done
   echo "two ranks, apply delay $delay: both bit-identical to the uninterrupted run after SIGKILL and restart"
 done
+
+# A rank process killed mid-run and started again: the new process has none
+# of the rank's worker state, so it stops at once with FAILED_PRECONDITION
+# saying so; after --dead_rank_timeout_s the other rank's wait ends with
+# ABORTED naming the absent rank (README "Dead ranks").
+kill -TERM "$dpid"
+wait "$dpid" 2>/dev/null || true
+extra_flags=(--dead_rank_timeout_s=2)
+start_daemon
+two=(--world=2 --delay=1 --target="$T" --job=rankkill)
+"$TRAIN" "${common[@]}" "${two[@]}" --rank=0 > /dev/null 2> "$dir/rankkill_0.err" &
+r0=$!
+"$TRAIN" "${common[@]}" "${two[@]}" --rank=1 > /dev/null 2>&1 &
+r1=$!
+for _ in $(seq 1 600); do [ "$(rounds_updated rankkill)" -ge 12 ] && break; sleep 0.05; done
+kill -KILL "$r1"
+wait "$r1" 2>/dev/null || true
+echo "killed rank 1 (SIGKILL) past round 12"
+if "$TRAIN" "${common[@]}" "${two[@]}" --rank=1 > /dev/null 2> "$dir/rankkill_1.err"; then
+  echo "a restarted rank process cannot continue the job and should say so"; exit 1
+fi
+grep -q "FAILED_PRECONDITION: rank 1 already joined job 'rankkill' (by an earlier process" \
+  "$dir/rankkill_1.err" || { cat "$dir/rankkill_1.err"; exit 1; }
+echo "restarted rank 1: $(tail -n 1 "$dir/rankkill_1.err" | cut -c 1-160)..."
+if wait "$r0"; then echo "rank 0 should fail once rank 1 has been gone 2 s"; exit 1; fi
+grep -q "ABORTED: rank 1 of job 'rankkill' has had no data stream" "$dir/rankkill_0.err" || {
+  cat "$dir/rankkill_0.err"; exit 1; }
+echo "rank 0: $(tail -n 1 "$dir/rankkill_0.err" | cut -c 1-160)..."
+extra_flags=()
 
 # Without --daemon_wait the rank does not wait.
 "$TRAIN" "${common[@]}" --delay=1 --job=nowait --target="$T" > /dev/null 2> "$dir/nowait.err" &
