@@ -40,6 +40,22 @@ def _systemlibs_impl(ctx):
         lines.append("    linkopts = %s," % _quote(libs))
         lines.append(")")
         lines.append("")
+    for pkg in ctx.attr.headers:
+        # Header-only for dependents: each -I directory (not /usr/include) is
+        # linked into this repository and becomes an include path of every
+        # target that depends on this one (copts would not reach them).
+        dirs = [f[2:] for f in _pkg_config(ctx, ["--cflags", pkg]) if f.startswith("-I") and f != "-I/usr/include"]
+        includes = []
+        for i, d in enumerate(dirs):
+            link = "inc/%s/%d" % (_target_name(pkg), i)
+            ctx.symlink(d, link)
+            includes.append(link)
+        lines.append("cc_library(")
+        lines.append('    name = "%s",' % _target_name(pkg))
+        lines.append("    hdrs = glob([%s]), " % ", ".join(['"%s/**/*.h"' % i for i in includes]))
+        lines.append("    includes = %s," % _quote(includes))
+        lines.append(")")
+        lines.append("")
     for name, flags in ctx.attr.extra.items():
         lines.append("cc_library(")
         lines.append('    name = "%s",' % name)
@@ -55,6 +71,7 @@ systemlibs = repository_rule(
         "packages": attr.string_list(),
         "groups": attr.string_list_dict(doc = "name -> several pkg-config packages in one target"),
         "extra": attr.string_dict(doc = "name -> linker flags, for libraries without a .pc file"),
+        "headers": attr.string_list(doc = "pkg-config packages used for their headers alone (a Python extension's python3)"),
     },
     local = True,
 )

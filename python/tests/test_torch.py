@@ -1,0 +1,187 @@
+"""zenflow.torch.ZenFlowOptimizer against a real zenflowd on loopback.
+
+Run by `./zf test` (tests:python_test) or `./zf python -m pytest python/tests`.
+ZENFLOWD names the daemon binary.
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+import torch
+
+import zenflow
+import zenflow.config
+import zenflow.torch
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    binary = os.environ.get("ZENFLOWD")
+    assert binary and os.path.exists(binary), "set ZENFLOWD to the zenflowd binary"
+    d = tempfile.mkdtemp()
+    port_file = os.path.join(d, "port")
+    log = open(os.path.join(d, "zenflowd.log"), "w")
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}"],
+                            stderr=log)
+    for _ in range(300):
+        if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
+            break
+        assert proc.poll() is None, "zenflowd exited"
+        time.sleep(0.05)
+    with open(port_file) as f:
+        target = f"127.0.0.1:{f.read().strip()}"
+    yield target
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(8, 12, generator=g), torch.randn(8, 4, generator=g)
+
+
+def loss_of(m, step):
+    x, y = batch(step)
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def run(m, opt, steps, sched=None):
+    losses = []
+    for t in range(steps):
+        opt.zero_grad()
+        loss = loss_of(m, t)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+def max_diff(a, b):
+    return max((x - y).abs().max().item() for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_zero_offload_fp32_equals_torch_adamw(daemon):
+    ref, got = model(), model()
+    torch_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    with zenflow.torch.ZenFlowOptimizer(got.parameters(), target=daemon, job="zo_fp32",
+                                        lr=1e-2, weight_decay=0.01, mode="zero_offload",
+                                        wire="fp32") as opt:
+        run(got, opt, 12)
+        totals = opt.stats()["totals"]
+    run(ref, torch_opt, 12)
+    # The daemon's AdamW is the reference algorithm in fp32; torch's differs
+    # in rounding only.
+    assert max_diff(ref, got) < 1e-5
+    assert totals["steps"] == 12
+    assert totals["bytes_sent"] > 0
+
+
+def test_zero_offload_bf16_is_within_bf16_rounding_of_torch_adamw(daemon):
+    ref, got = model(), model()
+    torch_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    with zenflow.torch.ZenFlowOptimizer(got.parameters(), target=daemon, job="zo_bf16",
+                                        lr=1e-2, mode="zero_offload", wire="bf16") as opt:
+        run(got, opt, 6)
+    run(ref, torch_opt, 6)
+    # Each AdamW step moves a value by at most about lr; bf16 gradients
+    # change the direction a little, never by more than the step.
+    d = max_diff(ref, got)
+    assert 0 < d < 6 * 1e-2
+
+
+def test_lr_scheduler_is_followed(daemon):
+    ref, got = model(), model()
+    torch_opt = torch.optim.AdamW(ref.parameters(), lr=2e-2)
+    ref_sched = torch.optim.lr_scheduler.StepLR(torch_opt, step_size=3, gamma=0.1)
+    with zenflow.torch.ZenFlowOptimizer(got.parameters(), target=daemon, job="sched", lr=2e-2,
+                                        mode="zero_offload", wire="fp32") as opt:
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.1)
+        run(got, opt, 9, sched)
+        assert opt.param_groups[0]["lr"] == pytest.approx(2e-5)
+    run(ref, torch_opt, 9, ref_sched)
+    assert max_diff(ref, got) < 1e-5
+
+
+def test_zenflow_mode_trains_and_reports_stats(daemon):
+    m = model()
+    cfg = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                 "zenflow": {"topk_ratio": 0.25, "select_strategy": "auto",
+                                             "select_interval": "auto", "update_interval": 2,
+                                             "full_warm_up_rounds": 0, "overlap_step": True}},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": "auto"}},
+           "train_batch_size": 8}
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen",
+                                        config=cfg) as opt:
+        assert opt.spec["zenflow"]["update_interval"] == 2
+        assert opt.spec["zenflow"]["apply_delay"] == {"steps": 2}  # overlap_step: d = S
+        assert opt.spec["zenflow"]["topk_ratio"] == pytest.approx(0.25)
+        first = loss_of(m, 0).item()
+        for t in range(40):
+            opt.zero_grad()
+            loss_of(m, t % 4).backward()
+            opt.step()
+        s = opt.stats()
+    assert s["totals"]["steps"] == 40
+    assert s["totals"]["rounds_applied"] >= 19
+    assert s["last_step"]["step"] == 39
+    assert loss_of(m, 0).item() < first
+
+
+def test_config_file_and_unknown_keys():
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"zenflow": {"topk_ratio": 0.1, "update_interval": "auto"},
+                   "zenflowd": {"wire_dtype": "int8", "apply_delay": 2}}, f)
+    assert zenflow.config.load(f.name) == {"topk_ratio": 0.1, "wire": "int8", "apply_delay": 2}
+    with pytest.raises(ValueError, match="unknown key 'topk' in zero_optimization.zenflow"):
+        zenflow.config.load({"zero_optimization": {"zenflow": {"topk": 0.1}}})
+    with pytest.raises(ValueError, match="unknown key 'port' in zenflowd"):
+        zenflow.config.load({"zenflowd": {"port": 1}})
+    with pytest.raises(ValueError, match="update_interval must be"):
+        zenflow.config.load({"zenflow": {"update_interval": 0}})
+    with pytest.raises(ValueError, match="select_strategy"):
+        zenflow.config.load({"zenflow": {"select_strategy": "random"}})
+
+
+def test_bad_arguments_are_refused_before_any_call(daemon):
+    m = model()
+    with pytest.raises(ValueError, match="mode must be"):
+        zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, mode="offload")
+    with pytest.raises(ValueError, match="wire must be"):
+        zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, wire="fp8")
+    with pytest.raises(TypeError, match="float32"):
+        zenflow.torch.ZenFlowOptimizer(model().double().parameters(), target=daemon)
+    with pytest.raises(ValueError, match="rank 2 is not in"):
+        zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, rank=2, world_size=2)
+
+
+def test_daemon_errors_arrive_as_zenflow_errors(daemon):
+    # No daemon at that address: UNAVAILABLE after the connect timeout.
+    with pytest.raises(zenflow.ZenFlowError) as e:
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target="127.0.0.1:1",
+                                       connect_timeout=1.0)
+    assert e.value.code == "UNAVAILABLE"
+    # A setting the daemon refuses: INVALID_ARGUMENT with its message.
+    with pytest.raises(zenflow.ZenFlowError) as e:
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="bad",
+                                       update_interval=4, select_interval=6)
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "select_interval" in e.value.message
+    # The daemon is still fine: the next good job runs.
+    m = model()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="after_bad",
+                                        mode="zero_offload", wire="fp32") as opt:
+        run(m, opt, 2)
+    with pytest.raises(zenflow.ZenFlowError) as e:
+        opt.step()
+    assert e.value.code == "FAILED_PRECONDITION"

@@ -1,0 +1,246 @@
+"""ZenFlowOptimizer: a torch.optim.Optimizer whose unimportant columns are
+updated by zenflowd.
+
+    import zenflow.torch
+    opt = zenflow.torch.ZenFlowOptimizer(model.parameters(), target="127.0.0.1:50051",
+                                         job="finetune", lr=1e-4)
+    for batch in data:
+        loss = model(batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+
+The worker engine (C++, the same one zf_train runs) updates the important
+columns in place every step, streams the other columns' gradients to zenflowd
+and applies the columns it sends back. Rank 0 creates the job and uploads the
+parameters' initial values; other ranks join it.
+"""
+
+import json
+import math
+import os
+
+import torch
+
+from zenflow import config as _config
+from zenflow.errors import ZenFlowError
+
+try:
+    import _zenflow
+except ImportError as e:  # pragma: no cover: a build problem, said plainly
+    raise ImportError(
+        "zenflow's extension module _zenflow is not importable: run through `./zf python`, "
+        "which builds it (bazel build //python:_zenflow.so) and puts it on the path") from e
+
+_MODES = {"zenflow": "MODE_ZENFLOW", "zero_offload": "MODE_ZERO_OFFLOAD"}
+_WIRES = {"fp32": "DTYPE_FP32", "bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "int8": "DTYPE_INT8"}
+
+
+def _env_int(*names):
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"environment variable {n}={v!r} is not an integer") from None
+    return None
+
+
+def _job_shape(p):
+    # [n] or [rows, cols]: tensors of more dimensions are [d0, d1 * d2 * ...].
+    if p.dim() == 0:
+        return [1]
+    if p.dim() == 1:
+        return [p.shape[0]]
+    return [p.shape[0], math.prod(p.shape[1:])]
+
+
+class ZenFlowOptimizer(torch.optim.Optimizer):
+    """AdamW through zenflowd, ZenFlow's way (or ZeRO-Offload's, mode="zero_offload").
+
+    Keywords (an interface): target, job, rank, world_size, lr, betas, eps,
+    weight_decay, mode ("zenflow" or "zero_offload"), wire ("fp32", "bf16",
+    "int8"; "fp16" too), config (a DeepSpeed-style dict or JSON file: see
+    zenflow.config). Further keywords: transport ("grpc" or "ucx"),
+    topk_ratio, update_interval, select_interval, full_warm_up_rounds,
+    apply_delay ("sync", "adaptive", "overlap_step" or steps), daemon_wait
+    (seconds to ride through a daemon restart; 0 fails at once),
+    connect_timeout (seconds), rank_ordered_sums, threads. An explicit keyword
+    wins over the config.
+
+    rank and world_size default to the environment (RANK or LOCAL_RANK,
+    WORLD_SIZE), as torchrun sets them, else 0 and 1.
+    """
+
+    def __init__(self, params, *, target=None, job=None, rank=None, world_size=None,
+                 lr=None, betas=None, eps=None, weight_decay=None, mode=None, wire=None,
+                 config=None, transport=None, topk_ratio=None, update_interval=None,
+                 select_interval=None, full_warm_up_rounds=None, apply_delay=None,
+                 daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None):
+        given = dict(target=target, job=job, lr=lr, betas=betas, eps=eps,
+                     weight_decay=weight_decay, mode=mode, wire=wire, transport=transport,
+                     topk_ratio=topk_ratio, update_interval=update_interval,
+                     select_interval=select_interval, full_warm_up_rounds=full_warm_up_rounds,
+                     apply_delay=apply_delay, daemon_wait=daemon_wait,
+                     rank_ordered_sums=rank_ordered_sums, threads=threads)
+        s = _config.load(config)
+        s.update({k: v for k, v in given.items() if v is not None})
+        lr = s.get("lr", 1e-3)
+        betas = tuple(s.get("betas", (0.9, 0.999)))
+        eps = s.get("eps", 1e-8)
+        weight_decay = s.get("weight_decay", 0.01)
+        if not (isinstance(lr, (int, float)) and lr >= 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a finite number >= 0, not {lr!r}")
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), not {betas!r}")
+        mode = s.get("mode", "zenflow")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be \"zenflow\" or \"zero_offload\", not {mode!r}")
+        wire = s.get("wire", "bf16")
+        if wire not in _WIRES:
+            raise ValueError(f"wire must be \"fp32\", \"bf16\", \"fp16\" or \"int8\", not {wire!r}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        for g in self.param_groups[1:]:
+            for key in ("betas", "eps", "weight_decay"):
+                if g[key] != self.param_groups[0][key]:
+                    raise ValueError(
+                        f"param group {self.param_groups.index(g)} has its own {key}: zenflowd "
+                        "runs one AdamW configuration per job")
+
+        self._rank = rank if rank is not None else _env_int("RANK", "LOCAL_RANK")
+        self._rank = 0 if self._rank is None else self._rank
+        self._world = world_size if world_size is not None else _env_int("WORLD_SIZE")
+        self._world = 1 if self._world is None else self._world
+        if not 0 <= self._rank < self._world:
+            raise ValueError(f"rank {self._rank} is not in [0, world_size={self._world})")
+
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        self._grads = []
+        tensors = []
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32:
+                raise TypeError(f"parameter {i} is {p.dtype}: the engine updates float32 "
+                                "parameters only (keep an fp32 master copy)")
+            if p.device.type != "cpu":
+                raise TypeError(f"parameter {i} is on {p.device}: this build runs the CPU "
+                                "backend only (CUDA tensors need the CUDA backend binding)")
+            if not p.is_contiguous():
+                raise TypeError(f"parameter {i} is not contiguous")
+            g = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if p.grad is not None:
+                g.copy_(p.grad)
+            p.grad = g
+            self._grads.append(g)
+            tensors.append((f"p{i}", _job_shape(p), p.data_ptr(), g.data_ptr()))
+
+        delay = s.get("apply_delay", "adaptive")
+        if delay == "sync":
+            apply = {"sync": True}
+        elif delay == "adaptive":
+            apply = {"adaptive": True}
+        elif delay == "overlap_step":
+            apply = {"overlapStep": True}
+        elif isinstance(delay, int) and not isinstance(delay, bool) and delay >= 1:
+            apply = {"steps": delay}
+        else:
+            raise ValueError(f"apply_delay must be \"sync\", \"adaptive\", \"overlap_step\" or "
+                             f"steps >= 1, not {delay!r}")
+        zen = {"applyDelay": apply}
+        for key, proto in (("topk_ratio", "topkRatio"), ("update_interval", "updateInterval"),
+                           ("select_interval", "selectInterval"),
+                           ("full_warm_up_rounds", "fullWarmupRounds")):
+            if key in s:
+                zen[proto] = s[key]
+        spec = {
+            "jobId": s.get("job", "torch"),
+            "tensors": [{"name": n, "shape": shape} for n, shape, _, _ in tensors],
+            "adamw": {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
+                      "weightDecay": weight_decay},
+            "zenflow": zen,
+            "mode": _MODES[mode],
+            "worldSize": self._world,
+            "wireDtype": _WIRES[wire],
+            "rankOrderedSums": bool(s.get("rank_ordered_sums", False)),
+        }
+        target = s.get("target") or os.environ.get("ZENFLOW_TARGET", "127.0.0.1:50051")
+        self._worker = _zenflow.Worker(
+            json.dumps(spec), self._rank, target, s.get("transport", "grpc"),
+            float(s.get("daemon_wait", 0.0)), float(connect_timeout),
+            int(s.get("threads", 2)), tensors)
+        self._step = 0
+        self.spec = json.loads(self._worker.spec_json())
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step with the gradients in p.grad and param_groups' lr."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        lrs = {g["lr"] for g in self.param_groups}
+        if len(lrs) != 1:
+            raise ValueError("param groups have different learning rates: zenflowd applies one "
+                             "lr per step to every parameter")
+        for p, g in zip(self._params, self._grads):
+            if p.grad is None:
+                g.zero_()
+                p.grad = g
+            elif p.grad.data_ptr() != g.data_ptr():
+                # backward made a new gradient tensor (zero_grad(set_to_none=True)
+                # elsewhere): the engine reads from its own buffer.
+                g.copy_(p.grad)
+                p.grad = g
+        self._live().step(self._step, float(lrs.pop()))
+        self._step += 1
+        return loss
+
+    def _live(self):
+        if self._worker is None:
+            raise ZenFlowError("FAILED_PRECONDITION", "the optimizer was closed")
+        return self._worker
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients in place (the engine keeps reading the same buffers)."""
+        for p, g in zip(self._params, self._grads):
+            g.zero_()
+            p.grad = g
+
+    def stats(self):
+        """The last step's figures and the totals: stall, step time, bytes, rounds."""
+        w = self._live()
+        return {"last_step": w.last_step(), "totals": w.totals()}
+
+    def finish(self):
+        """Waits for and applies every update still in flight."""
+        self._live().finish()
+
+    def close(self):
+        """Finishes the outstanding rounds and disconnects; the job stays on zenflowd."""
+        if self._worker is None:
+            return
+        try:
+            self._worker.finish()
+        finally:
+            self._worker.close()
+            self._worker = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def state_dict(self):
+        raise NotImplementedError(
+            "ZenFlowOptimizer.state_dict is not built yet: the daemon-side state lives in "
+            "zenflowd (checkpointed with --state_dir); save the model's parameters instead")
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError("ZenFlowOptimizer.load_state_dict is not built yet")
+
+
+__all__ = ["ZenFlowOptimizer", "ZenFlowError"]

@@ -1,0 +1,195 @@
+// The Python extension module `_zenflow`: the worker engine
+// (gpu_worker/zenflow_optimizer.h) and the client library, for the `zenflow`
+// package (python/zenflow). The worker-side rules live in the engine; this
+// file only converts: Python values in, absl::Status out as
+// zenflow.ZenFlowError(code, message).
+//
+//   w = _zenflow.Worker(spec_json, rank, target, transport, daemon_wait_s,
+//                       connect_timeout_s, threads,
+//                       [(name, shape, param_ptr, grad_ptr), ...])
+//   w.step(step, lr); w.finish(); w.last_step(); w.totals(); w.close()
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/zenflow_optimizer.h"
+#include "google/protobuf/util/json_util.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace py = pybind11;
+
+namespace zenflow {
+namespace {
+
+// A failed absl::Status on its way to Python.
+struct StatusError {
+  std::string code;
+  std::string message;
+};
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw StatusError{absl::StatusCodeToString(s.code()), std::string(s.message())};
+}
+
+template <typename T>
+T Take(absl::StatusOr<T> v) {
+  Check(v.status());
+  return std::move(*v);
+}
+
+// (name, shape, param data pointer, grad data pointer): fp32, contiguous,
+// in host memory; the zenflow package checks that before it gets here.
+using PyParam = std::tuple<std::string, std::vector<int64_t>, uintptr_t, uintptr_t>;
+
+class Worker {
+ public:
+  Worker(const std::string& spec_json, int rank, const std::string& target,
+         const std::string& transport, double daemon_wait_s, double connect_timeout_s,
+         int threads, const std::vector<PyParam>& params)
+      : rank_(rank) {
+    v1::JobSpec want;
+    google::protobuf::util::JsonParseOptions json;
+    json.ignore_unknown_fields = false;
+    const auto parsed = google::protobuf::util::JsonStringToMessage(spec_json, &want, json);
+    if (!parsed.ok()) {
+      Check(absl::InvalidArgumentError(
+          absl::StrCat("the job settings do not make a JobSpec: ",
+                       std::string(parsed.message().data(), parsed.message().size()))));
+    }
+    for (const PyParam& p : params) {
+      ParamSpec s;
+      s.name = std::get<0>(p);
+      s.shape = std::get<1>(p);
+      s.param = reinterpret_cast<float*>(std::get<2>(p));
+      s.grad = reinterpret_cast<float*>(std::get<3>(p));
+      specs_.push_back(std::move(s));
+    }
+    ClientOptions co;
+    co.target = target;
+    co.transport = Take(ParseTransport(transport));
+    co.daemon_wait = absl::Seconds(daemon_wait_s);
+    co.connect_timeout = absl::Seconds(connect_timeout_s);
+    py::gil_scoped_release unlocked;
+    backend_ = worker::MakeCpuBackend(threads);
+    client_ = Take(Client::Connect(co));
+    spec_ = Take(JoinOrCreateJob(client_.get(), want, rank, backend_.get(), specs_));
+    opt_ = Take(ZenFlowOptimizer::Create(backend_.get(), client_.get(), spec_, rank, specs_));
+  }
+
+  void Step(int64_t step, float lr) {
+    Live();
+    py::gil_scoped_release unlocked;
+    Check(opt_->Step(step, lr));
+  }
+
+  void Finish() {
+    Live();
+    py::gil_scoped_release unlocked;
+    Check(opt_->Finish());
+  }
+
+  // Ends the engine and the connection; the job stays on the daemon.
+  void Close() {
+    py::gil_scoped_release unlocked;
+    opt_.reset();
+    client_.reset();
+    backend_.reset();
+  }
+
+  std::string SpecJson() const {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions o;
+    o.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(spec_, &out, o);
+    return out;
+  }
+
+  py::dict LastStep() const {
+    Live();
+    const StepStats& s = opt_->last_step();
+    py::dict d;
+    d["step"] = s.step;
+    d["stall_seconds"] = s.stall_seconds;
+    d["send_blocked_seconds"] = s.send_blocked_seconds;
+    d["step_seconds"] = s.step_seconds;
+    d["bytes_sent"] = s.bytes_sent;
+    d["bytes_received"] = s.bytes_received;
+    d["rounds_applied"] = s.rounds_applied;
+    d["max_staleness_steps"] = s.max_staleness_steps;
+    d["reselected"] = s.reselected;
+    return d;
+  }
+
+  py::dict Totals() const {
+    Live();
+    const OptimizerTotals& t = opt_->totals();
+    const ClientStats c = client_->stats();
+    py::dict d;
+    d["steps"] = t.steps;
+    d["stall_seconds"] = t.stall_seconds;
+    d["send_blocked_seconds"] = t.send_blocked_seconds;
+    d["step_seconds"] = t.step_seconds;
+    d["bytes_sent"] = t.bytes_sent;
+    d["bytes_received"] = t.bytes_received;
+    d["rounds_applied"] = t.rounds_applied;
+    d["reselections"] = t.reselections;
+    d["reconnects"] = c.reconnects;
+    d["selection_version"] = opt_->selection_version();
+    return d;
+  }
+
+ private:
+  void Live() const {
+    if (opt_ == nullptr) {
+      throw StatusError{"FAILED_PRECONDITION", "the optimizer was closed"};
+    }
+  }
+
+  const int rank_;
+  std::vector<ParamSpec> specs_;
+  std::unique_ptr<worker::Backend> backend_;
+  std::unique_ptr<Client> client_;
+  v1::JobSpec spec_;
+  std::unique_ptr<ZenFlowOptimizer> opt_;
+};
+
+}  // namespace
+}  // namespace zenflow
+
+PYBIND11_MODULE(_zenflow, m) {
+  using zenflow::StatusError;
+  using zenflow::Worker;
+  m.doc() = "zenflowd's worker engine and client (use the zenflow package)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object cls = py::module_::import("zenflow.errors").attr("ZenFlowError");
+      py::object err = cls(e.code, e.message);
+      PyErr_SetObject(cls.ptr(), err.ptr());
+    }
+  });
+  py::class_<Worker>(m, "Worker")
+      .def(py::init<const std::string&, int, const std::string&, const std::string&, double,
+                    double, int, const std::vector<zenflow::PyParam>&>(),
+           py::arg("spec_json"), py::arg("rank"), py::arg("target"), py::arg("transport"),
+           py::arg("daemon_wait_s"), py::arg("connect_timeout_s"), py::arg("threads"),
+           py::arg("params"))
+      .def("step", &Worker::Step, py::arg("step"), py::arg("lr"))
+      .def("finish", &Worker::Finish)
+      .def("close", &Worker::Close)
+      .def("spec_json", &Worker::SpecJson)
+      .def("last_step", &Worker::LastStep)
+      .def("totals", &Worker::Totals);
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The zenflow Python package (python/) under pytest, against a real zenflowd
+# on loopback that the tests start: python/tests/test_torch.py.
+set -euo pipefail
+R="$TEST_SRCDIR/$TEST_WORKSPACE"
+export ZENFLOWD="$R/server/zenflowd"
+export PYTHONPATH="$R/python"
+cd "$R"
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
