@@ -185,3 +185,42 @@ def test_daemon_errors_arrive_as_zenflow_errors(daemon):
     with pytest.raises(zenflow.ZenFlowError) as e:
         opt.step()
     assert e.value.code == "FAILED_PRECONDITION"
+
+
+def sim_tensors(m):
+    out = []
+    for i, p in enumerate(m.parameters()):
+        w = p.detach().reshape(-1).tolist()
+        if p.dim() == 1:
+            out.append((f"p{i}", 1, p.shape[0], True, w))
+        else:
+            out.append((f"p{i}", p.shape[0], p.numel() // p.shape[0], False, w))
+    return out
+
+
+@pytest.mark.parametrize("delay", ["sync", 1])
+def test_zenflow_equals_the_reference_simulator_step_by_step(daemon, delay):
+    """The project's independent simulation of the rules (tests/testing/zenflow_sim.h),
+    fed the same gradients, holds the same parameters after every step, across
+    reselections (R = 8) and with warm-up rounds."""
+    _zenflow_sim = pytest.importorskip("_zenflow_sim")
+    m = model()
+    sim = _zenflow_sim.Sim(dict(S=2, R=8, warmup_rounds=1, delay=0 if delay == "sync" else delay,
+                                k=0.25, wd=0.01),
+                           sim_tensors(m))
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job=f"sim_{delay}",
+                                        lr=1e-2, weight_decay=0.01, topk_ratio=0.25,
+                                        update_interval=2, select_interval=8,
+                                        full_warm_up_rounds=1, apply_delay=delay,
+                                        wire="fp32") as opt:
+        for t in range(24):
+            opt.zero_grad()
+            loss_of(m, t).backward()
+            grads = [[p.grad.reshape(-1).tolist() for p in m.parameters()]]
+            opt.step()
+            sim.step(t, 1e-2, grads)
+            for i, p in enumerate(m.parameters()):
+                want = torch.tensor(sim.params(i)).reshape(p.shape)
+                assert torch.allclose(p.detach(), want, rtol=1e-4, atol=2e-5), \
+                    f"step {t}, parameter {i}: max diff {(p.detach() - want).abs().max().item()}"
+        assert opt.stats()["totals"]["reselections"] == sim.reselections() > 0
