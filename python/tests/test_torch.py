@@ -224,3 +224,73 @@ def test_zenflow_equals_the_reference_simulator_step_by_step(daemon, delay):
                 assert torch.allclose(p.detach(), want, rtol=1e-4, atol=2e-5), \
                     f"step {t}, parameter {i}: max diff {(p.detach() - want).abs().max().item()}"
         assert opt.stats()["totals"]["reselections"] == sim.reselections() > 0
+
+
+def _rank_main(rank, target, steps, out):
+    m = model()
+    opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), target=target, job="two_ranks",
+                                         rank=rank, world_size=2, lr=1e-2,
+                                         mode="zero_offload", wire="fp32")
+    for t in range(steps):
+        opt.zero_grad()
+        x, y = batch(2 * t + rank)  # each rank its own data
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    opt.close()
+    torch.save([p.detach() for p in m.parameters()], out)
+
+
+def test_two_processes_equal_torch_adamw_on_the_mean_gradient(daemon, tmp_path):
+    steps = 6
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(r, daemon, steps, str(tmp_path / f"r{r}.pt")))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    ref = model()
+    torch_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for t in range(steps):
+        torch_opt.zero_grad()
+        grads = []
+        for r in range(2):
+            ref.zero_grad()
+            x, y = batch(2 * t + r)
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        for p, g0, g1 in zip(ref.parameters(), *grads):
+            p.grad = (g0 + g1) / 2
+        torch_opt.step()
+    r0 = torch.load(tmp_path / "r0.pt")
+    r1 = torch.load(tmp_path / "r1.pt")
+    for a, b, want in zip(r0, r1, ref.parameters()):
+        assert torch.equal(a, b), "the ranks must hold the same parameters"
+        assert (a - want.detach()).abs().max().item() < 1e-5
+
+
+def test_a_daemon_killed_mid_run_raises(tmp_path):
+    binary = os.environ["ZENFLOWD"]
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}"],
+                            stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_file.exists() and port_file.stat().st_size > 0:
+                break
+            time.sleep(0.05)
+        target = f"127.0.0.1:{port_file.read_text().strip()}"
+        m = model()
+        opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), target=target, job="killed",
+                                             mode="zero_offload", wire="fp32")
+        run(m, opt, 2)
+        proc.kill()
+        proc.wait()
+        with pytest.raises(zenflow.ZenFlowError) as e:
+            run(m, opt, 50)
+        assert e.value.code in ("UNAVAILABLE", "CANCELLED"), e.value
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
