@@ -130,6 +130,75 @@ absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
   return resp;
 }
 
+absl::StatusOr<v1::ColumnState> Client::GetState(const std::string& job_id,
+                                                 const std::string& tensor,
+                                                 int64_t* selection_version) {
+  v1::ColumnState out;
+  out.set_tensor(tensor);
+  v1::GetStateRequest req;
+  req.set_job_id(job_id);
+  req.set_tensor(tensor);
+  int64_t version = -1;
+  for (;;) {
+    v1::GetStateResponse resp;
+    auto ctx = UnaryContext(options_.rpc_timeout);
+    ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetState(ctx.get(), req, &resp)));
+    if (version >= 0 && resp.selection_version() != version) {
+      return absl::AbortedError(absl::StrCat(
+          "job '", job_id, "' reselected its columns (version ", version, " -> ",
+          resp.selection_version(), ") while its state was read; read it again"));
+    }
+    version = resp.selection_version();
+    const v1::ColumnState& part = resp.state();
+    out.mutable_columns()->MergeFrom(part.columns());
+    out.mutable_values()->MergeFrom(part.values());
+    out.mutable_m()->MergeFrom(part.m());
+    out.mutable_v()->MergeFrom(part.v());
+    out.mutable_update_counts()->MergeFrom(part.update_counts());
+    if (resp.next_column() <= req.first_column() && resp.next_column() < resp.columns()) {
+      return absl::InternalError("GetState made no progress");
+    }
+    if (resp.next_column() >= resp.columns()) break;
+    req.set_first_column(resp.next_column());
+  }
+  if (selection_version != nullptr) *selection_version = version;
+  return out;
+}
+
+absl::Status Client::SetState(const std::string& job_id, const v1::ColumnState& state) {
+  const int n = state.columns_size();
+  const int rows = n == 0 ? 0 : state.values_size() / n;
+  if (static_cast<int64_t>(rows) * n != state.values_size() || state.m_size() != state.values_size() ||
+      state.v_size() != state.values_size() || state.update_counts_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", state.tensor(), "': the state of ", n, " columns has ", state.values_size(),
+        " values, ", state.m_size(), " m, ", state.v_size(), " v and ",
+        state.update_counts_size(), " counts"));
+  }
+  // Columns per call: at most 32 MiB of values, m and v.
+  const int per = static_cast<int>(std::max<int64_t>(1, (int64_t{32} << 20) / (12 * std::max(rows, 1) + 8)));
+  int first = 0;
+  do {
+    const int end = std::min(n, first + per);
+    v1::SetStateRequest req;
+    req.set_job_id(job_id);
+    v1::ColumnState* part = req.mutable_state();
+    part->set_tensor(state.tensor());
+    part->mutable_columns()->Add(state.columns().begin() + first, state.columns().begin() + end);
+    const auto from = static_cast<int64_t>(first) * rows, to = static_cast<int64_t>(end) * rows;
+    part->mutable_values()->Add(state.values().begin() + from, state.values().begin() + to);
+    part->mutable_m()->Add(state.m().begin() + from, state.m().begin() + to);
+    part->mutable_v()->Add(state.v().begin() + from, state.v().begin() + to);
+    part->mutable_update_counts()->Add(state.update_counts().begin() + first,
+                                       state.update_counts().begin() + end);
+    v1::SetStateResponse resp;
+    auto ctx = UnaryContext(options_.rpc_timeout);
+    ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->SetState(ctx.get(), req, &resp)));
+    first = end;
+  } while (first < n);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::GetJobResponse> Client::WaitForUpload(const std::string& job_id,
                                                          absl::Duration timeout) {
   absl::StatusOr<v1::GetJobResponse> job;

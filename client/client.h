@@ -129,6 +129,15 @@ class Client {
   absl::StatusOr<v1::GetJobResponse> WaitForUpload(const std::string& job_id,
                                                    absl::Duration timeout);
   absl::Status DeleteJob(const std::string& job_id);
+  // The daemon-side state (values, m, v, counts) of every column of
+  // `tensor` that zenflowd updates now, in column order, read in
+  // GetState calls of at most 32 MiB each; `selection_version` gets the
+  // column sets it is for.
+  absl::StatusOr<v1::ColumnState> GetState(const std::string& job_id, const std::string& tensor,
+                                           int64_t* selection_version = nullptr);
+  // Writes `state` (daemon-side columns of one tensor) into a job before
+  // its first selection and round, in SetState calls of at most 32 MiB.
+  absl::Status SetState(const std::string& job_id, const v1::ColumnState& state);
   absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& job_id = "");
   // Blocks until every rank submitted importance for `step`.
   absl::StatusOr<v1::Selection> SubmitImportance(int64_t step,

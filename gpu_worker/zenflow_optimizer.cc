@@ -388,6 +388,42 @@ absl::Status ZenFlowOptimizer::Finish() {
   return ApplyDue(next_step_ - 1, /*drain=*/true);
 }
 
+absl::Status ZenFlowOptimizer::Drain() {
+  if (next_step_ % interval_ != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", next_step_, " is inside round ", next_step_ / interval_, " (update_interval ",
+        interval_, "): in-flight rounds can be applied at a round boundary only"));
+  }
+  if (next_step_ == 0) return absl::OkStatus();
+  return ApplyDue(next_step_ - 1, /*drain=*/true);
+}
+
+absl::StatusOr<std::vector<v1::ColumnState>> ZenFlowOptimizer::LocalState() {
+  std::vector<v1::ColumnState> out;
+  for (auto& tp : tensors_) {
+    Tensor& t = *tp;
+    const int64_t n = static_cast<int64_t>(t.important.size());
+    if (n == 0) continue;
+    const int64_t values = n * t.rows;
+    v1::ColumnState cs;
+    cs.set_tensor(t.name);
+    cs.mutable_columns()->Add(t.important.begin(), t.important.end());
+    cs.mutable_values()->Resize(static_cast<int>(values), 0.0f);
+    cs.mutable_m()->Resize(static_cast<int>(values), 0.0f);
+    cs.mutable_v()->Resize(static_cast<int>(values), 0.0f);
+    ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, values * 4));
+    ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param, t.rows, t.cols, t.d_important.i32(), n,
+                                             PackDType::kF32, scratch_vals_.p(), nullptr));
+    ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), values * 4));
+    ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_m()->mutable_data(), t.m.p(), values * 4));
+    ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_v()->mutable_data(), t.v.p(), values * 4));
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    cs.mutable_update_counts()->Add(t.steps.begin(), t.steps.end());
+    out.push_back(std::move(cs));
+  }
+  return out;
+}
+
 absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
   std::vector<Tensor*> active;
   for (auto& t : tensors_) {

@@ -92,6 +92,16 @@ class ZenFlowOptimizer {
   absl::Status Step(int64_t step, float lr);
   // Waits for and applies every update still in flight.
   absl::Status Finish();
+  // Applies every round in flight now (earlier than its apply delay says),
+  // without closing a round: FAILED_PRECONDITION unless the next step
+  // starts a round (a multiple of update_interval). Training may go on.
+  absl::Status Drain();
+
+  // The state of the columns this rank updates itself (the important
+  // ones: every column of an always-important tensor), one ColumnState per
+  // tensor that has any: ascending columns, values, m, v, update counts.
+  // Between steps; with rounds in flight the daemon's side may move on.
+  absl::StatusOr<std::vector<v1::ColumnState>> LocalState();
 
   const StepStats& last_step() const { return last_; }
   const OptimizerTotals& totals() const { return totals_; }

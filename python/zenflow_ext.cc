@@ -8,10 +8,13 @@
 //                       connect_timeout_s, threads,
 //                       [(name, shape, param_ptr, grad_ptr), ...])
 //   w.step(step, lr); w.finish(); w.last_step(); w.totals(); w.close()
+//   w.drain(); w.local_state(); w.get_state(tensor)     # state_dict
+//   w.set_state(state)                                  # load_state_dict
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -99,6 +102,47 @@ class Worker {
     Check(opt_->Finish());
   }
 
+  void Drain() {
+    Live();
+    py::gil_scoped_release unlocked;
+    Check(opt_->Drain());
+  }
+
+  // The engine's columns: [{tensor, columns, values, m, v, update_counts}],
+  // arrays as bytes (int32, float32, int64).
+  py::list LocalState() {
+    Live();
+    std::vector<v1::ColumnState> states;
+    {
+      py::gil_scoped_release unlocked;
+      states = Take(opt_->LocalState());
+    }
+    py::list out;
+    for (const v1::ColumnState& cs : states) out.append(ToDict(cs));
+    return out;
+  }
+
+  // The daemon's columns of `tensor` (those it updates now), as above.
+  py::dict GetState(const std::string& tensor) {
+    Live();
+    v1::ColumnState cs;
+    int64_t version = 0;
+    {
+      py::gil_scoped_release unlocked;
+      cs = Take(client_->GetState(spec_.job_id(), tensor, &version));
+    }
+    py::dict d = ToDict(cs);
+    d["selection_version"] = version;
+    return d;
+  }
+
+  void SetState(const py::dict& state) {
+    Live();
+    const v1::ColumnState cs = FromDict(state);
+    py::gil_scoped_release unlocked;
+    Check(client_->SetState(spec_.job_id(), cs));
+  }
+
   // Ends the engine and the connection; the job stays on the daemon.
   void Close() {
     py::gil_scoped_release unlocked;
@@ -156,6 +200,48 @@ class Worker {
     }
   }
 
+  template <typename T>
+  static py::bytes Bytes(const google::protobuf::RepeatedField<T>& f) {
+    return py::bytes(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(T));
+  }
+
+  template <typename T>
+  static void Fill(const py::dict& d, const char* key, google::protobuf::RepeatedField<T>* f) {
+    if (!d.contains(key)) {
+      throw StatusError{"INVALID_ARGUMENT", std::string("the state has no '") + key + "'"};
+    }
+    const std::string b = d[key].cast<std::string>();
+    if (b.size() % sizeof(T) != 0) {
+      throw StatusError{"INVALID_ARGUMENT",
+                        std::string("'") + key + "' is not a whole number of values"};
+    }
+    f->Resize(static_cast<int>(b.size() / sizeof(T)), T{});
+    if (!b.empty()) std::memcpy(f->mutable_data(), b.data(), b.size());
+  }
+
+  static py::dict ToDict(const v1::ColumnState& cs) {
+    py::dict d;
+    d["tensor"] = cs.tensor();
+    d["columns"] = Bytes(cs.columns());
+    d["values"] = Bytes(cs.values());
+    d["m"] = Bytes(cs.m());
+    d["v"] = Bytes(cs.v());
+    d["update_counts"] = Bytes(cs.update_counts());
+    return d;
+  }
+
+  static v1::ColumnState FromDict(const py::dict& d) {
+    v1::ColumnState cs;
+    if (!d.contains("tensor")) throw StatusError{"INVALID_ARGUMENT", "the state has no 'tensor'"};
+    cs.set_tensor(d["tensor"].cast<std::string>());
+    Fill(d, "columns", cs.mutable_columns());
+    Fill(d, "values", cs.mutable_values());
+    Fill(d, "m", cs.mutable_m());
+    Fill(d, "v", cs.mutable_v());
+    Fill(d, "update_counts", cs.mutable_update_counts());
+    return cs;
+  }
+
   const int rank_;
   std::vector<ParamSpec> specs_;
   std::unique_ptr<worker::Backend> backend_;
@@ -188,6 +274,11 @@ PYBIND11_MODULE(_zenflow, m) {
            py::arg("params"))
       .def("step", &Worker::Step, py::arg("step"), py::arg("lr"))
       .def("finish", &Worker::Finish)
+      .def("drain", &Worker::Drain)
+      .def("local_state", &Worker::LocalState)
+      .def("get_state", &Worker::GetState, py::arg("tensor"))
+      .def("set_state", &Worker::SetState, py::arg("state"))
+
       .def("close", &Worker::Close)
       .def("spec_json", &Worker::SpecJson)
       .def("last_step", &Worker::LastStep)

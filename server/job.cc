@@ -1270,6 +1270,109 @@ void Job::AllReduce(const v1::AllReduceRequest& req, uint64_t call,
   }
 }
 
+namespace {
+// A GetState answer carries at most this much state (values, m, v).
+constexpr int64_t kStateResponseBytes = 32 << 20;
+}  // namespace
+
+absl::StatusOr<v1::GetStateResponse> Job::GetState(const v1::GetStateRequest& req) {
+  MutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  if (!uploaded_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "': its parameters are not uploaded yet, so it has no state"));
+  }
+  ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(req.tensor()));
+  const TensorState& t = tensors_[ti];
+  if (req.first_column() < 0 || req.first_column() > t.cols) {
+    return absl::OutOfRangeError(absl::StrCat("tensor '", t.name, "': first_column ",
+                                              req.first_column(), " out of range [0, ", t.cols,
+                                              "]"));
+  }
+  if (req.max_columns() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_columns ", req.max_columns(), " must be >= 0 (0: as many as fit)"));
+  }
+  // A round boundary: no update owns the store.
+  if (!mu_.AwaitWithTimeout(
+          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return rounds_updated_ == rounds_closed_ || deleted_;
+          },
+          absl::Seconds(60))) {
+    return absl::DeadlineExceededError(absl::StrCat("job '", spec_.job_id(), "': round ",
+                                                    rounds_updated_,
+                                                    "'s update did not finish within 60 s"));
+  }
+  ZF_RETURN_IF_ERROR(CheckLive());
+  const int64_t per_column = t.rows * 3 * static_cast<int64_t>(sizeof(float)) + 8;
+  int64_t n = std::max<int64_t>(1, kStateResponseBytes / per_column);
+  if (req.max_columns() > 0) n = std::min<int64_t>(n, req.max_columns());
+  const int64_t end = std::min<int64_t>(t.cols, req.first_column() + n);
+  std::vector<int32_t> cols;
+  for (int64_t c = req.first_column(); c < end; ++c) {
+    if (!t.important[c]) cols.push_back(static_cast<int32_t>(c));
+  }
+  v1::GetStateResponse resp;
+  FillColumnState(ti, cols, resp.mutable_state());
+  resp.set_next_column(static_cast<int32_t>(end));
+  resp.set_selection_version(selection_version_);
+  resp.set_rounds_updated(rounds_updated_);
+  resp.set_columns(static_cast<int32_t>(t.cols));
+  return resp;
+}
+
+absl::Status Job::SetState(const v1::SetStateRequest& req) {
+  MutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  if (!uploaded_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "': upload the parameters before setting their state"));
+  }
+  if (selection_version_ > 0 || rounds_closed_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "' has started (selection version ", selection_version_, ", ",
+        rounds_closed_, " rounds closed): SetState writes the state of a job before its first "
+        "selection and round; create a new job to resume from saved state"));
+  }
+  const v1::ColumnState& in = req.state();
+  ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(in.tensor()));
+  const TensorState& t = tensors_[ti];
+  if (!store_->WellFormed(ti, in)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "': the state of ", in.columns_size(), " columns needs columns in [0, ",
+        t.cols, "), ", t.rows, " values, m and v per column and one update count each; got ",
+        in.values_size(), " values, ", in.m_size(), " m, ", in.v_size(), " v, ",
+        in.update_counts_size(), " counts"));
+  }
+  std::vector<int32_t> sorted(in.columns().begin(), in.columns().end());
+  std::sort(sorted.begin(), sorted.end());
+  // Before the first selection every column is the daemon's (version 0).
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i] == sorted[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': column ", sorted[i], " is repeated"));
+    }
+  }
+  for (int i = 0; i < in.values_size(); ++i) {
+    if (!std::isfinite(in.values(i)) || !std::isfinite(in.m(i)) || !std::isfinite(in.v(i)) ||
+        in.v(i) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': column ", in.columns(i / t.rows), " row ", i % t.rows,
+          ": values and m must be finite, v finite and >= 0 (value ", in.values(i), ", m ",
+          in.m(i), ", v ", in.v(i), ")"));
+    }
+  }
+  for (int i = 0; i < in.update_counts_size(); ++i) {
+    if (in.update_counts(i) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': column ",
+                                                     in.columns(i), ": update count ",
+                                                     in.update_counts(i), " must be >= 0"));
+    }
+  }
+  store_->WriteColumns(ti, in);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::ColumnState> Job::ReadColumns(const std::string& tensor,
                                                  const std::vector<int32_t>& cols) {
   MutexLock lock(&mu_);

@@ -216,6 +216,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // with the snapshot's; DATA_LOSS naming what does not fit.
   absl::Status LoadSnapshot(const std::map<std::string, const std::string*>& sections);
 
+  // GetState and SetState (the RPCs; README "From PyTorch"). GetState
+  // waits up to 60 s for a round being updated; DEADLINE_EXCEEDED past it.
+  absl::StatusOr<v1::GetStateResponse> GetState(const v1::GetStateRequest& req);
+  // FAILED_PRECONDITION once the job's first selection or round has
+  // happened; INVALID_ARGUMENT (naming what) for state that does not fit.
+  absl::Status SetState(const v1::SetStateRequest& req);
+
   // For tests: exact fp32 state of one column (values, m, v, count).
   absl::StatusOr<v1::ColumnState> ReadColumns(const std::string& tensor,
                                               const std::vector<int32_t>& cols);

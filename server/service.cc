@@ -185,6 +185,38 @@ grpc::ServerUnaryReactor* ZenFlowService::Checkpoint(grpc::CallbackServerContext
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ZenFlowService::GetState(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetStateRequest* req,
+                                                   v1::GetStateResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr, "get_state");
+    return reactor;
+  }
+  absl::StatusOr<v1::GetStateResponse> r = (*job)->GetState(*req);
+  if (r.ok()) *resp = *std::move(r);
+  Finish(reactor, r.status(), job->get(), "get_state");
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ZenFlowService::SetState(grpc::CallbackServerContext* ctx,
+                                                   const v1::SetStateRequest* req,
+                                                   v1::SetStateResponse*) {
+  auto* reactor = ctx->DefaultReactor();
+  if (absl::Status s = CheckSize(*req, registry_); !s.ok()) {
+    Finish(reactor, s, nullptr, "set_state");
+    return reactor;
+  }
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  if (!job.ok()) {
+    Finish(reactor, job.status(), nullptr, "set_state");
+    return reactor;
+  }
+  Finish(reactor, (*job)->SetState(*req), job->get(), "set_state");
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* ctx,
                                                    const v1::GetStatsRequest* req,
                                                    v1::GetStatsResponse* resp) {

@@ -40,7 +40,10 @@ using ZenFlowServiceBase = v1::ZenFlow::WithCallbackMethod_CreateJob<
             v1::ZenFlow::WithCallbackMethod_GetStats<v1::ZenFlow::WithCallbackMethod_SubmitImportance<
                 v1::ZenFlow::WithCallbackMethod_HandOff<v1::ZenFlow::WithCallbackMethod_AllReduce<
                     v1::ZenFlow::WithRawCallbackMethod_Stream<
-                        v1::ZenFlow::WithCallbackMethod_Checkpoint<v1::ZenFlow::Service>>>>>>>>>>>;
+                        v1::ZenFlow::WithCallbackMethod_Checkpoint<
+                            v1::ZenFlow::WithCallbackMethod_GetState<
+                                v1::ZenFlow::WithCallbackMethod_SetState<
+                                    v1::ZenFlow::Service>>>>>>>>>>>>>;
 
 // Thread-safe (all state lives in the registry).
 class ZenFlowService final : public ZenFlowServiceBase {
@@ -85,6 +88,12 @@ class ZenFlowService final : public ZenFlowServiceBase {
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
                                        const v1::CheckpointRequest* req,
                                        v1::CheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* GetState(grpc::CallbackServerContext* ctx,
+                                     const v1::GetStateRequest* req,
+                                     v1::GetStateResponse* resp) override;
+  grpc::ServerUnaryReactor* SetState(grpc::CallbackServerContext* ctx,
+                                     const v1::SetStateRequest* req,
+                                     v1::SetStateResponse* resp) override;
 
  private:
   // Finishes a unary call, counting a rejection.

@@ -325,6 +325,104 @@ TEST_F(BadInputTest, ReplayedMessagesTheJobHasAreDroppedWithoutAnError) {
   ASSERT_OK(h->GoodRound(1e-2f));  // nothing was added twice: exact
 }
 
+// GetState and SetState (zenflow.torch's state_dict and load_state_dict):
+// each bad request is refused with its code and nothing is written; then a
+// good SetState is read back exactly, the next round equals the reference
+// that starts from the same state, and a started job refuses SetState.
+TEST_F(BadInputTest, StateCallsRefuseBadRequestsAndKeepTheJobExact) {
+  JobOptions o;
+  o.job_id = "StateCalls";
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());  // no round yet
+  auto stub = StubOf(h.client(0));
+  RefTensor& w = h.ref().tensor(0);  // "w", 8 x 16, every column on the daemon
+  const int64_t rows = w.rows, cols = w.cols;
+  v1::ColumnState good;
+  good.set_tensor("w");
+  for (int64_t c = 0; c < cols; ++c) {
+    good.add_columns(static_cast<int32_t>(c));
+    for (int64_t r = 0; r < rows; ++r) {
+      good.add_values(w.p[r * cols + c]);
+      good.add_m(0.01f * static_cast<float>(r + 1) - 0.003f * static_cast<float>(c));
+      good.add_v(1e-4f * static_cast<float>((r + c) % 7 + 1));
+    }
+    good.add_update_counts(3 + c % 2);
+  }
+  auto set = [&](const std::string& job, const v1::ColumnState& st) {
+    v1::SetStateRequest req;
+    req.set_job_id(job);
+    *req.mutable_state() = st;
+    v1::SetStateResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status g = stub->SetState(&ctx, req, &resp);
+    return absl::Status(static_cast<absl::StatusCode>(g.error_code()), g.error_message());
+  };
+  auto get = [&](const std::string& tensor, int first, int max, v1::GetStateResponse* resp) {
+    v1::GetStateRequest req;
+    req.set_job_id("StateCalls");
+    req.set_tensor(tensor);
+    req.set_first_column(first);
+    req.set_max_columns(max);
+    grpc::ClientContext ctx;
+    const grpc::Status g = stub->GetState(&ctx, req, resp);
+    return absl::Status(static_cast<absl::StatusCode>(g.error_code()), g.error_message());
+  };
+  ExpectStatus(set("no-such-job", good), StatusCode::kNotFound, "no job 'no-such-job'");
+  v1::ColumnState bad = good;
+  bad.set_tensor("nope");
+  ExpectStatus(set("StateCalls", bad), StatusCode::kNotFound, "has no tensor 'nope'");
+  bad = good;
+  bad.set_columns(3, 16);
+  ExpectStatus(set("StateCalls", bad), StatusCode::kInvalidArgument, "columns in [0, 16)");
+  bad = good;
+  bad.mutable_m()->RemoveLast();
+  ExpectStatus(set("StateCalls", bad), StatusCode::kInvalidArgument, "127 m");
+  bad = good;
+  bad.set_columns(5, 4);
+  ExpectStatus(set("StateCalls", bad), StatusCode::kInvalidArgument, "column 4 is repeated");
+  bad = good;
+  bad.set_m(9, std::numeric_limits<float>::quiet_NaN());
+  ExpectStatus(set("StateCalls", bad), StatusCode::kInvalidArgument, "column 1 row 1");
+  bad = good;
+  bad.set_v(0, -1.0f);
+  ExpectStatus(set("StateCalls", bad), StatusCode::kInvalidArgument, "v finite and >= 0");
+  bad = good;
+  bad.set_update_counts(2, -4);
+  ExpectStatus(set("StateCalls", bad), StatusCode::kInvalidArgument, "update count -4");
+  v1::GetStateResponse resp;
+  ExpectStatus(get("w", 17, 0, &resp), StatusCode::kOutOfRange, "first_column 17");
+  ExpectStatus(get("w", 0, -2, &resp), StatusCode::kInvalidArgument, "max_columns -2");
+  ExpectStatus(get("nope", 0, 0, &resp), StatusCode::kNotFound, "has no tensor 'nope'");
+  // Nothing was written: the daemon still has the uploaded values and zeros.
+  ASSERT_OK(get("w", 0, 0, &resp));
+  EXPECT_EQ(resp.state().columns_size(), cols);
+  EXPECT_EQ(resp.state().m(9), 0.0f);
+  EXPECT_EQ(resp.state().update_counts(2), 0);
+
+  // Good: written, read back exactly (in parts), and the next round is the
+  // reference's from the same state.
+  ASSERT_OK(set("StateCalls", good));
+  ASSERT_OK(set("StateCalls", good));  // every rank may send it
+  absl::StatusOr<v1::ColumnState> back = h.client(1).GetState("StateCalls", "w");
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back->SerializeAsString(), good.SerializeAsString());
+  ASSERT_OK(get("w", 10, 4, &resp));
+  EXPECT_EQ(resp.next_column(), 14);
+  EXPECT_EQ(resp.columns(), 16);
+  EXPECT_EQ(resp.state().columns(0), 10);
+  EXPECT_EQ(resp.state().m(0), good.m(10 * rows));
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) {
+      w.m[r * cols + c] = good.m(c * rows + r);
+      w.v[r * cols + c] = good.v(c * rows + r);
+    }
+    w.count[c] = good.update_counts(c);
+  }
+  ASSERT_OK(h.GoodRound(1e-2f));
+  ExpectStatus(set("StateCalls", good), StatusCode::kFailedPrecondition, "has started");
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
 TEST_F(BadInputTest, StepTooFarAheadIsOutOfRange) {
   auto h = MakeJob();  // next round is 1 (steps 4..7)
   ExpectStatus(Rejection(*h, 0, Shard(*h, 8, {0})), StatusCode::kOutOfRange,

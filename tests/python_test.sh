@@ -5,5 +5,6 @@ set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 export ZENFLOWD="$R/server/zenflowd"
 export PYTHONPATH="$R/python:$R/tests"
+export ZF_REQUIRE_SIM=1
 cd "$R"
 exec /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests

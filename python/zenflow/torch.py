@@ -234,13 +234,99 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         self.close()
         return False
 
+    def _geometry(self, i):
+        shape = _job_shape(self._params[i])
+        return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+
     def state_dict(self):
-        raise NotImplementedError(
-            "ZenFlowOptimizer.state_dict is not built yet: the daemon-side state lives in "
-            "zenflowd (checkpointed with --state_dir); save the model's parameters instead")
+        """The optimizer's state, torch-style: per parameter index, exp_avg and
+        exp_avg_sq shaped like the parameter and update_counts (one per column:
+        AdamW's bias-correction step of each column). The daemon's columns are
+        read through its GetState call, the important ones from the engine.
+
+        Applies the rounds in flight first (earlier than their apply delay):
+        call it at a round boundary (a step count that is a multiple of
+        update_interval) or after finish(); training may go on.
+        """
+        w = self._live()
+        w.drain()
+        local = {d["tensor"]: d for d in w.local_state()}
+        state = {}
+        version = None
+        for i, p in enumerate(self._params):
+            name = f"p{i}"
+            rows, cols = self._geometry(i)
+            m = torch.zeros(cols, rows)
+            v = torch.zeros(cols, rows)
+            counts = torch.full((cols,), -1, dtype=torch.int64)
+            remote = w.get_state(name)
+            if version is None:
+                version = remote["selection_version"]
+            elif remote["selection_version"] != version:
+                raise ZenFlowError("ABORTED", "the job reselected its columns while its state "
+                                   "was read; call state_dict again")
+            for part in (remote, local.get(name)):
+                if part is None or len(part["columns"]) == 0:
+                    continue
+                c = torch.frombuffer(bytearray(part["columns"]), dtype=torch.int32).long()
+                m[c] = torch.frombuffer(bytearray(part["m"]), dtype=torch.float32).reshape(-1, rows)
+                v[c] = torch.frombuffer(bytearray(part["v"]), dtype=torch.float32).reshape(-1, rows)
+                counts[c] = torch.frombuffer(bytearray(part["update_counts"]), dtype=torch.int64)
+            if (counts < 0).any():
+                missing = (counts < 0).nonzero().flatten()[:5].tolist()
+                raise ZenFlowError("INTERNAL", f"no state for columns {missing} of parameter {i}")
+            state[i] = {"exp_avg": m.t().contiguous().reshape(p.shape),
+                        "exp_avg_sq": v.t().contiguous().reshape(p.shape),
+                        "update_counts": counts}
+        groups = [{k: g[k] for k in ("lr", "betas", "eps", "weight_decay")}
+                  for g in self.param_groups]
+        index = {id(p): i for i, p in enumerate(self._params)}
+        for g, src in zip(groups, self.param_groups):
+            g["params"] = [index[id(p)] for p in src["params"]]
+        return {"state": state, "param_groups": groups,
+                "zenflow": {"step": self._step, "job": self.spec.get("job_id"),
+                            "selection_version": version}}
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError("ZenFlowOptimizer.load_state_dict is not built yet")
+        """Loads a state_dict() into this optimizer before its first step.
+
+        Make the optimizer on a new job (a new `job` id) over the model's
+        restored parameters, then load: AdamW's m, v and per-column counts
+        continue exactly; the job's rounds and selections start again from
+        step 0, and lr comes from param_groups (a scheduler's own state is
+        the scheduler's).
+        """
+        w = self._live()
+        if self._step != 0:
+            raise ZenFlowError("FAILED_PRECONDITION",
+                               "load_state_dict works before the first step only: make a new "
+                               "optimizer (on a new job) and load into it")
+        state = state_dict.get("state")
+        if not isinstance(state, dict) or len(state) != len(self._params):
+            raise ValueError(f"the state_dict has state for {len(state or {})} parameters; this "
+                             f"optimizer has {len(self._params)}")
+        if w.local_state():  # before the first selection every column is the daemon's
+            raise ZenFlowError("INTERNAL", "the engine updates columns before its first step")
+        for i, p in enumerate(self._params):
+            s = state.get(i)
+            if s is None or not {"exp_avg", "exp_avg_sq", "update_counts"} <= set(s):
+                raise ValueError(f"parameter {i}: the state needs exp_avg, exp_avg_sq and "
+                                 "update_counts")
+            rows, cols = self._geometry(i)
+            if s["exp_avg"].shape != p.shape or s["exp_avg_sq"].shape != p.shape or \
+                    s["update_counts"].shape != (cols,):
+                raise ValueError(f"parameter {i}: the state's shapes do not fit {tuple(p.shape)}")
+            colmajor = lambda x: x.detach().to(torch.float32).reshape(rows, cols).t().contiguous()
+            part = {"tensor": f"p{i}",
+                    "columns": torch.arange(cols, dtype=torch.int32).numpy().tobytes(),
+                    "values": colmajor(p).numpy().tobytes(),
+                    "m": colmajor(s["exp_avg"]).numpy().tobytes(),
+                    "v": colmajor(s["exp_avg_sq"]).numpy().tobytes(),
+                    "update_counts": s["update_counts"].to(torch.int64).contiguous().numpy().tobytes()}
+            w.set_state(part)
+        for g, src in zip(self.param_groups, state_dict.get("param_groups", [])):
+            if "lr" in src:
+                g["lr"] = src["lr"]
 
 
 __all__ = ["ZenFlowOptimizer", "ZenFlowError"]
