@@ -7,6 +7,7 @@ ZENFLOWD names the daemon binary.
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -349,3 +350,31 @@ def test_state_dict_round_trip_continues_exactly(daemon):
     assert e.value.code == "FAILED_PRECONDITION"
     opt_b.close()
     assert max_diff(a, b) == 0  # bit-identical
+
+
+def test_rank_and_world_size_come_from_the_environment(daemon, tmp_path):
+    """As torchrun sets them: RANK and WORLD_SIZE (LOCAL_RANK when RANK is unset)."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, torch, zenflow.torch\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Linear(8, 4)\n"
+        "opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), target=sys.argv[1], job='env',\n"
+        "                                     lr=1e-2, mode='zero_offload', wire='fp32')\n"
+        "for t in range(3):\n"
+        "    opt.zero_grad()\n"
+        "    g = torch.Generator().manual_seed(10 * t + opt._rank)\n"
+        "    m(torch.randn(4, 8, generator=g)).pow(2).mean().backward()\n"
+        "    opt.step()\n"
+        "opt.close()\n"
+        "print(opt._rank, opt._world, opt.spec['world_size'], float(m.weight.sum()))\n")
+    procs = []
+    for env in ({"RANK": "0", "WORLD_SIZE": "2"}, {"LOCAL_RANK": "1", "WORLD_SIZE": "2"}):
+        e = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+        e.update(env)
+        procs.append(subprocess.Popen([sys.executable, str(script), daemon], env=e,
+                                      stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [o[:3] for o in outs] == [["0", "2", "2"], ["1", "2", "2"]]
+    assert outs[0][3] == outs[1][3]  # the same parameters on both ranks
