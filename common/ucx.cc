@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "ucp/api/ucp.h"
 
@@ -452,6 +454,22 @@ struct UcxWorker::Impl {
 
 UcxWorker::UcxWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+std::string UcxTransports(const UcxOptions& options) {
+  if (!options.without_cma) return options.tls;
+  std::vector<std::string> out;
+  for (absl::string_view t : absl::StrSplit(options.tls, ',', absl::SkipEmpty())) {
+    if (t == "all") return "^cma";
+    if (t == "cma") continue;
+    if (t == "sm" || t == "shm") {
+      out.push_back("posix");
+      out.push_back("sysv");
+    } else {
+      out.emplace_back(t);
+    }
+  }
+  return absl::StrJoin(out, ",");
+}
+
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options,
                                                              RecvFn on_recv,
                                                              OversizeFn on_oversize) {
@@ -462,12 +480,13 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return FromUcs(s, "cannot read the UCX configuration");
-  if (!options.tls.empty()) {
-    s = ucp_config_modify(config, "TLS", options.tls.c_str());
+  const std::string tls = UcxTransports(options);
+  if (!tls.empty()) {
+    s = ucp_config_modify(config, "TLS", tls.c_str());
     if (s != UCS_OK) {
       ucp_config_release(config);
       return absl::InvalidArgumentError(
-          absl::StrCat("UCX transports '", options.tls, "': ", ucs_status_string(s)));
+          absl::StrCat("UCX transports '", tls, "': ", ucs_status_string(s)));
     }
   }
   if (!options.net_devices.empty()) {

@@ -43,7 +43,19 @@ struct UcxOptions {
   // truncated (nothing is allocated for it) and reported to OversizeFn.
   // 0: no limit.
   int64_t max_message_bytes = 0;
+  // Leaves out CMA (cross-memory attach: UCX reads a peer's memory with
+  // process_vm_readv for large messages). UCX 1.13's shared-memory
+  // transports have no peer-failure handling, so a failed CMA read is fatal
+  // to the reading process: a peer that frees or unmaps a buffer it is
+  // sending, or dies mid-send, would abort it. zenflowd sets this (its
+  // data plane must outlive any client); large messages then travel in
+  // fragments through the shared-memory queues. "sm" becomes "posix,sysv",
+  // "cma" is dropped, "all" becomes "^cma".
+  bool without_cma = false;
 };
+
+// The UCX_TLS value `options` asks for (see UcxOptions::without_cma).
+std::string UcxTransports(const UcxOptions& options);
 
 class UcxWorker {
  public:

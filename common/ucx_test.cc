@@ -325,3 +325,54 @@ TEST(UcxFrame, RejectsMalformedFrames) {
 
 }  // namespace
 }  // namespace zenflow
+
+namespace zenflow {
+namespace {
+
+TEST(UcxTransportsTest, WithoutCmaLeavesOutOnlyCma) {
+  UcxOptions o;
+  EXPECT_EQ(UcxTransports(o), "sm,self");  // as asked
+  o.without_cma = true;
+  EXPECT_EQ(UcxTransports(o), "posix,sysv,self");
+  o.tls = "tcp,sm,self";
+  EXPECT_EQ(UcxTransports(o), "tcp,posix,sysv,self");
+  o.tls = "cma,posix,self";
+  EXPECT_EQ(UcxTransports(o), "posix,self");
+  o.tls = "all";
+  EXPECT_EQ(UcxTransports(o), "^cma");
+  o.tls = "tcp,self";
+  EXPECT_EQ(UcxTransports(o), "tcp,self");
+}
+
+// A worker without CMA (the daemon's) exchanges messages far above the
+// rendezvous threshold both ways with one that has it (a client's): in
+// fragments through the shared-memory queues.
+TEST(UcxTransportsTest, LargeMessagesTravelBothWaysWithoutCma) {
+  Inbox inbox_a, inbox_b;
+  UcxOptions no_cma;
+  no_cma.without_cma = true;
+  auto a = UcxWorker::Create(no_cma, inbox_a.Fn());
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = UcxWorker::Create({}, inbox_b.Fn());
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto ab = (*a)->Connect((*b)->address());
+  ASSERT_TRUE(ab.ok()) << ab.status();
+  auto ba = (*b)->Connect((*a)->address());
+  ASSERT_TRUE(ba.ok()) << ba.status();
+  const std::string up = Pattern(8 << 20, 1), down = Pattern(5 << 20, 2);
+  Sends sends;
+  (*b)->Send(*ba, 7, {up}, sends.Fn());
+  (*a)->Send(*ab, 8, {down}, sends.Fn());
+  for (const absl::Status& st : sends.WaitFor(2)) EXPECT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(inbox_a.WaitFor(1));
+  ASSERT_TRUE(inbox_b.WaitFor(1));
+  auto got_a = inbox_a.Take();
+  auto got_b = inbox_b.Take();
+  EXPECT_EQ(got_a[0].first, 7u);
+  EXPECT_TRUE(got_a[0].second == up);
+  EXPECT_EQ(got_b[0].first, 8u);
+  EXPECT_TRUE(got_b[0].second == down);
+}
+
+}  // namespace
+}  // namespace zenflow

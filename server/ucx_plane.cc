@@ -25,13 +25,18 @@ void UcxDataPlane::Conn::Resume() { plane_->Resume(shared_from_this()); }
 absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptions& options,
                                                                    JobRegistry* registry,
                                                                    int64_t max_outbox_bytes) {
+  // No CMA: a client must not be able to make the daemon read memory it
+  // freed (fatal in UCX 1.13; see UcxOptions::without_cma).
+  UcxOptions daemon_options = options;
+  daemon_options.without_cma = true;
   std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(
-      registry, options.tls, max_outbox_bytes + std::max<int64_t>(options.max_message_bytes, 0)));
+      registry, UcxTransports(daemon_options),
+      max_outbox_bytes + std::max<int64_t>(options.max_message_bytes, 0)));
   UcxDataPlane* raw = p.get();
   ZF_ASSIGN_OR_RETURN(
       p->worker_,
       UcxWorker::Create(
-          options, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
+          daemon_options, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
           [raw](uint64_t tag, int64_t bytes) { raw->OnOversize(tag, bytes); }));
   p->dispatcher_ = std::thread([raw] { raw->DispatchLoop(); });
   return p;
