@@ -259,7 +259,15 @@ absl::StatusOr<v1::Selection> Client::SubmitImportance(
   req.set_step(step);
   for (const auto& t : tensors) *req.add_tensors() = t;
   v1::SubmitImportanceResponse resp;
-  ZF_RETURN_IF_ERROR(RideThrough([&] { return RawSubmitImportance(req, &resp); }));
+  bool again = false;
+  ZF_RETURN_IF_ERROR(RideThrough([&]() -> absl::Status {
+    // Retried after a recovery: the replayed closes of the rounds before
+    // the selection's travel on the stream, which this unary call could
+    // overtake; the daemon refuses a selection before them.
+    if (again) ZF_RETURN_IF_ERROR(WaitRoundUpdated(RoundOfStep(step) - 1));
+    again = true;
+    return RawSubmitImportance(req, &resp);
+  }));
   if (ride_through()) {
     selection_round_.store(RoundOfStep(step));
     log_.AddSelection(RoundOfStep(step), std::move(req));
@@ -371,13 +379,7 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
         "continue exactly; checkpoint more often (--checkpoint_every_rounds)"));
   }
   // Waits until the daemon has updated `round` (at once if it had before).
-  auto updated = [&](int64_t round) -> absl::Status {
-    if (round < hello.rounds_updated() || rounds_.WaitDoneSeen(round, options_.selection_timeout)) {
-      return absl::OkStatus();
-    }
-    return absl::UnavailableError(
-        absl::StrCat("the replay waited for round ", round, "'s update and the stream ended"));
-  };
+  auto updated = [&](int64_t round) { return WaitRoundUpdated(round); };
   for (const std::shared_ptr<const ReplayEntry>& e : log_.Entries()) {
     switch (e->kind) {
       case ReplayEntry::Kind::kUp: {
@@ -413,6 +415,16 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
     ZF_RETURN_IF_ERROR(RawAllReduce(*ar, &resp));
   }
   return absl::OkStatus();
+}
+
+absl::Status Client::WaitRoundUpdated(int64_t round) {
+  std::shared_ptr<AttachedStream> st = current_stream();
+  if (round < 0 || (st != nullptr && round < st->greeting().rounds_updated()) ||
+      rounds_.WaitDoneSeen(round, options_.selection_timeout)) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("the replay waited for round ", round, "'s update and the stream ended"));
 }
 
 // ---- Stream -------------------------------------------------------------------

@@ -246,6 +246,10 @@ class Client {
   // since generation `seen`. Past daemon_wait: UNAVAILABLE saying so.
   absl::Status Recover(uint64_t seen);
   absl::Status ReattachAndReplay(const std::string& job_id, int32_t rank);
+  // After a re-attach: waits until `round` is updated (every rank's close
+  // of it reached the daemon), as the greeting or a RoundDone says.
+  // UNAVAILABLE when the stream ends first.
+  absl::Status WaitRoundUpdated(int64_t round);
   // Runs `call` (a unary call's status), recovering and retrying when the
   // daemon went away.
   absl::Status RideThrough(const std::function<absl::Status()>& call);

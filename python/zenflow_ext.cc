@@ -162,16 +162,21 @@ class Worker {
   py::dict LastStep() const {
     Live();
     const StepStats& s = opt_->last_step();
-    py::dict d;
+    py::dict d = Times(s);
     d["step"] = s.step;
-    d["stall_seconds"] = s.stall_seconds;
-    d["send_blocked_seconds"] = s.send_blocked_seconds;
-    d["step_seconds"] = s.step_seconds;
-    d["bytes_sent"] = s.bytes_sent;
-    d["bytes_received"] = s.bytes_received;
-    d["rounds_applied"] = s.rounds_applied;
     d["max_staleness_steps"] = s.max_staleness_steps;
     d["reselected"] = s.reselected;
+    return d;
+  }
+
+  py::dict Totals() const {
+    Live();
+    const OptimizerTotals& t = opt_->totals();
+    py::dict d = Times(t);
+    d["steps"] = t.steps;
+    d["reselections"] = t.reselections;
+    d["reconnects"] = client_->stats().reconnects;
+    d["selection_version"] = opt_->selection_version();
     return d;
   }
 
@@ -198,6 +203,19 @@ class Worker {
     if (opt_ == nullptr) {
       throw StatusError{"FAILED_PRECONDITION", "the optimizer was closed"};
     }
+  }
+
+  // The figures a step and the totals share (StepStats, OptimizerTotals).
+  template <typename T>
+  static py::dict Times(const T& s) {
+    py::dict d;
+    d["stall_seconds"] = s.stall_seconds;
+    d["send_blocked_seconds"] = s.send_blocked_seconds;
+    d["step_seconds"] = s.step_seconds;
+    d["bytes_sent"] = s.bytes_sent;
+    d["bytes_received"] = s.bytes_received;
+    d["rounds_applied"] = s.rounds_applied;
+    return d;
   }
 
   template <typename T>
