@@ -414,7 +414,11 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
     v1::AllReduceResponse resp;
     ZF_RETURN_IF_ERROR(RawAllReduce(*ar, &resp));
   }
-  return absl::OkStatus();
+  // The engine goes on as if every round it already has whole were
+  // updated, and pushes up to two rounds past the newest, which reuse
+  // their accumulation buffers: the restarted daemon must have updated
+  // them again first (every rank replays its closes of them).
+  return updated(rounds_.newest_complete());
 }
 
 absl::Status Client::WaitRoundUpdated(int64_t round) {

@@ -37,6 +37,14 @@ bool RoundAssembler::WaitDoneSeen(int64_t round, absl::Duration timeout) {
   return done_seen_ >= round;
 }
 
+int64_t RoundAssembler::newest_complete() {
+  MutexLock lock(&mu_);
+  int64_t newest = floor_;
+  if (!delivered_.empty()) newest = std::max(newest, *delivered_.rbegin());
+  for (const RoundUpdate& u : ready_) newest = std::max(newest, u.round);
+  return newest;
+}
+
 int64_t RoundAssembler::durable_rounds() {
   MutexLock lock(&mu_);
   return durable_rounds_;

@@ -50,6 +50,9 @@ class RoundAssembler {
   void Reset();
   // The newest RoundDone.durable_rounds seen.
   int64_t durable_rounds();
+  // The newest round this client has whole (delivered, or complete and
+  // queued), from any stream since the last Reset; -1 if none.
+  int64_t newest_complete();
   // Waits until this stream saw round `round`'s RoundDone (delivered or
   // dropped as a duplicate); false on timeout or when the stream closed.
   bool WaitDoneSeen(int64_t round, absl::Duration timeout);
