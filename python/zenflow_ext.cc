@@ -180,24 +180,6 @@ class Worker {
     return d;
   }
 
-  py::dict Totals() const {
-    Live();
-    const OptimizerTotals& t = opt_->totals();
-    const ClientStats c = client_->stats();
-    py::dict d;
-    d["steps"] = t.steps;
-    d["stall_seconds"] = t.stall_seconds;
-    d["send_blocked_seconds"] = t.send_blocked_seconds;
-    d["step_seconds"] = t.step_seconds;
-    d["bytes_sent"] = t.bytes_sent;
-    d["bytes_received"] = t.bytes_received;
-    d["rounds_applied"] = t.rounds_applied;
-    d["reselections"] = t.reselections;
-    d["reconnects"] = c.reconnects;
-    d["selection_version"] = opt_->selection_version();
-    return d;
-  }
-
  private:
   void Live() const {
     if (opt_ == nullptr) {
