@@ -378,15 +378,13 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
         " (max_replay_bytes filled up before the daemon made a checkpoint): the rank cannot "
         "continue exactly; checkpoint more often (--checkpoint_every_rounds)"));
   }
-  // Waits until the daemon has updated `round` (at once if it had before).
-  auto updated = [&](int64_t round) { return WaitRoundUpdated(round); };
   for (const std::shared_ptr<const ReplayEntry>& e : log_.Entries()) {
     switch (e->kind) {
       case ReplayEntry::Kind::kUp: {
         // Round X reuses round X-2's accumulation buffer on the daemon:
         // its update must be done first (the engine's apply delay keeps
         // that true as it runs; a replay goes faster).
-        ZF_RETURN_IF_ERROR(updated(e->round - 2));
+        ZF_RETURN_IF_ERROR(WaitRoundUpdated(e->round - 2));
         Outgoing out;
         out.msg = e->up;
         out.size = static_cast<int64_t>(e->bytes);
@@ -398,7 +396,7 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
         // The engine drained before it selected: the rounds before the
         // selection's are updated first (their closes, replayed above,
         // travel on the stream, which a unary call can overtake).
-        ZF_RETURN_IF_ERROR(updated(e->round - 1));
+        ZF_RETURN_IF_ERROR(WaitRoundUpdated(e->round - 1));
         v1::SubmitImportanceResponse resp;
         ZF_RETURN_IF_ERROR(RawSubmitImportance(e->selection, &resp));
         break;
@@ -418,7 +416,7 @@ absl::Status Client::ReattachAndReplay(const std::string& job_id, int32_t rank) 
   // updated, and pushes up to two rounds past the newest, which reuse
   // their accumulation buffers: the restarted daemon must have updated
   // them again first (every rank replays its closes of them).
-  return updated(rounds_.newest_complete());
+  return WaitRoundUpdated(rounds_.newest_complete());
 }
 
 absl::Status Client::WaitRoundUpdated(int64_t round) {

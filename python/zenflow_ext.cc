@@ -59,8 +59,7 @@ class Worker {
  public:
   Worker(const std::string& spec_json, int rank, const std::string& target,
          const std::string& transport, double daemon_wait_s, double connect_timeout_s,
-         int threads, const std::vector<PyParam>& params)
-      : rank_(rank) {
+         int threads, const std::vector<PyParam>& params) {
     v1::JobSpec want;
     google::protobuf::util::JsonParseOptions json;
     json.ignore_unknown_fields = false;
@@ -242,7 +241,6 @@ class Worker {
     return cs;
   }
 
-  const int rank_;
   std::vector<ParamSpec> specs_;
   std::unique_ptr<worker::Backend> backend_;
   std::unique_ptr<Client> client_;

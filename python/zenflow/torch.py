@@ -48,6 +48,10 @@ def _env_int(*names):
     return None
 
 
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
 def _job_shape(p):
     # [n] or [rows, cols]: tensors of more dimensions are [d0, d1 * d2 * ...].
     if p.dim() == 0:
@@ -110,10 +114,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                         f"param group {self.param_groups.index(g)} has its own {key}: zenflowd "
                         "runs one AdamW configuration per job")
 
-        self._rank = rank if rank is not None else _env_int("RANK", "LOCAL_RANK")
-        self._rank = 0 if self._rank is None else self._rank
-        self._world = world_size if world_size is not None else _env_int("WORLD_SIZE")
-        self._world = 1 if self._world is None else self._world
+        self._rank = _first(rank, _env_int("RANK", "LOCAL_RANK"), 0)
+        self._world = _first(world_size, _env_int("WORLD_SIZE"), 1)
         if not 0 <= self._rank < self._world:
             raise ValueError(f"rank {self._rank} is not in [0, world_size={self._world})")
 
