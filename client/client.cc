@@ -26,7 +26,10 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name) {
 }
 
 Client::Client(const ClientOptions& options)
-    : options_(options), window_(options.max_inflight_bytes), log_(options.max_replay_bytes) {}
+    : options_(options), window_(options.max_inflight_bytes), log_(options.max_replay_bytes) {
+  MutexLock lock(&mu_);
+  token_ = options.token;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
@@ -65,9 +68,11 @@ Client::~Client() {
   ucx_.reset();
 }
 
-std::unique_ptr<grpc::ClientContext> Client::UnaryContext(absl::Duration timeout) const {
+std::unique_ptr<grpc::ClientContext> Client::UnaryContext(absl::Duration timeout) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  const std::string token = this->token();
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
   return ctx;
 }
 
@@ -79,6 +84,10 @@ absl::StatusOr<v1::JobSpec> Client::CreateJob(const v1::JobSpec& spec) {
   v1::CreateJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
   ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->CreateJob(ctx.get(), req, &resp)));
+  if (!resp.token().empty()) {
+    MutexLock lock(&mu_);
+    token_ = resp.token();  // the daemon's new token when we sent none
+  }
   return resp.spec();
 }
 
@@ -476,6 +485,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   deps.window = &window_;
   deps.rounds = &rounds_;
   deps.ucx = options_.transport == Transport::kUcx ? ucx_.get() : nullptr;
+  deps.token = token();
   // The daemon lets go of a rank's stream once that call is done, which it
   // can learn a moment after this client did: right after our own stream
   // ended, the rank may still look attached (ALREADY_EXISTS). A first
@@ -767,6 +777,11 @@ int32_t Client::rank() {
 std::string Client::job_id() {
   MutexLock lock(&mu_);
   return job_id_;
+}
+
+std::string Client::token() {
+  MutexLock lock(&mu_);
+  return token_;
 }
 
 void Client::CloseStream() {

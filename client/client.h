@@ -47,6 +47,11 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";
+  // The job's token, sent with every call and stream as gRPC metadata
+  // "authorization: Bearer <token>" (README "Security"). Empty: CreateJob
+  // asks the daemon for a new one, and the client then uses that one
+  // (token()); other ranks are given it. An admin token works too.
+  std::string token;
   // How long Connect waits for the daemon; gRPC retries within it with its
   // own reconnect backoff (100 ms doubling up to 2 s).
   absl::Duration connect_timeout = absl::Seconds(20);
@@ -219,6 +224,8 @@ class Client {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   int32_t rank();
   std::string job_id();
+  // The token this client sends (options.token, or the one CreateJob got).
+  std::string token();
 
  private:
   explicit Client(const ClientOptions& options);
@@ -237,7 +244,7 @@ class Client {
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t col_bytes, v1::DType dtype, const float* scales,
                                  std::function<void()> release);
-  std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout) const;
+  std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout);
   // ---- Riding through a daemon restart ----
   bool ride_through() const { return options_.daemon_wait > absl::ZeroDuration(); }
   // A failure the daemon's going away explains.
@@ -282,6 +289,7 @@ class Client {
 
   Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
+  std::string token_ ABSL_GUARDED_BY(mu_);
   int32_t rank_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<AttachedStream> stream_ ABSL_GUARDED_BY(mu_);
 };

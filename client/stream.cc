@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<AttachedStream>> AttachedStream::Open(const Deps&
                                                                      int32_t rank) {
   std::unique_ptr<AttachedStream> s(new AttachedStream(deps));
   deps.rounds->Open();
+  if (!deps.token.empty()) s->ctx_.AddMetadata("authorization", "Bearer " + deps.token);
   s->call_ = deps.stub->Stream(&s->ctx_);
   if (deps.ucx != nullptr) {
     s->data_ = std::make_unique<UcxDataStream>(deps.ucx, static_cast<DataStreamSink*>(s.get()));

@@ -36,6 +36,7 @@ class AttachedStream final : private DataStreamSink {
     SendWindow* window = nullptr;     // opened once attached; closed with the stream's status
     RoundAssembler* rounds = nullptr; // opened before the attach; closed at the end
     UcxLink* ucx = nullptr;           // set: the data travels over UCX
+    std::string token;                // the job's token (authorization metadata); may be empty
   };
   // Attaches `rank` of `job_id`: sends the attach, waits for the daemon's
   // greeting (or the stream's end), connects the data path and starts
