@@ -1,12 +1,18 @@
 // The worker client library; see client.h.
 #include "client/client.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/backoff.h"
 #include "client/data_stream.h"
@@ -15,6 +21,7 @@
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
+#include "common/tls_files.h"
 
 namespace zenflow {
 
@@ -23,6 +30,40 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name) {
   if (name == "ucx") return Transport::kUcx;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown transport '", name, "' (want grpc or ucx)"));
+}
+
+absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
+  if (token_file.empty()) {
+    const char* env = std::getenv("ZENFLOW_TOKEN");
+    return std::string(env == nullptr ? "" : env);
+  }
+  std::ifstream in(token_file);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read the token file ", token_file, ": ",
+                                            std::strerror(errno)));
+  }
+  std::string line;
+  std::getline(in, line);
+  std::string token(absl::StripAsciiWhitespace(line));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the token file ", token_file, " is empty"));
+  }
+  return token;
+}
+
+std::string RandomToken() {
+  static const char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  unsigned char raw[32];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    const ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    else if (errno != EINTR) std::abort();  // never once the kernel's pool is seeded
+  }
+  std::string token;
+  for (unsigned char b : raw) token.push_back(kAlphabet[b & 63]);
+  return token;
 }
 
 Client::Client(const ClientOptions& options)
@@ -43,13 +84,36 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // longer than a short backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  c->channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  const bool tls = !options.tls_ca.empty();
+  if (tls) {
+    ZF_ASSIGN_OR_RETURN(TlsPem pem, ReadTlsFiles({options.tls_cert, options.tls_key, options.tls_ca},
+                                                 {"tls_cert", "tls_key", "tls_ca"}));
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = std::move(pem.ca);
+    ssl.pem_cert_chain = std::move(pem.cert);
+    ssl.pem_private_key = std::move(pem.key);
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  } else if (!options.tls_cert.empty() || !options.tls_key.empty() ||
+             !options.tls_server_name.empty()) {
+    return absl::InvalidArgumentError(
+        "tls_cert, tls_key and tls_server_name need tls_ca (the CA that signed zenflowd's "
+        "certificate): without it the connection is plaintext");
+  }
+  c->channel_ = grpc::CreateCustomChannel(options.target, credentials, args);
   const auto deadline =
       std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.connect_timeout);
   if (!c->channel_->WaitForConnected(deadline)) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to zenflowd at ", options.target,
-                                               " within ",
-                                               absl::FormatDuration(options.connect_timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to zenflowd at ", options.target, " within ",
+        absl::FormatDuration(options.connect_timeout),
+        tls ? absl::StrCat(" over TLS (check that it serves TLS, that tls_ca ", options.tls_ca,
+                           " signed its certificate for the name ",
+                           options.tls_server_name.empty() ? "in the target"
+                                                           : options.tls_server_name,
+                           ", and the client certificate if it requires one)")
+            : " (in plaintext; a daemon that serves TLS needs tls_ca)"));
   }
   c->stub_ = v1::ZenFlow::NewStub(c->channel_);
   return c;
@@ -84,9 +148,11 @@ absl::StatusOr<v1::JobSpec> Client::CreateJob(const v1::JobSpec& spec) {
   v1::CreateJobResponse resp;
   auto ctx = UnaryContext(options_.rpc_timeout);
   ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->CreateJob(ctx.get(), req, &resp)));
-  if (!resp.token().empty()) {
+  {
+    // The daemon's new token, when we sent none. A client that sent one
+    // (the admin's, say) keeps sending it.
     MutexLock lock(&mu_);
-    token_ = resp.token();  // the daemon's new token when we sent none
+    if (token_.empty()) token_ = resp.token();
   }
   return resp.spec();
 }
@@ -210,16 +276,25 @@ absl::Status Client::SetState(const std::string& job_id, const v1::ColumnState& 
 
 absl::StatusOr<v1::GetJobResponse> Client::WaitForUpload(const std::string& job_id,
                                                          absl::Duration timeout) {
+  // A job that does not exist yet answers as one of another token would
+  // (PERMISSION_DENIED): both are waited out, and reported at the end.
+  auto not_yet = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kNotFound ||
+           s.code() == absl::StatusCode::kPermissionDenied;
+  };
   absl::StatusOr<v1::GetJobResponse> job;
   const bool ready = RetryWithBackoff(timeout, absl::Milliseconds(10), absl::Milliseconds(500), [&] {
     job = GetJob(job_id);
     if (job.ok()) return job->parameters_uploaded();
-    return job.status().code() != absl::StatusCode::kNotFound;  // other errors end the wait
+    return !not_yet(job.status());  // other errors end the wait
   });
-  if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) return job.status();
+  if (!job.ok() && !not_yet(job.status())) return job.status();
   if (!ready) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "job '", job_id, "' was not created and uploaded within ", absl::FormatDuration(timeout)));
+        "job '", job_id, "' was not created and uploaded within ", absl::FormatDuration(timeout),
+        job.ok() ? std::string()
+                 : absl::StrCat(" (the last answer: ", job.status().ToString(),
+                                "; do all ranks have the job's token?)")));
   }
   return job;
 }
@@ -360,8 +435,12 @@ absl::Status Client::Recover(uint64_t seen) {
       return absl::OkStatus();
     }
     const absl::StatusCode c = last.code();
+    // A job the restarted daemon has not restored yet answers NOT_FOUND, or
+    // PERMISSION_DENIED to a job token (which may not learn whether a job
+    // exists): both are waited out.
     if (!Recoverable(last) && c != absl::StatusCode::kNotFound &&
-        c != absl::StatusCode::kAlreadyExists && c != absl::StatusCode::kDeadlineExceeded) {
+        c != absl::StatusCode::kPermissionDenied && c != absl::StatusCode::kAlreadyExists &&
+        c != absl::StatusCode::kDeadlineExceeded) {
       return last;  // the daemon is back and refuses: waiting will not help
     }
     absl::SleepFor(std::min(pause, std::max(absl::ZeroDuration(), deadline - absl::Now())));

@@ -45,13 +45,37 @@ enum class Transport {
 // "grpc" or "ucx"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
+// A job's token for ClientOptions.token: the first line of `token_file`
+// (blanks around it removed) when one is named, else the environment's
+// ZENFLOW_TOKEN, else empty. Errors name the file.
+absl::StatusOr<std::string> LoadToken(const std::string& token_file);
+
+// A new random token (32 characters of base64url from the kernel's random
+// source), for a job whose ranks are started together.
+std::string RandomToken();
+
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";
   // The job's token, sent with every call and stream as gRPC metadata
   // "authorization: Bearer <token>" (README "Security"). Empty: CreateJob
   // asks the daemon for a new one, and the client then uses that one
-  // (token()); other ranks are given it. An admin token works too.
+  // (token()); other ranks are given it. An admin token works too (the
+  // client keeps sending it; a job it creates gets a new token).
   std::string token;
+  // TLS (README "Security"). tls_ca: PEM file of the CA that signed
+  // zenflowd's certificate (its --tls_cert); non-empty: the channel uses TLS
+  // and checks the daemon's certificate against it. Empty: plaintext, which
+  // a daemon only serves on loopback unless started with --allow_insecure.
+  std::string tls_ca;
+  // PEM files of this client's certificate (chain) and its unencrypted
+  // private key, for a daemon started with --tls_ca; both or neither, and
+  // only with tls_ca.
+  std::string tls_cert;
+  std::string tls_key;
+  // The name the daemon's certificate must carry when it is not the host
+  // in `target` (e.g. a target by IP address or through a tunnel); empty:
+  // the target's host.
+  std::string tls_server_name;
   // How long Connect waits for the daemon; gRPC retries within it with its
   // own reconnect backoff (100 ms doubling up to 2 s).
   absl::Duration connect_timeout = absl::Seconds(20);

@@ -46,6 +46,7 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
     ServerOptions opts;
     opts.listen = absl::StrCat("127.0.0.1:", port);
     opts.state_dir = state_dir;
+    opts.admin_token = "client-test-token-0123456789";  // Options().token: daemon-wide calls
     absl::StatusOr<std::unique_ptr<ZenFlowServer>> s = ZenFlowServer::Start(opts);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
@@ -61,6 +62,7 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
     ClientOptions o;
     o.target = absl::StrCat("127.0.0.1:", server_->port());
     o.transport = GetParam();
+    o.token = "client-test-token-0123456789";  // every client of a test shares the job
     return o;
   }
   std::unique_ptr<Client> NewClient() {
@@ -268,6 +270,7 @@ TEST_P(ClientTest, WaitForUploadSeesAnotherRanksUpload) {
 absl::StatusOr<v1::CheckpointResponse> Checkpoint(Client* c, const std::string& job) {
   std::unique_ptr<v1::ZenFlow::Stub> stub = v1::ZenFlow::NewStub(c->channel());
   grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + c->token());
   v1::CheckpointRequest req;
   req.set_job_id(job);
   v1::CheckpointResponse resp;

@@ -88,6 +88,8 @@ absl::Status UcxDataStream::Connect(const v1::Attached& greeting) {
   }
   MutexLock lock(&mu_);
   ep_ = *ep;
+  // What we send carries the daemon's tag for this connection.
+  send_tag_ = greeting.ucx_tag() != 0 ? greeting.ucx_tag() : tag_;
   return absl::OkStatus();
 }
 
@@ -118,11 +120,12 @@ bool UcxDataStream::Send(Outgoing out, DoneFn done) {
   f->hold = std::move(out.hold);
   SplitFrame(&f->msg, &f->payload, &f->header);
   const absl::string_view body = f->borrowed.empty() ? absl::string_view(f->payload) : f->borrowed;
-  uint64_t ep = 0, id = 0;
+  uint64_t ep = 0, id = 0, send_tag = 0;
   {
     MutexLock lock(&mu_);
     ++sending_;
     ep = ep_;
+    send_tag = send_tag_;
     id = ++next_send_;
     // Abort's way to end this send if UCX never does: fail it and let go of
     // the borrowed payload (the peer is gone; nothing reads it any more).
@@ -131,7 +134,7 @@ bool UcxDataStream::Send(Outgoing out, DoneFn done) {
       done(false);
     };
   }
-  link_->worker()->Send(ep, tag_, {body, f->header}, [this, f, done, id](absl::Status s) {
+  link_->worker()->Send(ep, send_tag, {body, f->header}, [this, f, done, id](absl::Status s) {
     bool report = false;
     {
       MutexLock lock(&mu_);

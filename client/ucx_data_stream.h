@@ -74,6 +74,7 @@ class UcxDataStream final : public DataStream {
   uint64_t tag_ = 0;  // set by PrepareAttach, before any traffic
   Mutex mu_;
   uint64_t ep_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t send_tag_ ABSL_GUARDED_BY(mu_) = 0;  // the daemon's tag for our frames (Connect)
   int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // sends not yet ended
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   // Sends UCX has not completed: what ends each (its done callback and the

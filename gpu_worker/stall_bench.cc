@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/tls_flags.h"
 #include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
@@ -194,6 +195,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   const double t_setup = Now();
   ClientOptions co;
   co.target = absl::GetFlag(FLAGS_target);
+  ApplyTlsFlags(&co);
   ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
   co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/tls_flags.h"
 #include "common/histogram.h"
 #include "common/json_writer.h"
 #include "common/metrics.h"
@@ -58,6 +59,10 @@ ABSL_FLAG(std::string, daemon_wait, "0s",
           "--state_dir), e.g. 60s: the rank reconnects and replays what the daemon may have "
           "lost; 0s = fail at once");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is the job's token, sent with every call (README \"Security\"); "
+          "every rank of the job uses the same one. Empty: $ZENFLOW_TOKEN; neither: with one "
+          "rank, the daemon makes a token for the job");
 ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
 ABSL_FLAG(int, world, 1, "data-parallel ranks");
 ABSL_FLAG(std::string, data, "", "training text (default: a text every Debian system carries)");
@@ -252,6 +257,13 @@ absl::Status Run() {
   } else {
     ClientOptions co;
     co.target = absl::GetFlag(FLAGS_target);
+    ApplyTlsFlags(&co);  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
+    ZF_ASSIGN_OR_RETURN(co.token, LoadToken(absl::GetFlag(FLAGS_token_file)));
+    if (co.token.empty() && world > 1) {
+      return absl::InvalidArgumentError(
+          "the ranks of one job share its token: give every rank --token_file=FILE (or "
+          "ZENFLOW_TOKEN); e.g. head -c 24 /dev/urandom | base64 > FILE");
+    }
     ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
     co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
     if (!absl::ParseDuration(absl::GetFlag(FLAGS_daemon_wait), &co.daemon_wait) ||

@@ -6,7 +6,8 @@
 //
 //   w = _zenflow.Worker(spec_json, rank, target, transport, daemon_wait_s,
 //                       connect_timeout_s, threads,
-//                       [(name, shape, param_ptr, grad_ptr), ...])
+//                       [(name, shape, param_ptr, grad_ptr), ...], token="",
+//                       tls_ca="", tls_cert="", tls_key="", tls_server_name="")
 //   w.step(step, lr); w.finish(); w.last_step(); w.totals(); w.close()
 //   w.drain(); w.local_state(); w.get_state(tensor)     # state_dict
 //   w.set_state(state)                                  # load_state_dict
@@ -59,7 +60,9 @@ class Worker {
  public:
   Worker(const std::string& spec_json, int rank, const std::string& target,
          const std::string& transport, double daemon_wait_s, double connect_timeout_s,
-         int threads, const std::vector<PyParam>& params) {
+         int threads, const std::vector<PyParam>& params, const std::string& token,
+         const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key,
+         const std::string& tls_server_name) {
     v1::JobSpec want;
     google::protobuf::util::JsonParseOptions json;
     json.ignore_unknown_fields = false;
@@ -79,6 +82,11 @@ class Worker {
     }
     ClientOptions co;
     co.target = target;
+    co.token = token;
+    co.tls_ca = tls_ca;
+    co.tls_cert = tls_cert;
+    co.tls_key = tls_key;
+    co.tls_server_name = tls_server_name;
     co.transport = Take(ParseTransport(transport));
     co.daemon_wait = absl::Seconds(daemon_wait_s);
     co.connect_timeout = absl::Seconds(connect_timeout_s);
@@ -266,10 +274,13 @@ PYBIND11_MODULE(_zenflow, m) {
   });
   py::class_<Worker>(m, "Worker")
       .def(py::init<const std::string&, int, const std::string&, const std::string&, double,
-                    double, int, const std::vector<zenflow::PyParam>&>(),
+                    double, int, const std::vector<zenflow::PyParam>&, const std::string&,
+                    const std::string&, const std::string&, const std::string&,
+                    const std::string&>(),
            py::arg("spec_json"), py::arg("rank"), py::arg("target"), py::arg("transport"),
            py::arg("daemon_wait_s"), py::arg("connect_timeout_s"), py::arg("threads"),
-           py::arg("params"))
+           py::arg("params"), py::arg("token") = "", py::arg("tls_ca") = "",
+           py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_server_name") = "")
       .def("step", &Worker::Step, py::arg("step"), py::arg("lr"))
       .def("finish", &Worker::Finish)
       .def("drain", &Worker::Drain)

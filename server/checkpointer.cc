@@ -74,7 +74,18 @@ absl::StatusOr<int> Checkpointer::RestoreAll() {
         if (spec.job_id() != id) {
           return absl::DataLossError(absl::StrCat("it holds job '", spec.job_id(), "'"));
         }
-        ZF_RETURN_IF_ERROR(registry_->CreateJob(spec).status());
+        // The job's credential (its token's digest); a checkpoint from
+        // before credentials has none: then only the admin token reaches it.
+        std::string credential;
+        if (by_name.count("credential") != 0) {
+          credential = *by_name["credential"];
+        } else {
+          std::fprintf(stderr,
+                       "zenflowd: checkpoint %s holds no job credential: job '%s' is reachable "
+                       "with the admin token only\n",
+                       path.c_str(), id.c_str());
+        }
+        ZF_RETURN_IF_ERROR(registry_->CreateJob(spec, credential).status());
         ZF_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(id));
         absl::Status loaded = job->LoadSnapshot(by_name);
         if (!loaded.ok()) (void)registry_->DeleteJob(id);  // a half-loaded job goes

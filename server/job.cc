@@ -156,7 +156,12 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
   } else if (spec->mode() == v1::MODE_ZENFLOW) {
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
     if (z->update_interval() == 0) z->set_update_interval(4);
-    if (z->select_interval() == 0) z->set_select_interval(25 * z->update_interval());
+    // (Only for an update_interval in range, checked below: 25 x a larger
+    // one would overflow.)
+    if (z->select_interval() == 0 && z->update_interval() >= 1 &&
+        z->update_interval() <= 1 << 20) {
+      z->set_select_interval(25 * z->update_interval());
+    }
     if (z->apply_delay().kind_case() == v1::ApplyDelay::KIND_NOT_SET) {
       z->mutable_apply_delay()->set_adaptive(true);
     }

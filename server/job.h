@@ -122,6 +122,10 @@ class Job : public std::enable_shared_from_this<Job> {
   const v1::JobSpec& spec() const { return spec_; }
   int64_t params() const { return params_; }
   const JobFootprint& footprint() const { return footprint_; }
+  // The SHA-256 digest of the job's token (server/auth.h); empty: admin
+  // only. Set by the registry before the job is published, then constant.
+  const std::string& credential() const { return credential_; }
+  void set_credential(std::string digest) { credential_ = std::move(digest); }
 
   // One UploadParameters stream; commits atomically. Values are staged,
   // row-major, in the odd rounds' accumulation buffers (idle until the
@@ -299,6 +303,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // initialization from the spec).
   SelectionBarrier selection_ ABSL_GUARDED_BY(mu_);
   const JobFootprint footprint_;
+  std::string credential_;  // see credential()
   // This job's round updates, in order; other jobs' updates run beside them.
   const std::shared_ptr<UpdateScheduler::Strand> strand_;
   int64_t params_ = 0;

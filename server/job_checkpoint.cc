@@ -1,6 +1,8 @@
 // A job's checkpoint: its whole state at a round boundary as named sections
 // (common/checkpoint_file.h writes and verifies them), and a job made from
 // them. Part of Job (see job.h "Checkpoints").
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -45,11 +47,13 @@ class MetaReader {
     Get(&x);
     return x;
   }
-  // A vector of at most `max` elements.
+  // A vector of at most `max` elements (and no more than the bytes left
+  // hold: the count is checked before anything is allocated for it).
   template <typename T>
   std::vector<T> All(int64_t max) {
     const int64_t n = Next();
-    if (n < 0 || n > max) {
+    const int64_t left = static_cast<int64_t>((in_.size() - std::min(at_, in_.size())) / 8);
+    if (n < 0 || n > max || n > left) {
       ok_ = false;
       return {};
     }
@@ -116,6 +120,7 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
   snap.job_id = spec_.job_id();
   snap.rounds_updated = rounds_updated_;
   snap.sections.push_back({"spec", spec_.SerializeAsString()});
+  snap.sections.push_back({"credential", credential_});
   MetaWriter meta;
   meta.Put(kMetaVersion);
   meta.Put(uploaded_ ? 1 : 0);
@@ -188,7 +193,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   if (meta_bytes == nullptr) return bad("no meta section");
   MetaReader meta(*meta_bytes);
   if (meta.Next() != kMetaVersion) return bad("unknown meta version");
-  uploaded_ = meta.Next() != 0;
+  const int64_t uploaded = meta.Next();
+  uploaded_ = uploaded != 0;
   selection_version_ = meta.Next();
   selection_step_ = meta.Next();
   rounds_closed_ = meta.Next();
@@ -211,7 +217,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     rs.nonfinite = meta.Next() != 0;
     rs.last_close = std::chrono::steady_clock::now();
   }
-  if (!hand_off_.Restore(meta.All<int64_t>(int64_t{1} << 40))) return bad("hand-off ledger size");
+  const std::vector<int64_t> hand_off_flat = meta.All<int64_t>(int64_t{1} << 40);
+  if (!hand_off_.Restore(hand_off_flat)) return bad("hand-off ledger size");
   for (TensorState& t : tensors_) {
     std::vector<uint8_t> important = meta.All<uint8_t>(t.cols);
     if (static_cast<int64_t>(important.size()) != t.cols) return bad("column set size");
@@ -223,6 +230,66 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     t.prev_important_cols = meta.All<int32_t>(t.cols);
   }
   if (!meta.ok()) return bad("meta section malformed");
+  // What Snapshot writes holds all of the below. A file that does not (one
+  // whose checksums are right but whose meta is not this daemon's) would
+  // make a job that waits forever for an update (its next checkpoint, a
+  // hand-off), never completes a round, or reads out of its buffers.
+  if (uploaded != 0 && uploaded != 1) return bad("meta: uploaded is not 0 or 1");
+  if (selection_version_ < 0 || selection_step_ < 0 || selection_step_ % interval_ != 0) {
+    return bad(absl::StrCat("meta: selection version ", selection_version_, " at step ",
+                            selection_step_));
+  }
+  if (rounds_updated_ < 0 || rounds_closed_ != rounds_updated_) {
+    return bad(absl::StrCat("meta: ", rounds_closed_, " rounds closed but ", rounds_updated_,
+                            " updated (a snapshot is taken at a round boundary)"));
+  }
+  int64_t least_next = rounds_closed_ + 2;
+  for (const RankState& r : ranks_) {
+    // A rank is at most two rounds ahead: round r + 2 reuses round r's buffers.
+    if (r.next_round < rounds_closed_ || r.next_round > rounds_closed_ + 2) {
+      return bad(absl::StrCat("meta: a rank's next round ", r.next_round, " with ",
+                              rounds_closed_, " rounds closed"));
+    }
+    least_next = std::min(least_next, r.next_round);
+  }
+  if (least_next != rounds_closed_) {
+    return bad(absl::StrCat("meta: every rank closed round ", rounds_closed_,
+                            " but it is not counted closed"));
+  }
+  for (int64_t round = rounds_closed_; round < rounds_closed_ + 2; ++round) {
+    int32_t closed = 0;  // by the ranks that are past it
+    for (const RankState& r : ranks_) closed += r.next_round > round ? 1 : 0;
+    auto it = rounds_.find(round);
+    if (closed > 0 && (it == rounds_.end() || it->second.closed != closed)) {
+      return bad(absl::StrCat("meta: round ", round, " is closed by ", closed,
+                              " ranks but not recorded so"));
+    }
+  }
+  for (const auto& [round, rs] : rounds_) {
+    if (round < rounds_closed_ || round >= rounds_closed_ + 2 || rs.steps_sum < 0 ||
+        rs.steps_sum > rs.closed * interval_ || !(rs.lr >= 0 && std::isfinite(rs.lr))) {
+      return bad(absl::StrCat("meta: open round ", round, " (", rs.closed, " closes, ",
+                              rs.steps_sum, " steps, lr ", rs.lr, ") does not fit"));
+    }
+  }
+  for (int64_t v : hand_off_flat) {
+    if (v < 0 || v > selection_version_) {
+      return bad(absl::StrCat("meta: hand-off of selection version ", v, " (current ",
+                              selection_version_, ")"));
+    }
+  }
+  for (const TensorState& t : tensors_) {
+    for (uint8_t x : t.important) {
+      if (x > 1) return bad(absl::StrCat("meta: tensor '", t.name, "' column flag ", x));
+    }
+    for (size_t i = 0; i < t.prev_important_cols.size(); ++i) {
+      const int32_t c = t.prev_important_cols[i];
+      if (c < 0 || c >= t.cols || (i > 0 && c <= t.prev_important_cols[i - 1])) {
+        return bad(absl::StrCat("meta: tensor '", t.name, "' previous column ", c,
+                                " out of order or out of range [0, ", t.cols, ")"));
+      }
+    }
+  }
   auto load = [&](const std::string& name, void* dst, size_t bytes) -> absl::Status {
     const std::string* s = section(name);
     if (s == nullptr) return bad(absl::StrCat("no section ", name));
@@ -240,6 +307,9 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     ZF_RETURN_IF_ERROR(load(p + "m", raw.m, raw.elements * sizeof(float)));
     ZF_RETURN_IF_ERROR(load(p + "v", raw.v, raw.elements * sizeof(float)));
     ZF_RETURN_IF_ERROR(load(p + "count", raw.count, raw.cols * sizeof(int64_t)));
+    for (size_t c = 0; c < raw.cols; ++c) {
+      if (raw.count[c] < 0) return bad(absl::StrCat("tensor ", ti, " has a negative update count"));
+    }
     for (int r = 0; r < acc_->sum_ranks(); ++r) {
       for (int parity = 0; parity < 2; ++parity) {
         std::vector<float>& sum = acc_->sum_buffer(t, r, parity);

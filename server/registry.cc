@@ -57,7 +57,14 @@ JobRegistry::~JobRegistry() {
   jobs_.clear();
 }
 
-absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
+absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec,
+                                                   const std::string& credential) {
+  // Checked before the spec's sizes are used for anything.
+  if (spec.world_size() > options_.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "world_size ", spec.world_size(), " is over this daemon's limit of ",
+        options_.max_world_size, " ranks per job (--max_world_size)"));
+  }
   ZF_RETURN_IF_ERROR(NormalizeJobSpec(&spec, options_.max_message_bytes));
   ZF_ASSIGN_OR_RETURN(const JobFootprint f, ComputeJobFootprint(spec));
   const int64_t bytes = f.total();
@@ -71,6 +78,26 @@ absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the daemon holds ", jobs_.size(), " jobs, its limit (--max_jobs ", options_.max_jobs,
           "): delete a job or use another daemon"));
+    }
+    if (!credential.empty()) {
+      int jobs = 0;
+      int64_t params = 0;
+      for (const auto& [id, c] : credential_of_) {
+        if (c.credential != credential) continue;
+        ++jobs;
+        params += c.params;
+      }
+      if (jobs >= options_.max_jobs_per_credential) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this token already holds ", jobs, " jobs, its limit (--max_jobs_per_credential ",
+            options_.max_jobs_per_credential, "): delete one of them first"));
+      }
+      if (f.params > options_.max_params_per_credential - params) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job '", spec.job_id(), "' has ", f.params, " parameters; this token's jobs hold ",
+            params, " of at most ", options_.max_params_per_credential,
+            " (--max_params_per_credential)"));
+      }
     }
     // Compared without adding, so that nothing can overflow.
     if (f.params > options_.max_params - params_) {
@@ -90,12 +117,15 @@ absl::StatusOr<v1::JobSpec> JobRegistry::CreateJob(v1::JobSpec spec) {
     params_ += f.params;
     bytes_ += bytes;
     jobs_[spec.job_id()] = nullptr;
+    credential_of_[spec.job_id()] = {credential, f.params};
   }
   absl::StatusOr<std::shared_ptr<Job>> job = Job::Create(spec, ctx_);
+  if (job.ok()) (*job)->set_credential(credential);
   MutexLock lock(&mu_);
   if (!job.ok()) {
     // Nothing stays reserved.
     jobs_.erase(spec.job_id());
+    credential_of_.erase(spec.job_id());
     params_ -= f.params;
     bytes_ -= bytes;
     return job.status();
@@ -134,6 +164,7 @@ absl::Status JobRegistry::DeleteJob(const std::string& job_id) {
     }
     job = std::move(it->second);
     jobs_.erase(it);
+    credential_of_.erase(job_id);
     params_ -= job->params();
     bytes_ -= job->footprint().total();
   }
@@ -192,6 +223,26 @@ absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_i
   const ProcessUsage usage = ReadProcessUsage();
   resp.set_resident_bytes(usage.resident_bytes);
   resp.set_cpu_seconds(usage.cpu_seconds);
+  resp.set_simd(SimdLevelName(ctx_.simd));
+  resp.set_update_threads(pool_.num_threads());
+  resp.set_max_outbox_bytes(options_.max_outbox_bytes);
+  return resp;
+}
+
+v1::GetStatsResponse JobRegistry::StatsOf(const std::string& credential) {
+  v1::GetStatsResponse resp;
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) {
+      if (job != nullptr && !credential.empty() && job->credential() == credential) {
+        jobs.push_back(job);
+      }
+    }
+  }
+  for (auto& job : jobs) job->Stats(resp.add_jobs());
+  resp.set_version(kZenflowVersion);
+  resp.set_commit(ZenflowCommit());
   resp.set_simd(SimdLevelName(ctx_.simd));
   resp.set_update_threads(pool_.num_threads());
   resp.set_max_outbox_bytes(options_.max_outbox_bytes);

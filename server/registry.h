@@ -33,6 +33,11 @@ struct RegistryOptions {
   // Jobs held at once: bounds the daemon's per-job bookkeeping and the
   // label cardinality of its metrics.
   int max_jobs = 64;
+  // Per credential (one job token, shared by the jobs created with it):
+  // jobs and parameters held. Per job: ranks (world_size).
+  int max_jobs_per_credential = 16;
+  int64_t max_params_per_credential = int64_t{1} << 34;
+  int max_world_size = 4096;
   // See JobContext::round_updated.
   std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };
@@ -57,10 +62,16 @@ class JobRegistry {
   JobRegistry& operator=(const JobRegistry&) = delete;
 
   // Validates and normalizes the spec; returns it with defaults filled in.
-  absl::StatusOr<v1::JobSpec> CreateJob(v1::JobSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job belongs to `credential` (a token's digest, server/auth.h;
+  // empty: to the admin only), whose limits it counts against.
+  absl::StatusOr<v1::JobSpec> CreateJob(v1::JobSpec spec, const std::string& credential = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status DeleteJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::GetStatsResponse> Stats(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stats of the jobs of one credential only, and no daemon-wide counts
+  // (what other jobs did is not this caller's to see).
+  v1::GetStatsResponse StatsOf(const std::string& credential) ABSL_LOCKS_EXCLUDED(mu_);
   // Every open job.
   std::vector<std::shared_ptr<Job>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -94,6 +105,13 @@ class JobRegistry {
   const int64_t budget_;
   // A null job is a reservation: CreateJob is allocating it.
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Each job's (or reservation's) credential and parameters, for the
+  // per-credential limits.
+  struct Owner {
+    std::string credential;
+    int64_t params = 0;
+  };
+  std::map<std::string, Owner> credential_of_ ABSL_GUARDED_BY(mu_);
   int64_t params_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // footprints of jobs and reservations
   RejectionCounter rejected_;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -24,7 +25,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "server/auth.h"
 #include "server/checkpointer.h"
+#include "server/health_probe.h"
 #include "server/ingest.h"
 #include "common/metrics.h"
 #include "server/ucx_plane.h"
@@ -96,6 +99,9 @@ class CallCounterFactory final
 const char* RpcReason(const v1::SubmitImportanceRequest&) { return "submit_importance"; }
 const char* RpcReason(const v1::HandOffRequest&) { return "hand_off"; }
 const char* RpcReason(const v1::AllReduceRequest&) { return "all_reduce"; }
+const char* RpcCall(const v1::SubmitImportanceRequest&) { return "SubmitImportance"; }
+const char* RpcCall(const v1::HandOffRequest&) { return "HandOff"; }
+const char* RpcCall(const v1::AllReduceRequest&) { return "AllReduce"; }
 
 }  // namespace
 
@@ -113,6 +119,62 @@ void ZenFlowService::Finish(grpc::ServerUnaryReactor* reactor, const absl::Statu
   reactor->Finish(ToGrpcStatus(s));
 }
 
+// ---- Credentials ---------------------------------------------------------------
+
+Who ZenFlowService::Identify(grpc::CallbackServerContext* ctx) const {
+  Who who;
+  who.caller = auth_->Identify(ctx->client_metadata());
+  who.peer = ctx->peer();
+  std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+      if (!who.identity.empty()) who.identity += ",";
+      who.identity.append(name.data(), name.size());
+    }
+  }
+  return who;
+}
+
+namespace {
+
+absl::Status NoToken(const char* call) {
+  return absl::UnauthenticatedError(absl::StrCat(
+      call, " needs the job's token: send gRPC metadata \"authorization: Bearer <token>\" "
+      "(CreateJob returned it; zf_train --token_file, ClientOptions.token)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Job>> ZenFlowService::Authorize(const Who& who,
+                                                               const std::string& job_id,
+                                                               const char* call) {
+  // A malformed id can name no job: its error says nothing about others.
+  ZF_RETURN_IF_ERROR(CheckJobId(job_id));
+  absl::Status s = who.caller.error;
+  if (s.ok() && !who.caller.has_token) s = NoToken(call);
+  if (s.ok()) {
+    absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(job_id);
+    // The admin may learn that a job does not exist.
+    if (who.caller.admin) return job;
+    // Anyone else gets one answer whether the job does not exist or is
+    // another's.
+    if (job.ok() && who.caller.Grants((*job)->credential())) return job;
+    s = absl::PermissionDeniedError(absl::StrCat(
+        "no job ", Quote(job_id), " is reachable with this token (it does not exist, or its "
+        "CreateJob gave it another token)"));
+  }
+  audit_->Record("denied", call, job_id, who.peer, who.identity, who.caller, s);
+  return s;
+}
+
+bool ZenFlowService::AcquireStream() {
+  int n = streams_.load();
+  do {
+    if (n >= max_streams_) return false;
+  } while (!streams_.compare_exchange_weak(n, n + 1));
+  return true;
+}
+
 grpc::ServerUnaryReactor* ZenFlowService::CreateJob(grpc::CallbackServerContext* ctx,
                                                     const v1::CreateJobRequest* req,
                                                     v1::CreateJobResponse* resp) {
@@ -121,8 +183,28 @@ grpc::ServerUnaryReactor* ZenFlowService::CreateJob(grpc::CallbackServerContext*
     Finish(reactor, s, nullptr, "create_job");
     return reactor;
   }
-  absl::StatusOr<v1::JobSpec> spec = registry_->CreateJob(req->spec());
-  if (spec.ok()) *resp->mutable_spec() = *std::move(spec);
+  const Who who = Identify(ctx);
+  if (!who.caller.error.ok()) {
+    audit_->Record("denied", "CreateJob", req->spec().job_id(), who.peer, who.identity,
+                   who.caller, who.caller.error);
+    Finish(reactor, who.caller.error, nullptr, "create_job");
+    return reactor;
+  }
+  // The job belongs to the caller's token; without one (or with the admin
+  // token) to a new one, returned once.
+  std::string token, credential;
+  if (who.caller.has_token && !who.caller.admin) {
+    credential = who.caller.digest;
+  } else {
+    token = NewToken();
+    credential = TokenDigest(token);
+  }
+  absl::StatusOr<v1::JobSpec> spec = registry_->CreateJob(req->spec(), credential);
+  if (spec.ok()) {
+    *resp->mutable_spec() = *std::move(spec);
+    resp->set_token(token);
+  }
+  Audit(who, "create", req->spec().job_id(), spec.status());
   Finish(reactor, spec.status(), nullptr, "create_job");
   return reactor;
 }
@@ -131,13 +213,15 @@ grpc::ServerUnaryReactor* ZenFlowService::JoinJob(grpc::CallbackServerContext* c
                                                   const v1::JoinJobRequest* req,
                                                   v1::JoinJobResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  const Who who = Identify(ctx);
+  absl::StatusOr<std::shared_ptr<Job>> job = Authorize(who, req->job_id(), "JoinJob");
   if (!job.ok()) {
     Finish(reactor, job.status(), nullptr, "join_job");
     return reactor;
   }
   absl::StatusOr<v1::JoinJobResponse> r = (*job)->Join(req->rank());
   if (r.ok()) *resp = *std::move(r);
+  Audit(who, "join", req->job_id(), r.status());
   Finish(reactor, r.status(), job->get(), "join_job");
   return reactor;
 }
@@ -146,7 +230,7 @@ grpc::ServerUnaryReactor* ZenFlowService::GetJob(grpc::CallbackServerContext* ct
                                                  const v1::GetJobRequest* req,
                                                  v1::GetJobResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  absl::StatusOr<std::shared_ptr<Job>> job = Authorize(Identify(ctx), req->job_id(), "GetJob");
   if (job.ok()) (*job)->Describe(resp);
   Finish(reactor, job.status(), nullptr, "get_job");
   return reactor;
@@ -156,9 +240,15 @@ grpc::ServerUnaryReactor* ZenFlowService::DeleteJob(grpc::CallbackServerContext*
                                                     const v1::DeleteJobRequest* req,
                                                     v1::DeleteJobResponse*) {
   auto* reactor = ctx->DefaultReactor();
-  const absl::Status s = registry_->DeleteJob(req->job_id());
-  // A deleted job is not restored after a restart.
-  if (s.ok() && checkpointer_ != nullptr) checkpointer_->JobDeleted(req->job_id());
+  const Who who = Identify(ctx);
+  absl::StatusOr<std::shared_ptr<Job>> job = Authorize(who, req->job_id(), "DeleteJob");
+  absl::Status s = job.status();
+  if (s.ok()) {
+    s = registry_->DeleteJob(req->job_id());
+    // A deleted job is not restored after a restart.
+    if (s.ok() && checkpointer_ != nullptr) checkpointer_->JobDeleted(req->job_id());
+    Audit(who, "delete", req->job_id(), s);
+  }
   Finish(reactor, s, nullptr, "delete_job");
   return reactor;
 }
@@ -167,7 +257,21 @@ grpc::ServerUnaryReactor* ZenFlowService::Checkpoint(grpc::CallbackServerContext
                                                      const v1::CheckpointRequest* req,
                                                      v1::CheckpointResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::Status s = req->job_id().empty() ? absl::OkStatus() : CheckJobId(req->job_id());
+  const Who who = Identify(ctx);
+  absl::Status s;
+  if (!req->job_id().empty()) {
+    s = Authorize(who, req->job_id(), "Checkpoint").status();
+  } else if (!who.caller.admin) {
+    // Every job at once is the admin's call.
+    s = who.caller.error;
+    if (s.ok() && !who.caller.has_token) s = NoToken("Checkpoint");
+    if (s.ok()) {
+      s = absl::PermissionDeniedError(
+          "a Checkpoint of every job (empty job_id) needs the admin token (zenflowd "
+          "--admin_token_file); name your job to checkpoint it");
+    }
+    audit_->Record("denied", "Checkpoint", "", who.peer, who.identity, who.caller, s);
+  }
   if (s.ok() && checkpointer_ == nullptr) {
     s = absl::FailedPreconditionError(
         "this zenflowd keeps no checkpoints: start it with --state_dir=DIR");
@@ -189,7 +293,7 @@ grpc::ServerUnaryReactor* ZenFlowService::GetState(grpc::CallbackServerContext* 
                                                    const v1::GetStateRequest* req,
                                                    v1::GetStateResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  absl::StatusOr<std::shared_ptr<Job>> job = Authorize(Identify(ctx), req->job_id(), "GetState");
   if (!job.ok()) {
     Finish(reactor, job.status(), nullptr, "get_state");
     return reactor;
@@ -208,7 +312,7 @@ grpc::ServerUnaryReactor* ZenFlowService::SetState(grpc::CallbackServerContext* 
     Finish(reactor, s, nullptr, "set_state");
     return reactor;
   }
-  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(req->job_id());
+  absl::StatusOr<std::shared_ptr<Job>> job = Authorize(Identify(ctx), req->job_id(), "SetState");
   if (!job.ok()) {
     Finish(reactor, job.status(), nullptr, "set_state");
     return reactor;
@@ -221,12 +325,38 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
                                                    const v1::GetStatsRequest* req,
                                                    v1::GetStatsResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::GetStatsResponse> s = registry_->Stats(req->job_id());
-  if (s.ok()) {
-    *resp = *std::move(s);
-    if (ucx_ != nullptr) ucx_->FillStats(resp->mutable_ucx());
+  const Who who = Identify(ctx);
+  absl::Status s;
+  if (!req->job_id().empty()) {
+    // One job: its token's. The daemon-wide figures only for the admin.
+    s = Authorize(who, req->job_id(), "GetStats").status();
+    if (s.ok() && who.caller.admin) {
+      absl::StatusOr<v1::GetStatsResponse> r = registry_->Stats(req->job_id());
+      s = r.status();
+      if (r.ok()) *resp = *std::move(r);
+    } else if (s.ok()) {
+      *resp = registry_->StatsOf(who.caller.digest);
+      auto* jobs = resp->mutable_jobs();
+      jobs->erase(std::remove_if(jobs->begin(), jobs->end(),
+                                 [&](const v1::JobStats& j) { return j.job_id() != req->job_id(); }),
+                  jobs->end());
+    }
+  } else if (who.caller.admin) {
+    absl::StatusOr<v1::GetStatsResponse> r = registry_->Stats("");
+    s = r.status();
+    if (r.ok()) *resp = *std::move(r);
+  } else {
+    // No job named: the caller's token's jobs, nothing of anyone else's.
+    s = who.caller.error;
+    if (s.ok() && !who.caller.has_token) s = NoToken("GetStats");
+    if (s.ok()) {
+      *resp = registry_->StatsOf(who.caller.digest);
+    } else {
+      audit_->Record("denied", "GetStats", "", who.peer, who.identity, who.caller, s);
+    }
   }
-  Finish(reactor, s.status(), nullptr, "get_stats");
+  if (s.ok() && who.caller.admin && ucx_ != nullptr) ucx_->FillStats(resp->mutable_ucx());
+  Finish(reactor, s, nullptr, "get_stats");
   return reactor;
 }
 
@@ -236,7 +366,8 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
 template <typename Request>
 grpc::ServerUnaryReactor* ZenFlowService::LookUp(grpc::CallbackServerContext* ctx,
                                                  const Request& req, std::shared_ptr<Job>* job) {
-  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(req.job_id());
+  absl::StatusOr<std::shared_ptr<Job>> found = Authorize(Identify(ctx), req.job_id(),
+                                                         RpcCall(req));
   absl::Status s = found.status();
   if (s.ok()) s = CheckSize(req, registry_);
   if (s.ok()) {
@@ -378,8 +509,15 @@ absl::Status ParseRaw(grpc::ByteBuffer* buf, int64_t index, Message* out,
 
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadReactor(JobRegistry* registry, grpc::ByteBuffer* resp)
-      : registry_(registry), resp_(resp) {
+  // `refused`: the call is over the stream limit and ends at once with it.
+  UploadReactor(ZenFlowService* service, JobRegistry* registry, grpc::ByteBuffer* resp, Who who,
+                absl::Status refused)
+      : service_(service), registry_(registry), resp_(resp), who_(std::move(who)),
+        holds_slot_(refused.ok()) {
+    if (!refused.ok()) {
+      Done(refused);
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -401,7 +539,8 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     absl::Status s = ParseRaw(&in_, ++index_, &chunk_, registry_);
     if (!s.ok()) return Done(s);
     if (upload_ == nullptr) {
-      absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(chunk_.job_id());
+      absl::StatusOr<std::shared_ptr<Job>> job =
+          service_->Authorize(who_, chunk_.job_id(), "UploadParameters");
       if (!job.ok()) return Done(job.status());
       job_ = *std::move(job);
       job_id_ = chunk_.job_id();
@@ -419,7 +558,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void OnCancel() override { cancelled_.store(true); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (holds_slot_) service_->ReleaseStream();
+    delete this;
+  }
 
  private:
   void Done(const absl::Status& s) {
@@ -431,8 +573,11 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Finish(ToGrpcStatus(s));
   }
 
+  ZenFlowService* const service_;
   JobRegistry* const registry_;
   grpc::ByteBuffer* const resp_;
+  const Who who_;
+  const bool holds_slot_;
   grpc::ByteBuffer in_;
   int64_t index_ = 0;
   v1::UploadParametersRequest chunk_;
@@ -458,10 +603,17 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  public:
   // Owned by itself until OnDone, and by the UCX data plane while it ends
   // the stream (Abort).
-  static StreamReactor* Start(JobRegistry* registry, UcxDataPlane* ucx,
-                              const std::string* no_ucx_reason) {
-    auto r = std::shared_ptr<StreamReactor>(new StreamReactor(registry, ucx, no_ucx_reason));
+  // `refused`: the call is over the stream limit and ends at once with it.
+  static StreamReactor* Start(ZenFlowService* service, JobRegistry* registry, UcxDataPlane* ucx,
+                              const std::string* no_ucx_reason, Who who, absl::Status refused) {
+    auto r = std::shared_ptr<StreamReactor>(
+        new StreamReactor(service, registry, ucx, no_ucx_reason, std::move(who), refused.ok()));
     r->self_ = r;
+    if (!refused.ok()) {
+      registry->CountRejection(refused.code(), "stream");
+      r->RequestFinish(std::move(refused));
+      return r.get();
+    }
     r->StartRead(&r->in_);
     return r.get();
   }
@@ -558,21 +710,32 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       MutexLock lock(&mu_);
       done_ = true;
     }
+    if (holds_slot_) service_->ReleaseStream();
     std::shared_ptr<StreamReactor> last = std::move(self_);  // may delete this
   }
 
  private:
-  StreamReactor(JobRegistry* registry, UcxDataPlane* ucx, const std::string* no_ucx_reason)
-      : registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason) {}
+  StreamReactor(ZenFlowService* service, JobRegistry* registry, UcxDataPlane* ucx,
+                const std::string* no_ucx_reason, Who who, bool holds_slot)
+      : service_(service), registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason),
+        who_(std::move(who)), holds_slot_(holds_slot) {}
 
   absl::Status Attach() {
     if (up_.kind_case() != v1::UpMessage::kAttach) {
       return absl::FailedPreconditionError(
           "the first message of a stream must be attach{job_id, rank}");
     }
-    absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(up_.attach().job_id());
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        service_->Authorize(who_, up_.attach().job_id(), "Stream");
     if (!job.ok()) return job.status();
     job_ = *job;
+    absl::Status s = AttachAuthorized();
+    service_->Audit(who_, "attach", up_.attach().job_id(), s);
+    return s;
+  }
+
+  // Attach() once the caller may touch the job.
+  absl::Status AttachAuthorized() {
     absl::StatusOr<std::shared_ptr<Mailbox>> box = job_->MailboxFor(up_.attach().rank());
     if (!box.ok()) return box.status();
     rank_ = up_.attach().rank();
@@ -657,9 +820,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     Finish(ToGrpcStatus(s));
   }
 
+  ZenFlowService* const service_;
   JobRegistry* const registry_;
   UcxDataPlane* const ucx_plane_;
   const std::string* const no_ucx_reason_;
+  const Who who_;
+  const bool holds_slot_;  // of the service's max_streams
   grpc::ByteBuffer in_;   // the read in flight
   grpc::ByteBuffer out_;  // the write in flight (the mailbox allows one)
   int64_t index_ = 0;     // messages read (reads are serialized)
@@ -685,19 +851,34 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
 }  // namespace
 
+namespace {
+
+absl::Status TooManyStreams(int limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "zenflowd has ", limit, " streams open, its limit (--max_streams): close one, or retry "
+      "later"));
+}
+
+}  // namespace
+
 grpc::ServerReadReactor<grpc::ByteBuffer>* ZenFlowService::UploadParameters(
-    grpc::CallbackServerContext*, grpc::ByteBuffer* resp) {
-  return new UploadReactor(registry_, resp);
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
+  const absl::Status slot = AcquireStream() ? absl::OkStatus() : TooManyStreams(max_streams_);
+  return new UploadReactor(this, registry_, resp, Identify(ctx), slot);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ZenFlowService::Stream(
-    grpc::CallbackServerContext*) {
-  return StreamReactor::Start(registry_, ucx_, &no_ucx_reason_);
+    grpc::CallbackServerContext* ctx) {
+  const absl::Status slot = AcquireStream() ? absl::OkStatus() : TooManyStreams(max_streams_);
+  return StreamReactor::Start(this, registry_, ucx_, &no_ucx_reason_, Identify(ctx), slot);
 }
 
 // ---- Server -----------------------------------------------------------------
 
 namespace {
+
+constexpr char kSeeGrpcError[] = "see gRPC's error above";
+constexpr char kLocalSocketName[] = "grpc.sock";
 
 // Why gRPC could not bind `listen` (it logs the reason but only returns a
 // null server): binds each of the address's resolutions again, as gRPC does
@@ -735,12 +916,48 @@ std::string WhyCannotListen(const std::string& listen) {
     close(fd);
   }
   freeaddrinfo(addrs);
-  return why.empty() ? "see gRPC's error above" : why;
+  return why.empty() ? kSeeGrpcError : why;
+}
+
+// A fresh directory only this user can enter (mkdtemp makes it 0700) under
+// `parent` (empty: /tmp), for the local socket.
+absl::StatusOr<std::string> MakePrivateDir(const std::string& parent) {
+  std::string templ = absl::StrCat(parent.empty() ? "/tmp" : parent, "/zenflowd-local.XXXXXX");
+  // The socket's path must fit in sockaddr_un.sun_path (108 bytes).
+  if (templ.size() + 1 + strlen(kLocalSocketName) >= 108) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the local socket's directory ", parent, " is too long a path for a unix socket"));
+  }
+  if (mkdtemp(templ.data()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make the local socket's directory under ", parent.empty() ? "/tmp" : parent, ": ",
+        std::strerror(errno)));
+  }
+  return templ;
 }
 
 }  // namespace
 
+ExposureConfig ExposureOf(const ServerOptions& options) {
+  ExposureConfig c;
+  c.listen = options.listen;
+  c.tls = !options.tls_cert_pem.empty();
+  c.client_certs = c.tls && !options.tls_client_ca_pem.empty();
+  c.ucx = options.ucx;
+  c.ucx_tls = options.ucx_options.tls;
+  c.ucx_net_devices = options.ucx_options.net_devices;
+  c.metrics_listen = options.metrics_listen;
+  c.allow_insecure = options.allow_insecure;
+  return c;
+}
+
 absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const ServerOptions& options) {
+  ZF_RETURN_IF_ERROR(CheckExposure(ExposureOf(options)));
+  if (options.tls_cert_pem.empty() != options.tls_key_pem.empty() ||
+      (options.tls_cert_pem.empty() && !options.tls_client_ca_pem.empty())) {
+    return absl::InvalidArgumentError(
+        "TLS needs a certificate and its key; client certificates (a client CA) need both too");
+  }
   std::unique_ptr<ZenFlowServer> s(new ZenFlowServer());
   RegistryOptions ro = options.registry;
   ro.max_message_bytes = options.max_message_bytes;
@@ -772,12 +989,34 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
                                               options.checkpoint_every_rounds});
     s->round_hook_.store(s->checkpointer_.get(), std::memory_order_release);
   }
+  s->auth_ = std::make_unique<Authenticator>(options.admin_token);
+  ZF_ASSIGN_OR_RETURN(s->audit_, AuditLog::Open(options.audit_log));
   s->service_ = std::make_unique<ZenFlowService>(s->registry_.get(), s->ucx_.get(), no_ucx,
-                                                 s->checkpointer_.get());
+                                                 s->checkpointer_.get(), s->auth_.get(),
+                                                 s->audit_.get(), options.max_streams);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert_pem.empty()) {
+    grpc::SslServerCredentialsOptions ssl(
+        options.tls_client_ca_pem.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = options.tls_client_ca_pem;
+    ssl.pem_key_cert_pairs.push_back({options.tls_key_pem, options.tls_cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(options.listen, credentials, &s->port_);
+  if (options.local_socket || !options.health_listen.empty()) {
+    // The same server on a unix socket in a directory only this user can
+    // enter: the daemon's own health checks need no certificate.
+    absl::StatusOr<std::string> dir = MakePrivateDir(options.local_socket_parent);
+    if (!dir.ok()) return dir.status();
+    s->local_dir_ = *dir;
+    s->local_target_ = absl::StrCat("unix:", s->local_dir_, "/", kLocalSocketName);
+    builder.AddListeningPort(s->local_target_, grpc::experimental::LocalServerCredentials(UDS));
+  }
   // gRPC sets SO_REUSEPORT by default on Linux, and then a second daemon on
   // the same port also "serves" and the kernel splits connections between
   // the two. Without it, binding a port another process listens on fails.
@@ -793,8 +1032,25 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   builder.experimental().SetInterceptorCreators(std::move(counters));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen, ": ", WhyCannotListen(options.listen)));
+    std::string where = options.listen;
+    std::string why = WhyCannotListen(options.listen);
+    if (why == kSeeGrpcError && !s->local_target_.empty()) {
+      where = absl::StrCat(options.listen, " or on the local socket ", s->local_target_);
+    }
+    if (why == kSeeGrpcError && !options.tls_cert_pem.empty()) {
+      why = "gRPC refused it or the TLS certificate and key (see its error above)";
+    }
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", where, ": ", why));
+  }
+  if (!options.health_listen.empty()) {
+    // Before the restore below, so that probes see NOT_SERVING meanwhile.
+    absl::StatusOr<std::unique_ptr<HealthProbeServer>> probe =
+        HealthProbeServer::Start(options.health_listen, s->local_target_);
+    if (!probe.ok()) {
+      return absl::UnavailableError(absl::StrCat(probe.status().message(), " (health checks): ",
+                                                 WhyCannotListen(options.health_listen)));
+    }
+    s->health_probe_ = *std::move(probe);
   }
   if (s->checkpointer_ != nullptr) {
     // Until every job is back, the health service says NOT_SERVING.
@@ -832,6 +1088,10 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
 
 int ZenFlowServer::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
 
+int ZenFlowServer::health_port() const {
+  return health_probe_ == nullptr ? 0 : health_probe_->port();
+}
+
 v1::GetStatsResponse ZenFlowServer::Snapshot() {
   absl::StatusOr<v1::GetStatsResponse> s = registry_->Stats("");
   v1::GetStatsResponse out = s.ok() ? *std::move(s) : v1::GetStatsResponse();
@@ -840,6 +1100,8 @@ v1::GetStatsResponse ZenFlowServer::Snapshot() {
 }
 
 void ZenFlowServer::Shutdown() {
+  // Probes fail from now on; the ones in flight end when the server does.
+  if (health_probe_ != nullptr) health_probe_->Shutdown(std::chrono::seconds(2));
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
@@ -855,7 +1117,12 @@ ZenFlowServer::~ZenFlowServer() {
   Shutdown();
   round_hook_.store(nullptr, std::memory_order_release);
   checkpointer_.reset();  // finishes queued writes while the jobs exist
+  health_probe_.reset();  // forwards to server_
   server_.reset();
+  if (!local_dir_.empty()) {
+    unlink(absl::StrCat(local_dir_, "/", kLocalSocketName).c_str());
+    rmdir(local_dir_.c_str());
+  }
   service_.reset();
   ucx_.reset();
   registry_.reset();

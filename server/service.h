@@ -19,12 +19,16 @@
 #include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "common/ucx.h"
+#include "server/audit.h"
+#include "server/auth.h"
+#include "server/exposure.h"
 #include "server/registry.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
 
 namespace zenflow {
 
 class Checkpointer;
+class HealthProbeServer;
 class MetricsServer;
 class UcxDataPlane;
 
@@ -45,17 +49,44 @@ using ZenFlowServiceBase = v1::ZenFlow::WithCallbackMethod_CreateJob<
                                 v1::ZenFlow::WithCallbackMethod_SetState<
                                     v1::ZenFlow::Service>>>>>>>>>>>>>;
 
+// Who called, as one RPC's context says: its credential (server/auth.h),
+// its address and its TLS identity (a client certificate's names).
+struct Who {
+  Caller caller;
+  std::string peer;
+  std::string identity;
+};
+
 // Thread-safe (all state lives in the registry).
 class ZenFlowService final : public ZenFlowServiceBase {
  public:
   // `ucx` may be null (no UCX data plane; `no_ucx_reason` says why).
-  // `checkpointer` may be null (no --state_dir).
+  // `checkpointer` may be null (no --state_dir). `auth` and `audit` outlive
+  // the service; at most `max_streams` Stream and UploadParameters calls
+  // are open at once.
   ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason,
-                 Checkpointer* checkpointer = nullptr)
+                 Checkpointer* checkpointer, const Authenticator* auth, AuditLog* audit,
+                 int max_streams)
       : registry_(registry),
         ucx_(ucx),
         no_ucx_reason_(std::move(no_ucx_reason)),
-        checkpointer_(checkpointer) {}
+        checkpointer_(checkpointer),
+        auth_(auth),
+        audit_(audit),
+        max_streams_(max_streams) {}
+
+  // For the stream reactors: see the private methods of the same names.
+  Who Identify(grpc::CallbackServerContext* ctx) const;
+  absl::StatusOr<std::shared_ptr<Job>> Authorize(const Who& who, const std::string& job_id,
+                                                 const char* call);
+  void Audit(const Who& who, const char* event, const std::string& job_id,
+             const absl::Status& result) {
+    audit_->Record(event, "", job_id, who.peer, who.identity, who.caller, result);
+  }
+  // Stream and upload slots (max_streams); Release gives one back.
+  bool AcquireStream();
+  void ReleaseStream() { streams_.fetch_sub(1); }
+  int max_streams() const { return max_streams_; }
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
                                       const v1::CreateJobRequest* req,
@@ -109,6 +140,10 @@ class ZenFlowService final : public ZenFlowServiceBase {
   UcxDataPlane* ucx_;
   std::string no_ucx_reason_;
   Checkpointer* const checkpointer_;
+  const Authenticator* const auth_;
+  AuditLog* const audit_;
+  const int max_streams_;
+  std::atomic<int> streams_{0};
 };
 
 struct ServerOptions {
@@ -126,12 +161,47 @@ struct ServerOptions {
   // A joined rank without a data stream for this long fails what waits on
   // it (README "Dead ranks"); 0: never.
   int dead_rank_timeout_s = 0;
+  // TLS for the gRPC listener (README "Security"), as PEM text checked by
+  // common/tls_files.h. Empty tls_cert_pem: plaintext. With
+  // tls_client_ca_pem, every client must present a certificate it signed
+  // (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY).
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  std::string tls_client_ca_pem;
+  // Plaintext beyond this host (server/exposure.h): without it, Start
+  // refuses plaintext gRPC on a non-loopback listen, the UCX data plane over
+  // a network transport on devices other than "lo", and /metrics on a
+  // non-loopback address.
+  bool allow_insecure = false;
+  // Also serve on a unix socket with gRPC local credentials, in a private
+  // directory (mode 0700) made under local_socket_parent (empty: /tmp) and
+  // removed with the server. The daemon's own health checks (the systemd
+  // watchdog, health_listen) dial it (local_target()), so they work with
+  // TLS and with client certificates required; only the daemon's user can
+  // open it.
+  bool local_socket = false;
+  std::string local_socket_parent;
+  // host:port of the plaintext listener that answers only the health check,
+  // by forwarding it over the local socket (server/health_probe.h), for
+  // probes that cannot speak TLS (the kubelet's); empty: none. Needs no
+  // local_socket of its own: it implies one.
+  std::string health_listen;
+  // Credentials (README "Security"): the admin token (empty: none), where
+  // audit lines go (empty: standard error), open streams at most.
+  std::string admin_token;
+  std::string audit_log;
+  int max_streams = 1024;
 };
+
+// What `options` expose beyond this host, for CheckExposure and
+// DescribeExposure (server/exposure.h).
+ExposureConfig ExposureOf(const ServerOptions& options);
 
 // Owns the registry, the service and the gRPC server. Thread-safe.
 class ZenFlowServer {
  public:
-  // Fails (UNAVAILABLE) when the address cannot be bound.
+  // Fails (UNAVAILABLE) when the address cannot be bound, INVALID_ARGUMENT
+  // when the options break CheckExposure (server/exposure.h).
   static absl::StatusOr<std::unique_ptr<ZenFlowServer>> Start(const ServerOptions& options);
   ~ZenFlowServer();
 
@@ -146,6 +216,12 @@ class ZenFlowServer {
   Checkpointer* checkpointer() { return checkpointer_.get(); }
   // The /metrics port; 0 without one.
   int metrics_port() const;
+  // "unix:PATH" of the local socket (ServerOptions.local_socket); empty
+  // without one. Dial it with grpc::experimental::LocalCredentials(UDS).
+  const std::string& local_target() const { return local_target_; }
+  // The health-check listener's port (ServerOptions.health_listen); 0
+  // without one.
+  int health_port() const;
   void Wait() { server_->Wait(); }
   // Stops accepting calls and cancels the ones in flight (bounded by deadline).
   void Shutdown();
@@ -155,9 +231,15 @@ class ZenFlowServer {
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<UcxDataPlane> ucx_;
   absl::Status ucx_status_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<AuditLog> audit_;
   std::unique_ptr<ZenFlowService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_;
+  // The local socket's private directory and address (removed at exit).
+  std::string local_dir_;
+  std::string local_target_;
+  std::unique_ptr<HealthProbeServer> health_probe_;
   std::unique_ptr<Checkpointer> checkpointer_;
   // checkpointer_ for the jobs' round hook (their update threads outlive it).
   std::atomic<Checkpointer*> round_hook_{nullptr};

@@ -1,7 +1,11 @@
 // zenflowd's UCX data plane; see ucx_plane.h.
 #include "server/ucx_plane.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +19,7 @@ void UcxDataPlane::Conn::Write(const v1::DownMessage* msg) {
   // The mailbox keeps *msg alive until WriteDone.
   const absl::string_view payload = SplitFrameShared(*msg, &header_);
   std::shared_ptr<Conn> self = shared_from_this();
-  worker_->Send(ep_, tag_, {payload, header_}, [self](absl::Status s) {
+  worker_->Send(ep_, down_tag_, {payload, header_}, [self](absl::Status s) {
     self->box_->WriteDone(self.get(), s.ok());
   });
 }
@@ -106,18 +110,29 @@ void UcxDataPlane::Resume(std::shared_ptr<Conn> conn) {
   queue_.push_back(std::move(item));
 }
 
+namespace {
+
+// A connection's key for the frames it sends: 64 bits from the kernel's
+// random source, so that only the rank that was told it (over its
+// authenticated gRPC stream) can send frames the daemon takes as its own.
+uint64_t NewUpTag() {
+  uint64_t tag = 0;
+  while (tag == 0) {
+    if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag) && errno != EINTR) {
+      std::fprintf(stderr, "zenflowd: getrandom failed\n");
+      std::abort();
+    }
+  }
+  return tag;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
-    const std::string& peer_address, uint64_t tag, std::weak_ptr<Lifeline> lifeline) {
-  if (tag == 0) {
+    const std::string& peer_address, uint64_t down_tag, std::weak_ptr<Lifeline> lifeline) {
+  if (down_tag == 0) {
     return absl::InvalidArgumentError("attach.ucx_tag must be nonzero (pick one at random)");
-  }
-  {
-    MutexLock lock(&mu_);
-    if (conns_.count(tag) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("attach.ucx_tag ", tag, " is in use by another connection; pick another"));
-    }
   }
   if (peer_address.size() < 8) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -134,13 +149,10 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
   std::shared_ptr<Conn> conn;
   {
     MutexLock lock(&mu_);
-    if (conns_.count(tag) != 0) {
-      worker_->Disconnect(*ep, /*force=*/true);
-      return absl::AlreadyExistsError(
-          absl::StrCat("attach.ucx_tag ", tag, " is in use by another connection; pick another"));
-    }
-    conn = std::make_shared<Conn>(this, worker_.get(), *ep, tag, std::move(job), rank, box,
-                                  std::move(lifeline));
+    uint64_t tag = NewUpTag();
+    while (conns_.count(tag) != 0) tag = NewUpTag();
+    conn = std::make_shared<Conn>(this, worker_.get(), *ep, tag, down_tag, std::move(job), rank,
+                                  box, std::move(lifeline));
     conns_[tag] = conn;
   }
   if (!box->Attach(conn.get())) {

@@ -59,11 +59,14 @@ class UcxDataPlane {
   const std::string& address() const { return worker_->address(); }
 
   // Connects to the rank's worker and makes the connection the writer of
-  // `box`; `tag` (the rank's choice) marks its messages both ways.
-  // ALREADY_EXISTS if the rank has a writer attached or the tag is in use.
+  // `box`. What the daemon sends the rank carries `down_tag` (the rank's
+  // choice); what the rank sends must carry the connection's tag(), which
+  // the daemon draws at random and tells the rank only in its greeting on
+  // the (authenticated) gRPC stream: no other process can send as this
+  // rank. ALREADY_EXISTS if the rank has a writer attached.
   absl::StatusOr<std::shared_ptr<Conn>> Open(std::shared_ptr<Job> job, int32_t rank,
                                              std::shared_ptr<Mailbox> box,
-                                             const std::string& peer_address, uint64_t tag,
+                                             const std::string& peer_address, uint64_t down_tag,
                                              std::weak_ptr<Lifeline> lifeline);
   // The rank's control stream ended. Asynchronous; safe to call twice.
   void Close(std::shared_ptr<Conn> conn);
@@ -119,17 +122,18 @@ class UcxDataPlane {
 // One rank's UCX connection; the writer of its mailbox while attached.
 class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_from_this<Conn> {
  public:
-  Conn(UcxDataPlane* plane, UcxWorker* worker, uint64_t ep, uint64_t tag,
+  Conn(UcxDataPlane* plane, UcxWorker* worker, uint64_t ep, uint64_t tag, uint64_t down_tag,
        std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
        std::weak_ptr<Lifeline> lifeline)
-      : plane_(plane), worker_(worker), ep_(ep), tag_(tag), job_(std::move(job)), rank_(rank),
+      : plane_(plane), worker_(worker), ep_(ep), tag_(tag), down_tag_(down_tag),
+        job_(std::move(job)), rank_(rank),
         box_(std::move(box)), lifeline_(std::move(lifeline)) {}
 
   Wire wire() const override { return Wire::kUcx; }
   void Write(const v1::DownMessage* msg) override;
   void Resume() override;
 
-  uint64_t tag() const { return tag_; }
+  uint64_t tag() const { return tag_; }  // the rank's frames carry it
   uint64_t ep() const { return ep_; }
   int32_t rank() const { return rank_; }
   const std::shared_ptr<Job>& job() const { return job_; }
@@ -140,7 +144,8 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
   UcxDataPlane* const plane_;
   UcxWorker* const worker_;
   const uint64_t ep_;
-  const uint64_t tag_;
+  const uint64_t tag_;       // up: the daemon's random key of this connection
+  const uint64_t down_tag_;  // down: the rank's tag
   const std::shared_ptr<Job> job_;
   const int32_t rank_;
   const std::shared_ptr<Mailbox> box_;

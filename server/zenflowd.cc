@@ -13,6 +13,7 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -30,13 +31,38 @@
 #include "absl/time/time.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
+#include "common/tls_files.h"
 #include "server/checkpointer.h"
+#include "server/exposure.h"
 #include "server/service.h"
 #include "server/ucx_plane.h"
 #include "server/version.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "host:port to serve gRPC on; port 0 picks a free port (see --port_file)");
+          "host:port to serve gRPC on; port 0 picks a free port (see --port_file). Without "
+          "--tls_cert only a loopback address (127.0.0.0/8, ::1, localhost), unless "
+          "--allow_insecure");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of the server's certificate chain (its own certificate first): gRPC is "
+          "served with TLS. Needs --tls_key. Read once at start");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM file of --tls_cert's private key (unencrypted; keep it readable only by the "
+          "daemon's user)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA(s) that sign client certificates: every gRPC client must then "
+          "present a certificate one of them signed (mutual TLS). Needs --tls_cert");
+ABSL_FLAG(bool, allow_insecure, false,
+          "allow plaintext beyond this host: gRPC without TLS on a non-loopback --listen, the "
+          "UCX data plane (never encrypted) over a network transport on devices other than "
+          "\"lo\", and /metrics on a non-loopback --metrics_listen. Without it zenflowd "
+          "refuses to start in those cases (README \"Security\")");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext listener that answers only grpc.health.v1.Health/Check, by "
+          "asking the daemon's own server over a local unix socket; for probes that cannot "
+          "speak TLS (the kubelet's gRPC probes). Empty: none");
+ABSL_FLAG(std::string, health_port_file, "",
+          "if set, the bound --health_listen port is written to this file once serving");
 ABSL_FLAG(int, update_threads, 2, "threads that run AdamW updates (including the update thread)");
 ABSL_FLAG(int, update_drivers, 2,
           "jobs whose round updates run at the same time (each job's own rounds run in order); "
@@ -59,7 +85,9 @@ ABSL_FLAG(bool, ucx, true,
           "deltas over UCX (gRPC stays the control channel)");
 ABSL_FLAG(std::string, ucx_tls, "sm,self",
           "UCX transports for the data plane (UCX_TLS syntax); the default keeps data on this "
-          "host (shared memory); e.g. \"tcp,sm,self\" serves ranks on other hosts");
+          "host (shared memory); e.g. \"tcp,sm,self\" serves ranks on other hosts. The data "
+          "plane is never encrypted: a network transport needs --ucx_net_devices=lo or "
+          "--allow_insecure");
 ABSL_FLAG(std::string, ucx_net_devices, "",
           "network devices for UCX's network transports (UCX_NET_DEVICES syntax, e.g. \"lo\" or "
           "\"eth0\"); empty: all");
@@ -75,28 +103,36 @@ ABSL_FLAG(int32_t, checkpoint_every_rounds, 0,
           "also checkpoint each job every this many rounds, in the background (rounds do not "
           "wait for the disk); 0: only on request and at SIGTERM");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9464; empty: "
-          "none. See README \"Metrics\"");
+          "host:port to serve Prometheus metrics on (/metrics, plaintext HTTP), e.g. "
+          "127.0.0.1:9464; a non-loopback address needs --allow_insecure; empty: none. See "
+          "README \"Metrics\"");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written to this file once serving (with "
           "--metrics_listen=HOST:0, for scripts and tests)");
 ABSL_FLAG(int32_t, max_jobs, 64,
           "most jobs held at once; a CreateJob beyond gets RESOURCE_EXHAUSTED (this also bounds "
           "the label cardinality of the metrics)");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "file holding the admin token (first line; 16-256 characters of A-Z a-z 0-9 - . _ ~ + / "
+          "=): a call carrying it as \"authorization: Bearer <token>\" reaches every job, "
+          "GetStats and Checkpoint without job_id included. Empty: no admin (README \"Security\")");
+ABSL_FLAG(std::string, audit_log, "",
+          "file the audit lines go to (appended): each job created, deleted, joined, attached "
+          "to, and each call refused for its credential, with the peer's address. Empty: "
+          "standard error");
+ABSL_FLAG(int32_t, max_streams, 1024,
+          "most Stream and UploadParameters calls open at once (all clients); one more gets "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_jobs_per_credential, 16,
+          "most jobs one token holds at once; a CreateJob beyond gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_params_per_credential, int64_t{1} << 34,
+          "most parameters the jobs of one token hold together");
+ABSL_FLAG(int32_t, max_world_size, 4096,
+          "most ranks of one job (JobSpec.world_size); a larger CreateJob gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once serving (for scripts and tests)");
 
 namespace {
-
-// The address the daemon dials to check itself: the one it listens on, with
-// a wildcard host replaced by loopback.
-std::string SelfTarget(const std::string& listen, int port) {
-  const size_t colon = listen.rfind(':');
-  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
-  if (host == "[::]") host = "[::1]";
-  return absl::StrCat(host, ":", port);
-}
 
 // gRPC's standard health check (grpc.health.v1.Health/Check for the whole
 // server), as raw bytes: the request {service: ""} encodes as no bytes and
@@ -132,11 +168,14 @@ absl::Status CheckHealth(grpc::GenericStub& stub, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-// systemd's watchdog: every `interval`, dials `target` and sends WATCHDOG=1
-// if the health check answers SERVING within the interval. A ping proves
-// that the listening socket accepts connections and that the gRPC server
-// dispatches and answers a call (it is not shut down, and its call handlers
-// run).
+// systemd's watchdog: every `interval`, dials `target` (the server's local
+// unix socket, ZenFlowServer::local_target(), with gRPC local credentials)
+// and sends WATCHDOG=1 if the health check answers SERVING within the
+// interval. The socket belongs to the same gRPC server as --listen, so this
+// works whatever TLS and client certificates --listen requires. A ping
+// proves that the gRPC server accepts connections and dispatches and
+// answers a call (it is not shut down, and its call handlers run); it does
+// not dial the --listen address itself.
 // It does not prove that jobs make progress: no job state is looked at.
 void WatchdogLoop(const std::string& target, absl::Duration interval, absl::Notification* stop) {
   grpc::ChannelArguments args;
@@ -144,7 +183,7 @@ void WatchdogLoop(const std::string& target, absl::Duration interval, absl::Noti
   // A failed check must not leave the channel backing off past the watchdog.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   grpc::GenericStub stub(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+      grpc::CreateCustomChannel(target, grpc::experimental::LocalCredentials(UDS), args));
   bool healthy = true;
   while (!stop->WaitForNotificationWithTimeout(interval)) {
     const absl::Status s = CheckHealth(stub, interval);
@@ -217,6 +256,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflowd: --max_jobs must be in [1, 4096]\n");
     return 2;
   }
+  opts.registry.max_jobs_per_credential = absl::GetFlag(FLAGS_max_jobs_per_credential);
+  opts.registry.max_params_per_credential = absl::GetFlag(FLAGS_max_params_per_credential);
+  opts.registry.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  opts.max_streams = absl::GetFlag(FLAGS_max_streams);
+  if (opts.registry.max_jobs_per_credential < 1 || opts.registry.max_params_per_credential < 1 ||
+      opts.registry.max_world_size < 1 || opts.registry.max_world_size > 4096 ||
+      opts.max_streams < 1) {
+    std::fprintf(stderr,
+                 "zenflowd: --max_jobs_per_credential, --max_params_per_credential and "
+                 "--max_streams must be >= 1, --max_world_size in [1, 4096]\n");
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_admin_token_file).empty()) {
+    absl::StatusOr<std::string> admin = zenflow::ReadTokenFile(absl::GetFlag(FLAGS_admin_token_file));
+    if (!admin.ok()) {
+      std::fprintf(stderr, "zenflowd: --admin_token_file: %s\n",
+                   std::string(admin.status().message()).c_str());
+      return 2;
+    }
+    opts.admin_token = *std::move(admin);
+  }
+  opts.audit_log = absl::GetFlag(FLAGS_audit_log);
   opts.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
@@ -240,6 +301,42 @@ int main(int argc, char** argv) {
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
+  // TLS (README "Security"): the files are read and checked once, here.
+  const zenflow::TlsPaths tls_paths{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                    absl::GetFlag(FLAGS_tls_ca)};
+  if (!tls_paths.ca.empty() && tls_paths.cert.empty()) {
+    std::fprintf(stderr,
+                 "zenflowd: --tls_ca (client certificates) needs TLS: give --tls_cert and "
+                 "--tls_key too\n");
+    return 2;
+  }
+  absl::StatusOr<zenflow::TlsPem> pem =
+      zenflow::ReadTlsFiles(tls_paths, {"--tls_cert", "--tls_key", "--tls_ca"});
+  if (!pem.ok()) {
+    std::fprintf(stderr, "zenflowd: %s\n", std::string(pem.status().message()).c_str());
+    return 2;
+  }
+  opts.tls_cert_pem = std::move(pem->cert);
+  opts.tls_key_pem = std::move(pem->key);
+  opts.tls_client_ca_pem = std::move(pem->ca);
+  opts.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  opts.health_listen = absl::GetFlag(FLAGS_health_listen);
+  const absl::Status exposure = zenflow::CheckExposure(zenflow::ExposureOf(opts));
+  if (!exposure.ok()) {
+    std::fprintf(stderr, "zenflowd: %s\n", std::string(exposure.message()).c_str());
+    return 2;
+  }
+  // WATCHDOG_USEC (and WATCHDOG_PID, when set, naming this process) come
+  // from systemd's WatchdogSec=. The watchdog's health check dials the
+  // server's local socket, made in systemd's RuntimeDirectory= when there
+  // is one.
+  uint64_t watchdog_usec = 0;
+  const bool watchdog_on = sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0;
+  opts.local_socket = watchdog_on;
+  if (const char* runtime = getenv("RUNTIME_DIRECTORY")) {
+    const std::string dirs = runtime;  // several are separated by ':'
+    opts.local_socket_parent = dirs.substr(0, dirs.find(':'));
+  }
   if (opts.max_message_bytes < (1 << 16) || opts.max_message_bytes > (int64_t{1} << 31) - 1) {
     std::fprintf(stderr, "zenflowd: --max_message_bytes must be in [65536, 2^31)\n");
     return 2;
@@ -257,6 +354,7 @@ int main(int argc, char** argv) {
   // The metrics port first: a script that waited for the gRPC port file
   // finds both.
   WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port());
+  WritePortFile(absl::GetFlag(FLAGS_health_port_file), (*server)->health_port());
   WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   if ((*server)->metrics_port() != 0) {
     std::fprintf(stderr, "zenflowd: serving metrics on port %d\n", (*server)->metrics_port());
@@ -269,16 +367,21 @@ int main(int argc, char** argv) {
                static_cast<double>((*server)->registry()->memory_budget_bytes()) / (1 << 30),
                (*server)->ucx() != nullptr ? opts.ucx_options.tls.c_str()
                                            : std::string((*server)->ucx_status().message()).c_str());
+  zenflow::ExposureConfig served = zenflow::ExposureOf(opts);
+  served.ucx = (*server)->ucx() != nullptr;
+  std::fprintf(stderr, "zenflowd: security: %s\n", zenflow::DescribeExposure(served).c_str());
+  if ((*server)->health_port() != 0) {
+    std::fprintf(stderr,
+                 "zenflowd: answering health checks only, in plaintext, on %s (port %d)\n",
+                 opts.health_listen.c_str(), (*server)->health_port());
+  }
   sd_notify(0, "READY=1");
 
-  // WATCHDOG_USEC (and WATCHDOG_PID, when set, naming this process) come
-  // from systemd's WatchdogSec=.
-  uint64_t watchdog_usec = 0;
   absl::Notification stop_watchdog;
   std::thread watchdog;
-  if (sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) {
+  if (watchdog_on) {
     const absl::Duration interval = absl::Microseconds(watchdog_usec) / 3;
-    const std::string target = SelfTarget(opts.listen, (*server)->port());
+    const std::string target = (*server)->local_target();
     std::fprintf(stderr, "zenflowd: systemd watchdog: health check on %s every %s\n",
                  target.c_str(), absl::FormatDuration(interval).c_str());
     watchdog = std::thread(WatchdogLoop, target, interval, &stop_watchdog);

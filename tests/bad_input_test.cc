@@ -354,6 +354,7 @@ TEST_F(BadInputTest, StateCallsRefuseBadRequestsAndKeepTheJobExact) {
     *req.mutable_state() = st;
     v1::SetStateResponse resp;
     grpc::ClientContext ctx;
+    AddTestToken(&ctx);
     const grpc::Status g = stub->SetState(&ctx, req, &resp);
     return absl::Status(static_cast<absl::StatusCode>(g.error_code()), g.error_message());
   };
@@ -364,6 +365,7 @@ TEST_F(BadInputTest, StateCallsRefuseBadRequestsAndKeepTheJobExact) {
     req.set_first_column(first);
     req.set_max_columns(max);
     grpc::ClientContext ctx;
+    AddTestToken(&ctx);
     const grpc::Status g = stub->GetState(&ctx, req, resp);
     return absl::Status(static_cast<absl::StatusCode>(g.error_code()), g.error_message());
   };
@@ -619,6 +621,7 @@ class RawUcxRank {
   absl::Status Attach(v1::ZenFlow::Stub* stub, const std::string& job, int32_t rank, uint64_t tag,
                       std::string address) {
     ctx_ = std::make_unique<grpc::ClientContext>();
+    AddTestToken(ctx_.get());
     stream_ = stub->Stream(ctx_.get());
     v1::UpMessage hello;
     hello.mutable_attach()->set_job_id(job);
@@ -636,12 +639,23 @@ class RawUcxRank {
       return absl::InternalError("greeting without the daemon's UCX address");
     }
     tag_ = tag;
-    ZF_ASSIGN_OR_RETURN(ep_, worker_->Connect(greeting.attached().ucx_address()));
+    up_tag_ = greeting.attached().ucx_tag();
+    if (up_tag_ == 0 || up_tag_ == tag) {
+      return absl::InternalError("the daemon's tag for this connection must be its own");
+    }
+    daemon_address_ = greeting.attached().ucx_address();
+    ZF_ASSIGN_OR_RETURN(ep_, worker_->Connect(daemon_address_));
     return absl::OkStatus();
   }
-  void SendRaw(std::string frame) {
+  // Connects to a daemon's UCX worker without attaching (an intruder).
+  absl::Status ConnectOnly(const std::string& daemon_address) {
+    ZF_ASSIGN_OR_RETURN(ep_, worker_->Connect(daemon_address));
+    return absl::OkStatus();
+  }
+  void SendRaw(std::string frame) { SendRawWithTag(up_tag_, std::move(frame)); }
+  void SendRawWithTag(uint64_t tag, std::string frame) {
     frames_.push_back(std::make_unique<std::string>(std::move(frame)));
-    worker_->Send(ep_, tag_, {*frames_.back()}, nullptr);
+    worker_->Send(ep_, tag, {*frames_.back()}, nullptr);
   }
   void Send(v1::UpMessage m) {
     std::string payload, header;
@@ -670,6 +684,10 @@ class RawUcxRank {
     stream_.reset();
   }
   const std::string& address() const { return worker_->address(); }
+  const std::string& daemon_address() const { return daemon_address_; }
+  uint64_t tag() const { return tag_; }
+  uint64_t up_tag() const { return up_tag_; }
+  absl::Status Flush() { return worker_->Flush(ep_, absl::Seconds(10)); }
   // Stops (or restarts) taking the daemon's messages off the wire.
   void PauseReceiving(bool p) { worker_->PauseReceiving(p); }
   // Waits for the daemon to end the lifeline; its status.
@@ -686,7 +704,8 @@ class RawUcxRank {
   std::unique_ptr<UcxWorker> worker_;
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> stream_;
-  uint64_t tag_ = 0, ep_ = 0;
+  uint64_t tag_ = 0, up_tag_ = 0, ep_ = 0;
+  std::string daemon_address_;
   std::vector<std::unique_ptr<std::string>> frames_;
   Mutex mu_;
   std::deque<std::pair<uint64_t, std::string>> got_ ABSL_GUARDED_BY(mu_);
@@ -703,6 +722,7 @@ std::unique_ptr<Harness> JoinedNotAttached(const std::string& target) {
   if (s.ok()) s = h->Upload();
   if (s.ok()) {
     grpc::ClientContext ctx;
+    AddTestToken(&ctx);
     v1::JoinJobRequest req;
     req.set_job_id(o.job_id);
     req.set_rank(0);
@@ -746,6 +766,51 @@ TEST_F(BadInputTest, UcxAttachWithBadTagOrAddressIsInvalidArgument) {
   // The rank is still free: the library attaches it and a round is exact.
   ASSERT_OK(h->client(0).Attach(job, 0));
   ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// A UCX connection belongs to the stream that attached it: frames from
+// another process's UCX worker, even with the tag the rank chose, are
+// dropped (the rank's frames carry the daemon's random tag, told only on
+// its authenticated stream), and the job is untouched.
+TEST_F(BadInputTest, UcxFramesFromAnotherProcessAreDropped) {
+  std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
+  RawUcxRank raw;
+  ASSERT_OK(raw.Start());
+  const std::string job = h->options().job_id;
+  ASSERT_OK(raw.Attach(StubOf(h->client(0)).get(), job, 0, 0x1111222233334444ull, raw.address()));
+  auto dropped = [&]() -> int64_t {
+    absl::StatusOr<v1::GetStatsResponse> st = h->client(0).GetStats("");
+    return st.ok() ? st->ucx().frames_dropped() : -1;
+  };
+  const int64_t before = dropped();
+  ASSERT_GE(before, 0);
+  RawUcxRank intruder;
+  ASSERT_OK(intruder.Start());
+  ASSERT_OK(intruder.ConnectOnly(raw.daemon_address()));
+  v1::UpMessage up;
+  up.set_seq(1);
+  *up.mutable_shard() = Shard(*h, 0, {0});
+  std::string payload, header;
+  SplitFrame(&up, &payload, &header);
+  const std::vector<uint64_t> guesses = {raw.tag(), raw.tag() + 1, 1, raw.up_tag() ^ 1};
+  for (uint64_t tag : guesses) intruder.SendRawWithTag(tag, payload + header);
+  ASSERT_OK(intruder.Flush());
+  for (int i = 0; i < 300 && dropped() < before + static_cast<int64_t>(guesses.size()); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(dropped(), before + static_cast<int64_t>(guesses.size()));
+  raw.Close();
+  // Had a shard been taken, the rank's own push of column 0 for that step
+  // would be refused and the round would differ: it is exact.
+  absl::Status s = absl::UnavailableError("not yet");
+  for (int i = 0; i < 100 && !s.ok(); ++i) {
+    // The daemon closes the raw connection asynchronously after its stream.
+    s = h->client(0).Attach(job, 0);
+    if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_OK(s);
+  ASSERT_OK(h->GoodRound(1e-2f));
+  EXPECT_TRUE(h->client(0).TakeErrors().empty());
 }
 
 TEST_F(BadInputTest, UcxMalformedFramesAreRejectedInBand) {
@@ -859,6 +924,7 @@ TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   small.set_command_prefix({"/usr/bin/prlimit", "--as=2147483648", "--"});
   ASSERT_OK(small.Start({"--ucx=false", "--memory_budget_bytes=8589934592"}));
   ClientOptions co;
+  co.token = kTestToken;
   co.target = small.target();
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
@@ -1012,6 +1078,7 @@ TEST_F(BadInputTest, UnparseableStreamMessageIsRejectedInBand) {
   std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
   const std::string job = h->options().job_id;
   grpc::ClientContext ctx;
+  AddTestToken(&ctx);
   auto stream = RawStream(h->client(0).channel().get(), &ctx);
   ASSERT_TRUE(stream->Write(Up(AttachMsg(job, 0))));
   absl::StatusOr<v1::DownMessage> hello = ReadDownMessageRaw(*stream);
@@ -1052,6 +1119,7 @@ TEST_F(BadInputTest, UnparseableUploadChunkEndsTheUploadAndStoresNothing) {
   static const grpc::internal::RpcMethod method(
       "/zenflow.v1.ZenFlow/UploadParameters", grpc::internal::RpcMethod::CLIENT_STREAMING);
   grpc::ClientContext ctx;
+  AddTestToken(&ctx);
   grpc::ByteBuffer resp;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> up(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
@@ -1111,6 +1179,7 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
     p->set_name("g");
     p->set_payload(reinterpret_cast<const char*>(v.data()), v.size() * 4);
     grpc::ClientContext ctx;
+    AddTestToken(&ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
     v1::AllReduceResponse resp;
     grpc::Status g = StubOf(h->client(rank))->AllReduce(&ctx, req, &resp);
@@ -1161,6 +1230,7 @@ TEST_F(BadInputTest, AbandonedRendezvousIsWithdrawnAndRetryable) {
   for (int c = 0; c < 16; ++c) ti->add_scores(100.0f - c);
   for (int i = 0; i < 3; ++i) {
     grpc::ClientContext ctx;
+    AddTestToken(&ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
     v1::SubmitImportanceResponse sresp;
     grpc::Status g = StubOf(h->client(0))->SubmitImportance(&ctx, sreq, &sresp);
@@ -1183,6 +1253,7 @@ absl::Status CreateBigJoinedJob(Client& c, const std::string& id, int64_t rows) 
   std::vector<float> init(rows * 512, 0.5f);
   ZF_RETURN_IF_ERROR(c.UploadParameters(id, {{"t0", {rows, 512}, init.data()}}).status());
   grpc::ClientContext jctx;
+  AddTestToken(&jctx);
   v1::JoinJobRequest req;
   req.set_job_id(id);
   v1::JoinJobResponse resp;
@@ -1234,6 +1305,7 @@ TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(daemon_->target(), grpc::InsecureChannelCredentials(), args);
   grpc::ClientContext ctx;
+  AddTestToken(&ctx);
   auto stream = RawStream(channel.get(), &ctx);
   ASSERT_TRUE(stream->Write(Up(AttachMsg("no_reader", 0))));
 #if defined(__SANITIZE_THREAD__)
@@ -1370,6 +1442,7 @@ TEST_F(BadInputTest, UcxAttachToDaemonWithoutUcxIsFailedPrecondition) {
   DaemonProcess plain;
   ASSERT_OK(plain.Start({"--ucx=false"}));
   ClientOptions co;
+  co.token = kTestToken;
   co.target = plain.target();
   co.transport = Transport::kUcx;
   JobOptions o;
@@ -1385,6 +1458,7 @@ TEST_F(BadInputTest, UcxAttachToDaemonWithoutUcxIsFailedPrecondition) {
                "--ucx=false");
   // The same rank attaches over gRPC.
   ClientOptions grpc_co;
+  grpc_co.token = kTestToken;
   grpc_co.target = plain.target();
   auto g = Client::Connect(grpc_co);
   ASSERT_OK(g.status());

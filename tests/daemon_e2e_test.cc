@@ -349,6 +349,7 @@ TEST_F(DaemonE2ETest, HealthServiceReportsServing) {
   auto channel = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
+  AddTestToken(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::ByteBuffer request;  // HealthCheckRequest{service: ""}: zero bytes
   grpc::Slice empty("", 0);

@@ -19,6 +19,7 @@
 #include "client/client.h"
 #include "common/json_writer.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/harness.h"
 
 ABSL_FLAG(std::string, out, "", "write the results as JSON here");
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   zenflow::ClientOptions co;
+  co.token = zenflow::testing::kTestToken;
   co.target = daemon.target();
   auto client = zenflow::Client::Connect(co);
   if (!client.ok()) return 1;

@@ -15,6 +15,9 @@
 #    and healthy (deploy/prometheus/extract_queries.py --prometheus).
 # Everything listens on 127.0.0.1 and is stopped at the end.
 set -euo pipefail
+# The job token every zf_train rank and zf_stats call of this run carries
+# (zenflowd requires one; README "Security").
+export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"
 TRAIN="$R/gpu_worker/zf_train"

@@ -6,5 +6,6 @@ R="$TEST_SRCDIR/$TEST_WORKSPACE"
 export ZENFLOWD="$R/server/zenflowd"
 export PYTHONPATH="$R/python:$R/tests"
 export ZF_REQUIRE_SIM=1
+export ZENFLOW_TOKEN="python-test-token-0123456789"  # the jobs' token (ranks share it)
 cd "$R"
 exec /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests

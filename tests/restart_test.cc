@@ -80,6 +80,7 @@ TEST_F(RestartTest, AfterSigkillTheLastCheckpointComesBack) {
   {
     std::unique_ptr<v1::ZenFlow::Stub> stub = v1::ZenFlow::NewStub(h.client(0).channel());
     grpc::ClientContext ctx;
+    AddTestToken(&ctx);
     v1::CheckpointRequest req;
     v1::CheckpointResponse resp;
     ASSERT_TRUE(stub->Checkpoint(&ctx, req, &resp).ok());
@@ -171,6 +172,7 @@ TEST_F(RestartTest, ACheckpointWhoseSnapshotDoesNotFitTheBudgetIsRefused) {
   ASSERT_OK(h.GoodRound(1e-2f));
   std::unique_ptr<v1::ZenFlow::Stub> stub = v1::ZenFlow::NewStub(h.client(0).channel());
   grpc::ClientContext ctx;
+  AddTestToken(&ctx);
   v1::CheckpointRequest req;
   req.set_job_id("big");
   v1::CheckpointResponse resp;

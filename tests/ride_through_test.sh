@@ -18,6 +18,9 @@
 #    checkpoint is restored and the run still ends bit-identical;
 #  - without --daemon_wait a rank fails at once with UNAVAILABLE.
 set -euo pipefail
+# The job token every zf_train rank and zf_stats call of this run carries
+# (zenflowd requires one; README "Security").
+export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"
 TRAIN="$R/gpu_worker/zf_train"

@@ -1,14 +1,16 @@
 // zenflowd as a systemd service: the unit in deploy/systemd passes
 // `systemd-analyze verify` and rates at most 4.0 in `systemd-analyze
-// security`; a real zenflowd speaks the notify protocol (READY=1, periodic
-// WATCHDOG=1, STOPPING=1) to a notify socket the test binds, reads its flags
-// from a flag file (and the shipped one parses), refuses a port another
-// daemon holds, and prints its version.
+// security`, and loads the TLS files the shipped flags name; a real zenflowd
+// speaks the notify protocol (READY=1, periodic WATCHDOG=1, STOPPING=1) to a
+// notify socket the test binds, also with client certificates required,
+// reads its flags from a flag file (and the shipped one serves TLS beyond
+// loopback), refuses a port another daemon holds, and prints its version.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,7 +36,9 @@
 #include "gtest/gtest.h"
 #include "server/version.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/harness.h"
 #include "tests/testing/status_macros.h"
+#include "tests/testing/test_certs.h"
 
 extern char** environ;
 
@@ -196,6 +200,7 @@ bool ExitedZero(const std::optional<int>& status) {
 absl::Status AnswersGetStats(int port) {
   ClientOptions co;
   co.target = absl::StrCat("127.0.0.1:", port);
+  co.token = kTestToken;
   co.connect_timeout = absl::Seconds(30);
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Connect(co));
   return c->GetStats().status();
@@ -256,6 +261,32 @@ TEST(SystemdUnitTest, VerifyPrintsNothing) {
   const Command c = RunCommand({analyze, "verify", path}, dir);
   EXPECT_EQ(c.exit_code, 0) << c.output;
   EXPECT_EQ(c.output, "");
+}
+
+// Each TLS file the shipped flags name is one the unit loads as a
+// credential (LoadCredential=NAME:/etc/zenflowd/tls/NAME), where systemd
+// puts credentials.
+TEST(SystemdUnitTest, TlsFilesAreTheUnitsCredentials) {
+  const std::string unit = ReadFile(Runfile(kUnit));
+  const std::string flags = ReadFile(Runfile("deploy/systemd/zenflowd.flags"));
+  ASSERT_FALSE(unit.empty());
+  ASSERT_FALSE(flags.empty());
+  const std::string dir = "/run/credentials/zenflowd.service/";
+  int named = 0;
+  std::istringstream lines(flags);
+  for (std::string line; std::getline(lines, line);) {
+    for (const char* flag : {"--tls_cert=", "--tls_key=", "--tls_ca="}) {
+      if (!absl::StartsWith(line, flag)) continue;
+      ++named;
+      const std::string path = line.substr(strlen(flag));
+      ASSERT_TRUE(absl::StartsWith(path, dir)) << line;
+      const std::string name = path.substr(dir.size());
+      EXPECT_TRUE(absl::StrContains(
+          unit, absl::StrCat("\nLoadCredential=", name, ":/etc/zenflowd/tls/", name, "\n")))
+          << line << " is not loaded by the unit";
+    }
+  }
+  EXPECT_EQ(named, 3) << "the shipped flags do not give --tls_cert, --tls_key and --tls_ca";
 }
 
 TEST(SystemdUnitTest, SecurityExposureAtMostFour) {
@@ -355,6 +386,54 @@ TEST(SystemdNotifyTest, ReadyWatchdogPingsAndStopping) {
       << "zenflowd did not exit 0 within 30 s of SIGTERM";
 }
 
+// With TLS and client certificates required on --listen, the watchdog's
+// health check still answers: it dials the server's local unix socket, made
+// in a private directory under systemd's RuntimeDirectory= and removed at
+// exit.
+TEST(SystemdNotifyTest, WatchdogPingsWithClientCertificatesRequired) {
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
+  ASSERT_FALSE(dir.empty());
+  ScopedTempDir certs;
+  ASSERT_FALSE(certs.path().empty());
+  absl::StatusOr<TestPki> pki = TestPki::Create(certs.path());
+  ASSERT_OK(pki.status());
+  const std::string runtime = dir + "/run";
+  ASSERT_EQ(mkdir(runtime.c_str(), 0755), 0);
+  NotifySocket notify(dir + "/notify");
+  ASSERT_TRUE(notify.ok()) << dir;
+  SpawnOptions o;
+  o.env = {"NOTIFY_SOCKET=" + dir + "/notify", "WATCHDOG_USEC=200000",
+           "RUNTIME_DIRECTORY=" + runtime};
+  o.watchdog_pid = true;
+  o.stderr_path = dir + "/stderr";
+  Child daemon({DaemonProcess::BinaryPath(), "--listen=127.0.0.1:0", "--ucx=false",
+                "--port_file=" + dir + "/port", "--tls_cert=" + pki->server.cert,
+                "--tls_key=" + pki->server.key, "--tls_ca=" + pki->ca},
+               o);
+  ASSERT_TRUE(daemon.running());
+  ASSERT_TRUE(notify.WaitFor("READY=1", 1)) << notify.Log() << ReadFile(o.stderr_path);
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", 2)) << notify.Log() << ReadFile(o.stderr_path);
+  // One private directory (0700) holding the socket.
+  std::vector<std::filesystem::directory_entry> entries;
+  for (const auto& e : std::filesystem::directory_iterator(runtime)) entries.push_back(e);
+  ASSERT_EQ(entries.size(), 1u);
+  struct stat st;
+  ASSERT_EQ(stat(entries[0].path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((entries[0].path() / "grpc.sock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_TRUE(absl::StrContains(ReadFile(o.stderr_path),
+                                "systemd watchdog: health check on unix:" + entries[0].path().string()))
+      << ReadFile(o.stderr_path);
+  daemon.Signal(SIGTERM);
+  EXPECT_TRUE(notify.WaitFor("STOPPING=1", 1)) << notify.Log();
+  EXPECT_TRUE(ExitedZero(daemon.Wait(std::chrono::seconds(30))))
+      << "zenflowd did not exit 0 within 30 s of SIGTERM: " << ReadFile(o.stderr_path);
+  EXPECT_TRUE(std::filesystem::is_empty(runtime)) << "the socket's directory is left behind";
+}
+
 TEST(SystemdDaemonTest, SecondDaemonOnTakenPortFails) {
   DaemonProcess first;
   ASSERT_OK(first.Start({"--ucx=false"}));
@@ -401,11 +480,36 @@ TEST(SystemdDaemonTest, ShippedFlagFileParses) {
   DaemonProcess d;
   ScopedTempDir state;
   ASSERT_FALSE(state.path().empty());
+  // The daemon-wide figures below are the admin's to read.
+  const std::string admin = "systemd-test-admin-token-0123";
+  ASSERT_TRUE(WriteFile(state.path() + "/admin_token", admin + "\n"));
+  // The file's TLS paths are where systemd puts the unit's credentials:
+  // certificates made here stand in for them. Its --listen is a
+  // documentation address; every interface (0.0.0.0) stands in for it, so
+  // that the daemon starting proves the file serves beyond loopback without
+  // --allow_insecure (TLS, UCX on lo, metrics on loopback).
+  const std::string flags = ReadFile(Runfile("deploy/systemd/zenflowd.flags"));
+  EXPECT_FALSE(absl::StrContains(flags, "\n--allow_insecure")) << "the shipped flags allow plaintext";
+  for (const char* f : {"tls_cert", "tls_key", "tls_ca"}) {
+    EXPECT_TRUE(absl::StrContains(
+        flags, absl::StrCat("\n--", f, "=/run/credentials/zenflowd.service/")))
+        << "--" << f << " is not one of the unit's credentials (LoadCredential=)";
+  }
+  ScopedTempDir certs;
+  ASSERT_FALSE(certs.path().empty());
+  absl::StatusOr<TestPki> pki = TestPki::Create(certs.path());
+  ASSERT_OK(pki.status());
   ASSERT_OK(d.Start({"--flagfile=" + Runfile("deploy/systemd/zenflowd.flags"),
-                     "--listen=127.0.0.1:0", "--ucx_net_devices=lo",
-                     "--metrics_listen=127.0.0.1:0", "--state_dir=" + state.path()}));
+                     "--listen=0.0.0.0:0", "--tls_cert=" + pki->server.cert,
+                     "--tls_key=" + pki->server.key, "--tls_ca=" + pki->ca,
+                     "--metrics_listen=127.0.0.1:0", "--state_dir=" + state.path(),
+                     "--admin_token_file=" + state.path() + "/admin_token"}));
   ClientOptions co;
   co.target = d.target();
+  co.token = admin;
+  co.tls_ca = pki->ca;
+  co.tls_cert = pki->client.cert;
+  co.tls_key = pki->client.key;
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
   ASSERT_OK(c.status());
   absl::StatusOr<v1::GetStatsResponse> stats = (*c)->GetStats();

@@ -7,6 +7,9 @@
 #  - the data stream over UCX gives the same parameters, bit for bit, as over
 #    gRPC (zero_offload, and zenflow with a fixed apply delay).
 set -euo pipefail
+# The job token every zf_train rank and zf_stats call of this run carries
+# (zenflowd requires one; README "Security").
+export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"
 TRAIN="$R/gpu_worker/zf_train"

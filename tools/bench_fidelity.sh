@@ -31,6 +31,9 @@
 #    machines.
 #  - zenflowd runs with --update_threads=1 (the machine has few cores).
 set -euo pipefail
+# The job token every zf_train rank and zf_stats call of this run carries
+# (zenflowd requires one; README "Security").
+export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 

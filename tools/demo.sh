@@ -5,6 +5,9 @@
 # and print them side by side. Writes per-step logs and an SVG plot of loss
 # and stall per step. Expects built binaries (./zf demo builds them).
 set -euo pipefail
+# The job token every zf_train rank and zf_stats call of this run carries
+# (zenflowd requires one; README "Security").
+export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 

@@ -4,6 +4,7 @@
 # benchmark with CUDA figures, and zf_train --device=cuda in each mode
 # against a real zenflowd (UCX and gRPC). Logs and JSON go to $OUT.
 set -uo pipefail
+export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"  # zenflowd requires a job token
 B=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/zf-gpu-out}
 mkdir -p "$OUT"

@@ -25,6 +25,7 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "client/tls_flags.h"
 #include "common/codec.h"
 #include "common/status_macros.h"
 #include "common/adamw.h"
@@ -298,6 +299,8 @@ absl::Status RunDemo() {
   }
   ClientOptions co;
   co.target = target;
+  ApplyTlsFlags(&co);
+  co.token = RandomToken();  // the job's, shared by its ranks
   ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
   std::vector<std::unique_ptr<Client>> clients;
   for (int r = 0; r < ranks; ++r) {
@@ -380,6 +383,8 @@ absl::Status RunDemo() {
               Loss(workers[0]->model()), ranks);
   ClientOptions co2;
   co2.target = target;
+  ApplyTlsFlags(&co2);
+  co2.token = co.token;
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> admin, Client::Connect(co2));
   ZF_ASSIGN_OR_RETURN(v1::GetStatsResponse stats, admin->GetStats(job));
   const v1::JobStats& js = stats.jobs(0);

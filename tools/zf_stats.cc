@@ -10,10 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/tls_flags.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd's gRPC address");
-ABSL_FLAG(std::string, job, "", "one job's figures (default: every job)");
+ABSL_FLAG(std::string, job, "", "one job's figures (default: every job the token reaches)");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is the token to send: a job's (its jobs only) or the admin's "
+          "(every job and the daemon-wide figures). Empty: $ZENFLOW_TOKEN");
 ABSL_FLAG(bool, json, false, "print GetStatsResponse as JSON (protobuf's mapping) instead");
 ABSL_FLAG(int, timeout_s, 10, "how long to wait for the daemon");
 
@@ -95,7 +99,14 @@ void Print(const v1::GetStatsResponse& s, const std::string& target) {
 
 int Main() {
   ClientOptions co;
+  absl::StatusOr<std::string> token = LoadToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    std::fprintf(stderr, "zf_stats: %s\n", std::string(token.status().message()).c_str());
+    return 2;
+  }
+  co.token = *token;
   co.target = absl::GetFlag(FLAGS_target);
+  ApplyTlsFlags(&co);
   co.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
   if (!c.ok()) {

@@ -10,9 +10,11 @@ schema check is validate/validate.cjs; this script checks what a schema
 cannot: that the pieces agree with each other and with zenflowd. The flags
 zenflowd would read (the ConfigMap's flags file and the files it includes)
 against the ports, probes, volume and memory limit; the selectors against
-the labels; the security settings; the ServiceMonitor against the scrape job
-rules.yml expects; the PrometheusRule against rules.yml; the uid against
-the Containerfile. With --json-dir it also writes each input as a JSON array
+the labels; the security settings; TLS (the --tls_* flags name files a
+Secret provides, not readable by others; the probes use --health_listen's
+port, since the kubelet's gRPC probes cannot speak TLS); the ServiceMonitor
+against the scrape job rules.yml expects; the PrometheusRule against
+rules.yml; the uid against the Containerfile. With --json-dir it also writes each input as a JSON array
 of its objects (for validate.cjs). Exit status 1 on any problem.
 """
 
@@ -68,6 +70,38 @@ def read_flags(data, problems):
 
 def port_of(hostport):
     return int(hostport.rsplit(":", 1)[1])
+
+
+def config_maps_of(volume):
+    """Names of the ConfigMaps a volume shows (configMap or projected)."""
+    names = set()
+    if "configMap" in volume:
+        names.add(volume["configMap"].get("name"))
+    for source in volume.get("projected", {}).get("sources", []):
+        if "configMap" in source:
+            names.add(source["configMap"].get("name"))
+    return names
+
+
+def secret_file(volume, rel):
+    """(secret name, file mode) of the file `rel` in a volume when a Secret
+    provides it (a secret volume, or a projected volume's secret source), or
+    None. Without items every key of the Secret is a file: any `rel` counts."""
+    if "secret" in volume:
+        default = volume["secret"].get("defaultMode", 0o644)
+        sources = [(volume["secret"].get("secretName"), volume["secret"])]
+    else:
+        default = volume.get("projected", {}).get("defaultMode", 0o644)
+        sources = [(s["secret"].get("name"), s["secret"])
+                   for s in volume.get("projected", {}).get("sources", []) if "secret" in s]
+    for name, secret in sources:
+        items = secret.get("items")
+        if items is None and "/" not in rel:
+            return name, default
+        for item in items or []:
+            if item.get("path") == rel:
+                return name, item.get("mode", default)
+    return None
 
 
 def containerfile_uid(path):
@@ -128,14 +162,18 @@ def check(name, objs, rules_groups, uid, problems):
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
     flags_mount = mounts.get(FLAGS_DIR)
-    if not flags_mount or (volumes.get(flags_mount["name"], {}).get("configMap", {})
-                           .get("name") != cm["metadata"]["name"]):
+    if not flags_mount or cm["metadata"]["name"] not in config_maps_of(
+            volumes.get(flags_mount["name"], {})):
         fail(f"{FLAGS_DIR} is not the ConfigMap {cm['metadata']['name']}")
     flags = read_flags(cm.get("data", {}), problems)
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     want = {"grpc": port_of(flags.get("listen", "127.0.0.1:50051")),
             "metrics": port_of(flags.get("metrics_listen", "127.0.0.1:9464"))}
+    if flags.get("health_listen"):
+        want["health"] = port_of(flags["health_listen"])
+    else:
+        fail("no --health_listen: the kubelet's gRPC probes cannot reach a TLS port")
     ucx_range = env.get("UCX_TCP_PORT_RANGE", "")
     if not re.fullmatch(r"(\d+)-\1", ucx_range):
         fail(f"UCX_TCP_PORT_RANGE={ucx_range!r} does not pin one port")
@@ -144,9 +182,26 @@ def check(name, objs, rules_groups, uid, problems):
     for pname, port in want.items():
         if ports.get(pname) != port:
             fail(f"containerPort {pname} is {ports.get(pname)}, the flags/env say {port}")
-    for flag in ("listen", "metrics_listen"):
+    for flag in ("listen", "metrics_listen", "health_listen"):
         if not flags.get(flag, "").startswith(("0.0.0.0:", "[::]:")):
             fail(f"--{flag}={flags.get(flag)} is not reachable from other pods")
+
+    # TLS: gRPC is never plaintext here (the pods need --allow_insecure for
+    # UCX and /metrics, which would also let gRPC go plaintext without
+    # these). Each file comes from a Secret and is not readable by others.
+    for flag in ("tls_cert", "tls_key", "tls_ca"):
+        path = flags.get(flag, "")
+        if not path:
+            fail(f"no --{flag}: gRPC would not be TLS with client certificates")
+            continue
+        mount = max((m for m in mounts if path.startswith(m.rstrip("/") + "/")),
+                    key=len, default=None)
+        found = mount and secret_file(volumes.get(mounts[mount]["name"], {}),
+                                      path[len(mount.rstrip("/")) + 1:])
+        if not found:
+            fail(f"--{flag}={path} is not a file of a mounted Secret")
+        elif found[1] & 0o007:
+            fail(f"--{flag}={path} is readable by others (mode {found[1]:o})")
     tls = flags.get("ucx_tls", "sm,self").split(",")
     if flags.get("ucx", "true") != "false" and ("tcp" not in tls or "sm" in tls):
         fail(f"--ucx_tls={','.join(tls)}: pods share no memory; use tcp,self")
@@ -156,10 +211,10 @@ def check(name, objs, rules_groups, uid, problems):
         if not p or p.get("targetPort") not in (pname, ports.get(pname)):
             fail(f"the Service has no port {pname} to the container's {pname}")
 
-    # Probes: native gRPC on the gRPC port.
+    # Probes: native gRPC on the health port (plaintext, health checks only).
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        if (c.get(probe) or {}).get("grpc", {}).get("port") != ports.get("grpc"):
-            fail(f"{probe} is not a gRPC probe on port {ports.get('grpc')}")
+        if (c.get(probe) or {}).get("grpc", {}).get("port") != ports.get("health"):
+            fail(f"{probe} is not a gRPC probe on the health port {ports.get('health')}")
 
     # State volume from the claim template at --state_dir.
     claims = {t["metadata"]["name"] for t in spec.get("volumeClaimTemplates", [])}

@@ -4,7 +4,8 @@
 #   k8s_test.sh sync       sync_rules.py on fixtures, then
 #                          base/prometheusrule.yaml against deploy/prometheus/rules.yml
 #   k8s_test.sh manifests  kubectl kustomize renders base and every overlay;
-#                          check_rendered.py checks what the pieces must agree on;
+#                          check_rendered.py checks what the pieces must agree on
+#                          (TLS included);
 #                          validate/validate.cjs checks every object against the
 #                          Kubernetes and prometheus-operator schemas (npm
 #                          kubernetes-models); both must also reject broken copies.
@@ -143,6 +144,19 @@ test_manifests() {
     "${check[@]}" "$tmp/bad/production.yaml"
   sed 's/runAsUser: 10001/runAsUser: 0/' "$tmp/rendered/single-node.yaml" >"$tmp/bad/single-node.yaml"
   expect_fail "manifests: check_rendered on uid 0" "are not the Containerfile's USER" \
+    "${check[@]}" "$tmp/bad/single-node.yaml"
+  # TLS: gRPC without client certificates, probes on the TLS port, a key
+  # readable by everyone.
+  sed '/--tls_ca=/d' "$tmp/rendered/production.yaml" >"$tmp/bad/production.yaml"
+  expect_fail "manifests: check_rendered without --tls_ca" "no --tls_ca" \
+    "${check[@]}" "$tmp/bad/production.yaml"
+  sed 's/port: 50053/port: 50051/' "$tmp/rendered/production.yaml" >"$tmp/bad/production.yaml"
+  expect_fail "manifests: check_rendered on probes of the TLS port" \
+    "readinessProbe is not a gRPC probe on the health port 50053" \
+    "${check[@]}" "$tmp/bad/production.yaml"
+  sed 's/defaultMode: 288/defaultMode: 420/' "$tmp/rendered/single-node.yaml" >"$tmp/bad/single-node.yaml"
+  expect_fail "manifests: check_rendered on a world-readable key" \
+    "--tls_key=/etc/zenflowd/tls/tls.key is readable by others (mode 644)" \
     "${check[@]}" "$tmp/bad/single-node.yaml"
   python3 - "$tmp/json/production.json" "$tmp/bad/broken.json" <<'PY'
 import json, sys

@@ -26,7 +26,9 @@ def daemon():
     d = tempfile.mkdtemp()
     port_file = os.path.join(d, "port")
     log = open(os.path.join(d, "zenflowd.log"), "w")
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}"],
+    # The tests' jobs share one token ($ZENFLOW_TOKEN): let it hold them all.
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                             "--max_jobs_per_credential=256"],
                             stderr=log)
     for _ in range(300):
         if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
@@ -285,7 +287,9 @@ def test_two_processes_equal_torch_adamw_on_the_mean_gradient(daemon, tmp_path):
 def test_a_daemon_killed_mid_run_raises(tmp_path):
     binary = os.environ["ZENFLOWD"]
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}"],
+    # The tests' jobs share one token ($ZENFLOW_TOKEN): let it hold them all.
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                             "--max_jobs_per_credential=256"],
                             stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -386,3 +390,22 @@ def test_rank_and_world_size_come_from_the_environment(daemon, tmp_path):
     assert [p.returncode for p in procs] == [0, 0]
     assert [o[:3] for o in outs] == [["0", "2", "2"], ["1", "2", "2"]]
     assert outs[0][3] == outs[1][3]  # the same parameters on both ranks
+
+
+def test_a_job_is_reached_with_its_token_only(daemon, monkeypatch):
+    m = model()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="tok_owned",
+                                        token="owner-token-for-python-test") as opt:
+        run(m, opt, 2)
+        # Another token's rank of the same job is refused; the owner goes on.
+        with pytest.raises(zenflow.ZenFlowError) as e:
+            zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="tok_owned",
+                                           token="another-token-for-python-test")
+        assert e.value.code == "PERMISSION_DENIED", e.value
+        assert "tok_owned" in e.value.message
+        run(m, opt, 2)
+    # Ranks of one job share its token: two ranks without one are refused
+    # before any call.
+    monkeypatch.delenv("ZENFLOW_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="share its token"):
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, rank=0, world_size=2)

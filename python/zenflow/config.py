@@ -14,7 +14,9 @@ DeepSpeed. What this package reads of it:
   ("grpc" or "ucx"), ``wire_dtype`` ("fp32", "bf16", "fp16", "int8"),
   ``apply_delay`` ("sync", "adaptive" or steps; overrides overlap_step),
   ``mode`` ("zenflow" or "zero_offload"), ``daemon_wait_s``,
-  ``rank_ordered_sums``, ``threads``.
+  ``rank_ordered_sums``, ``threads``, ``token_file`` (a file whose first line
+  is the job's token; read here into the ``token`` setting), ``tls_ca``,
+  ``tls_cert``, ``tls_key``, ``tls_server_name`` (TLS to zenflowd).
 
 Other DeepSpeed blocks (fp16, scheduler, train_batch_size, ...) are left to
 whoever reads them. Unknown keys in the three blocks above raise ValueError
@@ -43,6 +45,11 @@ ZENFLOWD_KEYS = {
     "daemon_wait_s",
     "rank_ordered_sums",
     "threads",
+    "token_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "tls_server_name",
 }
 
 
@@ -70,7 +77,8 @@ def load(config):
     Keys of the result: the optimizer's keyword names (topk_ratio,
     update_interval, select_interval, full_warm_up_rounds, apply_delay, lr,
     betas, eps, weight_decay, target, job, transport, wire, mode,
-    daemon_wait, rank_ordered_sums, threads); only those the config sets.
+    daemon_wait, rank_ordered_sums, threads, token, tls_ca, tls_cert, tls_key,
+    tls_server_name); only those the config sets.
     """
     if config is None:
         return {}
@@ -129,6 +137,13 @@ def load(config):
         own = config["zenflowd"]
         _check_keys(own, ZENFLOWD_KEYS, "zenflowd")
         for key, value in own.items():
+            if key == "token_file":
+                with open(value, encoding="utf-8") as f:
+                    token = f.readline().strip()
+                if not token:
+                    raise ValueError(f"config: zenflowd.token_file {value} is empty")
+                out["token"] = token
+                continue
             name = {"wire_dtype": "wire", "daemon_wait_s": "daemon_wait"}.get(key, key)
             out[name] = value
     return out

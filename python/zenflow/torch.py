@@ -71,8 +71,13 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     topk_ratio, update_interval, select_interval, full_warm_up_rounds,
     apply_delay ("sync", "adaptive", "overlap_step" or steps), daemon_wait
     (seconds to ride through a daemon restart; 0 fails at once),
-    connect_timeout (seconds), rank_ordered_sums, threads. An explicit keyword
-    wins over the config.
+    connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
+    token, sent with every call; default: $ZENFLOW_TOKEN; the ranks of a job
+    share it, and one rank alone may leave it out: the daemon then makes one),
+    tls_ca (PEM file of the CA that signed zenflowd's certificate: TLS on),
+    tls_cert and tls_key (this client's certificate, for zenflowd --tls_ca),
+    tls_server_name (the name to check, when the target is not it). An
+    explicit keyword wins over the config.
 
     rank and world_size default to the environment (RANK or LOCAL_RANK,
     WORLD_SIZE), as torchrun sets them, else 0 and 1.
@@ -82,8 +87,10 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                  lr=None, betas=None, eps=None, weight_decay=None, mode=None, wire=None,
                  config=None, transport=None, topk_ratio=None, update_interval=None,
                  select_interval=None, full_warm_up_rounds=None, apply_delay=None,
-                 daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None):
-        given = dict(target=target, job=job, lr=lr, betas=betas, eps=eps,
+                 daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
+                 token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
+        given = dict(target=target, job=job, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+                     tls_key=tls_key, tls_server_name=tls_server_name, lr=lr, betas=betas, eps=eps,
                      weight_decay=weight_decay, mode=mode, wire=wire, transport=transport,
                      topk_ratio=topk_ratio, update_interval=update_interval,
                      select_interval=select_interval, full_warm_up_rounds=full_warm_up_rounds,
@@ -168,10 +175,16 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             "rankOrderedSums": bool(s.get("rank_ordered_sums", False)),
         }
         target = s.get("target") or os.environ.get("ZENFLOW_TARGET", "127.0.0.1:50051")
+        token = s.get("token") or os.environ.get("ZENFLOW_TOKEN", "")
+        if not token and self._world > 1:
+            raise ValueError("the ranks of one job share its token: pass token= (or the "
+                             "zenflowd block's token_file, or set ZENFLOW_TOKEN) on every rank")
         self._worker = _zenflow.Worker(
             json.dumps(spec), self._rank, target, s.get("transport", "grpc"),
             float(s.get("daemon_wait", 0.0)), float(connect_timeout),
-            int(s.get("threads", 2)), tensors)
+            int(s.get("threads", 2)), tensors, token=token, tls_ca=s.get("tls_ca", ""),
+            tls_cert=s.get("tls_cert", ""), tls_key=s.get("tls_key", ""),
+            tls_server_name=s.get("tls_server_name", ""))
         self._step = 0
         self.spec = json.loads(self._worker.spec_json())
 

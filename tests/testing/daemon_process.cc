@@ -44,7 +44,17 @@ absl::Status DaemonProcess::Start(const std::vector<std::string>& extra_flags) {
   const std::string port_file = dir_ + "/port";
   const std::string binary = BinaryPath();
   std::vector<std::string> args = prefix_;
-  args.insert(args.end(), {binary, "--listen=127.0.0.1:0", "--port_file=" + port_file});
+  // The tests' token (TestClientOptions) is the test daemon's admin token:
+  // tests read daemon-wide figures (GetStats without a job, UCX counts).
+  // tests/auth_test gives its daemon another admin token (a later flag
+  // wins) and checks job tokens, isolation and limits there.
+  const std::string admin_file = dir_ + "/admin_token";
+  {
+    std::ofstream admin(admin_file);
+    admin << "zenflow-test-token-0123456789\n";  // harness.h's kTestToken
+  }
+  args.insert(args.end(), {binary, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                           "--admin_token_file=" + admin_file});
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   pid_ = SpawnProcess(args);
   if (pid_ < 0) return absl::InternalError("fork failed");

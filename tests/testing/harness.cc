@@ -20,7 +20,12 @@ ClientOptions TestClientOptions(const std::string& target) {
   ClientOptions co;
   co.target = target;
   co.transport = TestTransport();
+  co.token = kTestToken;
   return co;
+}
+
+void AddTestToken(grpc::ClientContext* ctx) {
+  ctx->AddMetadata("authorization", std::string("Bearer ") + kTestToken);
 }
 
 float TestGrad(int rank, int64_t step, int ti, int64_t r, int64_t c) {
@@ -87,6 +92,10 @@ v1::JobSpec Harness::spec() const {
 absl::Status Harness::Connect() {
   for (int r = 0; r < opts_.world; ++r) {
     ClientOptions co = TestClientOptions(target_);
+    co.token = opts_.token;
+    co.tls_ca = opts_.tls_ca;
+    co.tls_cert = opts_.tls_cert;
+    co.tls_key = opts_.tls_key;
     if (opts_.ucx.has_value()) {
       co.transport = Transport::kUcx;
       co.ucx = *opts_.ucx;

@@ -43,13 +43,26 @@ struct JobOptions {
   // Set: every rank uses the UCX transport with these options (else the
   // test transport, TestTransport()).
   std::optional<UcxOptions> ucx;
+  // The job's token, every rank's (see TestClientOptions).
+  std::string token = "zenflow-test-token-0123456789";
+  // TLS for every rank's client (ClientOptions.tls_ca, tls_cert, tls_key);
+  // empty tls_ca: plaintext.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 // The data transport the tests use: ZF_TEST_TRANSPORT=ucx selects UCX (the
 // *_ucx_test targets set it); anything else, gRPC.
 Transport TestTransport();
 // Client options for the test daemon with the test transport.
+// Options for a client of `target`: the transport ZF_TEST_TRANSPORT names
+// and the token kTestToken (every test rank of every job shares it, so a
+// job's ranks reach it; tests of isolation make clients of their own).
+inline constexpr char kTestToken[] = "zenflow-test-token-0123456789";
 ClientOptions TestClientOptions(const std::string& target);
+// Adds kTestToken to a raw call's metadata.
+void AddTestToken(grpc::ClientContext* ctx);
 
 // Deterministic gradient of element (r, c) of tensor ti at (rank, step).
 float TestGrad(int rank, int64_t step, int ti, int64_t r, int64_t c);
