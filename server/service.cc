@@ -768,7 +768,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                          std::weak_ptr<Lifeline>(self_));
     if (!conn.ok()) return conn.status();
     v1::DownMessage hello = job_->AttachedMessage(rank_);
-    hello.mutable_attached()->set_ucx_address(ucx_plane_->address());
+    hello.mutable_attached()->set_ucx_address((*conn)->worker_address());
     hello.mutable_attached()->set_ucx_tag((*conn)->tag());
     bool own = false;
     (void)grpc::SerializationTraits<v1::DownMessage>::Serialize(hello, &out_, &own);

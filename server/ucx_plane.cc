@@ -3,6 +3,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -34,16 +35,53 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptio
   UcxOptions daemon_options = options;
   daemon_options.without_cma = true;
   std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(
-      registry, UcxTransports(daemon_options),
+      daemon_options, registry, UcxTransports(daemon_options),
       max_outbox_bytes + std::max<int64_t>(options.max_message_bytes, 0)));
   UcxDataPlane* raw = p.get();
-  ZF_ASSIGN_OR_RETURN(
-      p->worker_,
-      UcxWorker::Create(
-          daemon_options, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
-          [raw](uint64_t tag, int64_t bytes) { raw->OnOversize(tag, bytes); }));
+  // The first worker now: a UCX that cannot start is reported at start-up.
+  ZF_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> first, p->NewWorker());
+  {
+    MutexLock lock(&p->mu_);
+    p->slots_.push_back(std::make_unique<Slot>());
+    p->slots_.back()->worker = std::move(first);
+    p->current_ = p->slots_.back().get();
+  }
   p->dispatcher_ = std::thread([raw] { raw->DispatchLoop(); });
   return p;
+}
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxDataPlane::NewWorker() {
+  UcxDataPlane* raw = this;
+  ZF_ASSIGN_OR_RETURN(
+      std::unique_ptr<UcxWorker> w,
+      UcxWorker::Create(
+          options_, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
+          [raw](uint64_t tag, int64_t bytes) { raw->OnOversize(tag, bytes); }));
+  MutexLock lock(&mu_);
+  ++workers_made_;
+  return w;
+}
+
+void UcxDataPlane::AddStats(const UcxWorker::Stats& w) {
+  gone_.messages_received += w.messages_received;
+  gone_.bytes_received += w.bytes_received;
+  gone_.messages_sent += w.messages_sent;
+  gone_.bytes_sent += w.bytes_sent;
+  gone_.send_errors += w.send_errors;
+}
+
+std::unique_ptr<UcxWorker> UcxDataPlane::Release(Slot* slot) {
+  --slot->live;
+  ++slot->closed;
+  if (slot == current_ && slot->closed >= kRotateAfter) current_ = nullptr;  // the next Open makes one
+  if (slot->live > 0) return nullptr;
+  if (slot == current_) current_ = nullptr;
+  std::unique_ptr<UcxWorker> w = std::move(slot->worker);
+  AddStats(w->stats());
+  slots_.erase(std::remove_if(slots_.begin(), slots_.end(),
+                              [slot](const std::unique_ptr<Slot>& x) { return x.get() == slot; }),
+               slots_.end());
+  return w;
 }
 
 UcxDataPlane::~UcxDataPlane() {
@@ -59,7 +97,13 @@ UcxDataPlane::~UcxDataPlane() {
   }
   for (auto& [tag, c] : conns) c->box()->Detach(c.get());
   // Closes every endpoint; sends in flight fail and go back to their mailbox.
-  worker_.reset();
+  std::vector<std::unique_ptr<Slot>> slots;
+  {
+    MutexLock lock(&mu_);
+    slots.swap(slots_);
+    current_ = nullptr;
+  }
+  slots.clear();
 }
 
 void UcxDataPlane::OnFrame(uint64_t tag, std::string frame) {
@@ -139,8 +183,38 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
         "attach.ucx_address of ", peer_address.size(),
         " bytes is not a UCX worker address (pass ucp_worker_get_address's bytes)"));
   }
-  absl::StatusOr<uint64_t> ep = worker_->Connect(peer_address);
+  // The worker this connection goes on: the current one, or a new one.
+  Slot* slot = nullptr;
+  for (int attempt = 0; slot == nullptr; ++attempt) {
+    {
+      MutexLock lock(&mu_);
+      if (current_ != nullptr) {
+        slot = current_;
+        ++slot->live;  // holds it while we connect
+        break;
+      }
+    }
+    if (attempt > 0) return absl::InternalError("no UCX worker to connect on");
+    ZF_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> w, NewWorker());
+    MutexLock lock(&mu_);
+    if (current_ == nullptr) {
+      slots_.push_back(std::make_unique<Slot>());
+      slots_.back()->worker = std::move(w);
+      current_ = slots_.back().get();
+    }
+    // else another Open made one first; ours goes when `w` does (no connection).
+  }
+  auto release = [&] {
+    std::unique_ptr<UcxWorker> gone;
+    {
+      MutexLock lock(&mu_);
+      --slot->closed;  // Release counts a close; this was never a connection
+      gone = Release(slot);
+    }
+  };
+  absl::StatusOr<uint64_t> ep = slot->worker->Connect(peer_address);
   if (!ep.ok()) {
+    release();
     return absl::Status(ep.status().code(),
                         absl::StrCat("cannot reach the rank's UCX worker: ", ep.status().message(),
                                      " (are both on one host for shared memory, or is "
@@ -151,8 +225,8 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     MutexLock lock(&mu_);
     uint64_t tag = NewUpTag();
     while (conns_.count(tag) != 0) tag = NewUpTag();
-    conn = std::make_shared<Conn>(this, worker_.get(), *ep, tag, down_tag, std::move(job), rank,
-                                  box, std::move(lifeline));
+    conn = std::make_shared<Conn>(this, slot, *ep, tag, down_tag, std::move(job), rank, box,
+                                  std::move(lifeline));
     conns_[tag] = conn;
   }
   if (!box->Attach(conn.get())) {
@@ -160,7 +234,12 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
       MutexLock lock(&mu_);
       conns_.erase(conn->tag());
     }
-    worker_->Disconnect(*ep, /*force=*/true);
+    slot->worker->Disconnect(*ep, /*force=*/true);
+    std::unique_ptr<UcxWorker> gone;
+    {
+      MutexLock lock(&mu_);
+      gone = Release(slot);
+    }
     return absl::AlreadyExistsError(absl::StrCat("rank ", conn->rank(), " of job '",
                                                  conn->job()->spec().job_id(),
                                                  "' already has a stream attached"));
@@ -177,8 +256,14 @@ void UcxDataPlane::Close(std::shared_ptr<Conn> conn) {
 }
 
 void UcxDataPlane::FillStats(v1::UcxStats* out) {
-  const UcxWorker::Stats w = worker_->stats();
   MutexLock lock(&mu_);
+  UcxWorker::Stats w = gone_;
+  for (const std::unique_ptr<Slot>& slot : slots_) {
+    const UcxWorker::Stats s = slot->worker->stats();
+    w.bytes_received += s.bytes_received;
+    w.messages_sent += s.messages_sent;
+    w.bytes_sent += s.bytes_sent;
+  }
   out->set_enabled(true);
   out->set_transports(tls_.empty() ? "(UCX default)" : tls_);
   out->set_connections(static_cast<int64_t>(conns_.size()));
@@ -225,7 +310,14 @@ void UcxDataPlane::DispatchLoop() {
       case Item::kCloseRequest: {
         // Whatever the rank sent before its stream ended has arrived once
         // its last sends completed; take it in, then close behind it.
-        (void)worker_->Drain(absl::Seconds(5));
+        bool open = false;
+        {
+          MutexLock lock(&mu_);
+          auto it = conns_.find(item.conn->tag());
+          open = it != conns_.end() && it->second == item.conn;
+        }
+        // (A connection cut off meanwhile may have taken its worker along.)
+        if (open) (void)item.conn->worker_->Drain(absl::Seconds(5));
         MutexLock lock(&mu_);
         item.kind = Item::kCloseFinal;
         queue_.push_back(std::move(item));
@@ -233,12 +325,13 @@ void UcxDataPlane::DispatchLoop() {
       }
       case Item::kCloseFinal: {
         const std::shared_ptr<Conn>& c = item.conn;
-        bool live = false;
+        bool open = false, live = false;
         {
           MutexLock lock(&mu_);
           auto it = conns_.find(c->tag());
           if (it != conns_.end() && it->second == c) {
             conns_.erase(it);
+            open = true;
             live = !c->cut_;
           }
         }
@@ -247,7 +340,14 @@ void UcxDataPlane::DispatchLoop() {
         if (live) HandleParked(c, /*while_room=*/false);
         c->parked_.clear();
         c->box()->Detach(c.get());
-        worker_->Disconnect(c->ep(), /*force=*/true);
+        // A connection cut off already closed its endpoint and let go of its
+        // worker (CutOff); only one still registered holds its worker.
+        if (open) {
+          c->worker_->Disconnect(c->ep(), /*force=*/true);
+          std::unique_ptr<UcxWorker> gone;
+          MutexLock lock(&mu_);
+          gone = Release(c->slot_);
+        }
         break;
       }
     }
@@ -284,23 +384,33 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
   (void)IngestUp(registry_, c->job().get(), c->rank(), Wire::kUcx, c->box().get(), std::move(s),
                  up);
   if (up.kind_case() == v1::UpMessage::kShard) {
-    worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
+    c->worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
   }
 }
 
 void UcxDataPlane::CutOff(const std::shared_ptr<Conn>& c) {
+  bool was_live = false;
   {
     MutexLock lock(&mu_);
     auto it = conns_.find(c->tag());
-    if (it != conns_.end() && it->second == c) conns_.erase(it);
+    if (it != conns_.end() && it->second == c) {
+      conns_.erase(it);
+      was_live = true;
+    }
     ++stats_.cut;
   }
   c->parked_.clear();
   const int64_t outbox = c->box()->bytes();
   c->box()->Detach(c.get());
   // A send stuck on the peer fails; its message goes back to the outbox,
-  // which keeps everything for the rank's next stream.
-  worker_->Disconnect(c->ep(), /*force=*/true);
+  // which keeps everything for the rank's next stream. (A connection no
+  // longer registered was closed, and let go of its worker, already.)
+  if (was_live) {
+    c->worker_->Disconnect(c->ep(), /*force=*/true);
+    std::unique_ptr<UcxWorker> gone;
+    MutexLock lock(&mu_);
+    gone = Release(c->slot_);
+  }
   const absl::Status why = absl::ResourceExhaustedError(absl::StrCat(
       "rank ", c->rank(), " of job '", c->job()->spec().job_id(), "' has more than ",
       held_limit_, " bytes of messages waiting in the daemon while its outbox holds ", outbox,

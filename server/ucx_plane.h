@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -56,7 +57,6 @@ class UcxDataPlane {
                                                              int64_t max_outbox_bytes);
   ~UcxDataPlane();
 
-  const std::string& address() const { return worker_->address(); }
 
   // Connects to the rank's worker and makes the connection the writer of
   // `box`. What the daemon sends the rank carries `down_tag` (the rank's
@@ -89,8 +89,29 @@ class UcxDataPlane {
     int64_t cut = 0;      // connections cut off
   };
 
-  UcxDataPlane(JobRegistry* registry, std::string tls, int64_t held_limit)
-      : registry_(registry), tls_(std::move(tls)), held_limit_(held_limit) {}
+  // A UCX worker and the connections it serves. UCX 1.13 frees a closed
+  // endpoint (and about 0.5 MiB of shared memory with it) only when its
+  // worker is destroyed: the daemon's endpoints cannot be force-closed (no
+  // peer-failure mode over shared memory) and a flushed close of an endpoint
+  // the peer connected back to is kept until then. So workers rotate: new
+  // connections go to the current one until kRotateAfter of its
+  // connections have closed, and a worker is destroyed once its last
+  // connection closed. (tools/zf_soak checks the daemon's shared memory.)
+  struct Slot {
+    std::unique_ptr<UcxWorker> worker;
+    int live = 0;    // connections open on it
+    int closed = 0;  // connections it served that closed
+  };
+  static constexpr int kRotateAfter = 16;
+
+  UcxDataPlane(const UcxOptions& options, JobRegistry* registry, std::string tls,
+               int64_t held_limit)
+      : options_(options), registry_(registry), tls_(std::move(tls)), held_limit_(held_limit) {}
+  absl::StatusOr<std::unique_ptr<UcxWorker>> NewWorker();
+  // A connection of `slot` closed: the worker goes when it was its last
+  // (returned, to be destroyed outside mu_).
+  std::unique_ptr<UcxWorker> Release(Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddStats(const UcxWorker::Stats& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFrame(uint64_t tag, std::string frame);
   void OnOversize(uint64_t tag, int64_t bytes);
   // Queues an item of a registered connection, unless it holds too much.
@@ -106,10 +127,10 @@ class UcxDataPlane {
   void HandleParked(const std::shared_ptr<Conn>& c, bool while_room);
   void CutOff(const std::shared_ptr<Conn>& c);
 
+  const UcxOptions options_;
   JobRegistry* const registry_;
   const std::string tls_;
   const int64_t held_limit_;  // per connection: frames waiting to be handled
-  std::unique_ptr<UcxWorker> worker_;
   std::thread dispatcher_;
 
   Mutex mu_;
@@ -117,15 +138,22 @@ class UcxDataPlane {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Every worker with connections, and the current one (null: the next
+  // Open makes one).
+  std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  Slot* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  UcxWorker::Stats gone_ ABSL_GUARDED_BY(mu_);  // of destroyed workers
+  int64_t workers_made_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One rank's UCX connection; the writer of its mailbox while attached.
 class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_from_this<Conn> {
  public:
-  Conn(UcxDataPlane* plane, UcxWorker* worker, uint64_t ep, uint64_t tag, uint64_t down_tag,
+  Conn(UcxDataPlane* plane, Slot* slot, uint64_t ep, uint64_t tag, uint64_t down_tag,
        std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
        std::weak_ptr<Lifeline> lifeline)
-      : plane_(plane), worker_(worker), ep_(ep), tag_(tag), down_tag_(down_tag),
+      : plane_(plane), slot_(slot), worker_(slot->worker.get()), ep_(ep), tag_(tag),
+        down_tag_(down_tag),
         job_(std::move(job)), rank_(rank),
         box_(std::move(box)), lifeline_(std::move(lifeline)) {}
 
@@ -134,6 +162,8 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
   void Resume() override;
 
   uint64_t tag() const { return tag_; }  // the rank's frames carry it
+  // The address of the daemon's worker this connection is on (the greeting's).
+  const std::string& worker_address() const { return worker_->address(); }
   uint64_t ep() const { return ep_; }
   int32_t rank() const { return rank_; }
   const std::shared_ptr<Job>& job() const { return job_; }
@@ -142,7 +172,8 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
  private:
   friend class UcxDataPlane;
   UcxDataPlane* const plane_;
-  UcxWorker* const worker_;
+  Slot* const slot_;          // lives while this connection is open
+  UcxWorker* const worker_;   // slot_'s
   const uint64_t ep_;
   const uint64_t tag_;       // up: the daemon's random key of this connection
   const uint64_t down_tag_;  // down: the rank's tag
