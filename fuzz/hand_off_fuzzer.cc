@@ -7,6 +7,7 @@
 // scores, then ops (fuzz/ops.h). Properties checked: those of RunOps.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "fuzz/check.h"
 #include "fuzz/fuzz_job.h"

@@ -8,10 +8,12 @@
 // same name and leaving others.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
-#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 

@@ -167,6 +167,77 @@ absl::StatusOr<std::shared_ptr<Job>> ZenFlowService::Authorize(const Who& who,
   return s;
 }
 
+ZenFlowService::ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason,
+                               Checkpointer* checkpointer, const Authenticator* auth,
+                               AuditLog* audit, int max_streams, absl::Duration attach_timeout)
+    : registry_(registry),
+      ucx_(ucx),
+      no_ucx_reason_(std::move(no_ucx_reason)),
+      checkpointer_(checkpointer),
+      auth_(auth),
+      audit_(audit),
+      max_streams_(max_streams),
+      attach_timeout_(attach_timeout) {
+  if (attach_timeout_ <= absl::ZeroDuration()) return;
+  sweeper_ = std::thread([this] {
+    const absl::Duration tick = std::min(absl::Seconds(1), attach_timeout_ / 4);
+    for (;;) {
+      std::vector<std::weak_ptr<IdleCall>> due;
+      {
+        MutexLock lock(&idle_mu_);
+        idle_mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_; },
+                                  tick);
+        if (stopping_) return;
+        const absl::Time now = absl::Now();
+        for (auto it = idle_.begin(); it != idle_.end();) {
+          if (it->second.deadline > now) {
+            ++it;
+            continue;
+          }
+          due.push_back(std::move(it->second.call));
+          it = idle_.erase(it);
+        }
+      }
+      for (const std::weak_ptr<IdleCall>& w : due) {
+        if (std::shared_ptr<IdleCall> call = w.lock()) call->ExpireIfIdle(attach_timeout_);
+      }
+    }
+  });
+}
+
+ZenFlowService::~ZenFlowService() {
+  {
+    MutexLock lock(&idle_mu_);
+    stopping_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+uint64_t ZenFlowService::Watch(std::weak_ptr<IdleCall> call) {
+  if (attach_timeout_ <= absl::ZeroDuration()) return 0;
+  MutexLock lock(&idle_mu_);
+  const uint64_t id = next_idle_++;
+  idle_[id] = {absl::Now() + attach_timeout_, std::move(call)};
+  return id;
+}
+
+void ZenFlowService::Unwatch(uint64_t id) {
+  if (id == 0) return;
+  MutexLock lock(&idle_mu_);
+  idle_.erase(id);
+}
+
+namespace {
+
+absl::Status NoFirstMessage(const char* what, absl::Duration waited) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no ", what, " within ", absl::FormatDuration(waited),
+      " of the call's start (zenflowd --attach_timeout_s): an idle call may not hold one of "
+      "the daemon's --max_streams"));
+}
+
+}  // namespace
+
 bool ZenFlowService::AcquireStream() {
   int n = streams_.load();
   do {
@@ -507,21 +578,37 @@ absl::Status ParseRaw(grpc::ByteBuffer* buf, int64_t index, Message* out,
 
 // ---- UploadParameters ---------------------------------------------------------
 
-class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, public IdleCall {
  public:
+  // Owned by itself until OnDone (and briefly by the idle sweep).
   // `refused`: the call is over the stream limit and ends at once with it.
-  UploadReactor(ZenFlowService* service, JobRegistry* registry, grpc::ByteBuffer* resp, Who who,
-                absl::Status refused)
-      : service_(service), registry_(registry), resp_(resp), who_(std::move(who)),
-        holds_slot_(refused.ok()) {
+  static UploadReactor* Start(ZenFlowService* service, JobRegistry* registry,
+                              grpc::ByteBuffer* resp, Who who, absl::Status refused) {
+    auto r = std::shared_ptr<UploadReactor>(
+        new UploadReactor(service, registry, resp, std::move(who), refused.ok()));
+    r->self_ = r;
     if (!refused.ok()) {
-      Done(refused);
-      return;
+      r->Done(refused);
+      return r.get();
     }
-    StartRead(&in_);
+    r->watch_ = service->Watch(std::weak_ptr<IdleCall>(r));
+    r->StartRead(&r->in_);
+    return r.get();
+  }
+
+  bool ExpireIfIdle(absl::Duration waited) override {
+    int idle = kIdle;
+    if (!state_.compare_exchange_strong(idle, kExpired)) return false;
+    Done(NoFirstMessage("upload chunk", waited));
+    return true;
   }
 
   void OnReadDone(bool ok) override {
+    if (upload_ == nullptr) {
+      // The first chunk, unless the idle sweep ended the call already.
+      int idle = kIdle;
+      if (!state_.compare_exchange_strong(idle, kStarted) && idle == kExpired) return;
+    }
     if (!ok) {
       if (cancelled_.load()) return Done(absl::CancelledError("upload cancelled"));
       if (upload_ == nullptr) {
@@ -559,11 +646,19 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnCancel() override { cancelled_.store(true); }
   void OnDone() override {
+    service_->Unwatch(watch_);
     if (holds_slot_) service_->ReleaseStream();
-    delete this;
+    std::shared_ptr<UploadReactor> last = std::move(self_);  // may delete this
   }
 
  private:
+  UploadReactor(ZenFlowService* service, JobRegistry* registry, grpc::ByteBuffer* resp, Who who,
+                bool holds_slot)
+      : service_(service), registry_(registry), resp_(resp), who_(std::move(who)),
+        holds_slot_(holds_slot) {}
+
+  enum { kIdle, kStarted, kExpired };
+
   void Done(const absl::Status& s) {
     if (!s.ok()) {
       registry_->CountRejection(s.code(), "upload_parameters");
@@ -578,6 +673,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer* const resp_;
   const Who who_;
   const bool holds_slot_;
+  std::shared_ptr<UploadReactor> self_;  // until OnDone
+  uint64_t watch_ = 0;                   // ZenFlowService::Watch's
+  std::atomic<int> state_{kIdle};
   grpc::ByteBuffer in_;
   int64_t index_ = 0;
   v1::UploadParametersRequest chunk_;
@@ -599,7 +697,8 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                             public Mailbox::Writer,
-                            public Lifeline {
+                            public Lifeline,
+                            public IdleCall {
  public:
   // Owned by itself until OnDone, and by the UCX data plane while it ends
   // the stream (Abort).
@@ -614,8 +713,18 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       r->RequestFinish(std::move(refused));
       return r.get();
     }
+    r->watch_ = service->Watch(std::weak_ptr<IdleCall>(r));
     r->StartRead(&r->in_);
     return r.get();
+  }
+
+  bool ExpireIfIdle(absl::Duration waited) override {
+    int idle = kIdle;
+    if (!state_.compare_exchange_strong(idle, kExpired)) return false;
+    const absl::Status why = NoFirstMessage("attach", waited);
+    registry_->CountRejection(why.code(), "stream");
+    RequestFinish(why);
+    return true;
   }
 
   // The data plane closed the rank's UCX connection: end the stream.
@@ -629,6 +738,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void OnReadDone(bool ok) override {
     if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
+    if (job_ == nullptr) {
+      // The first message, unless the idle sweep ended the call already.
+      int idle = kIdle;
+      if (!state_.compare_exchange_strong(idle, kStarted) && idle == kExpired) return;
+    }
     absl::Status s = ParseRaw(&in_, ++index_, &up_, registry_);
     if (job_ == nullptr) {
       if (s.ok()) s = Attach();
@@ -710,6 +824,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       MutexLock lock(&mu_);
       done_ = true;
     }
+    service_->Unwatch(watch_);
     if (holds_slot_) service_->ReleaseStream();
     std::shared_ptr<StreamReactor> last = std::move(self_);  // may delete this
   }
@@ -826,6 +941,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const std::string* const no_ucx_reason_;
   const Who who_;
   const bool holds_slot_;  // of the service's max_streams
+  enum { kIdle, kStarted, kExpired };
+  std::atomic<int> state_{kIdle};  // before the first message: see ExpireIfIdle
+  uint64_t watch_ = 0;             // ZenFlowService::Watch's
   grpc::ByteBuffer in_;   // the read in flight
   grpc::ByteBuffer out_;  // the write in flight (the mailbox allows one)
   int64_t index_ = 0;     // messages read (reads are serialized)
@@ -864,7 +982,7 @@ absl::Status TooManyStreams(int limit) {
 grpc::ServerReadReactor<grpc::ByteBuffer>* ZenFlowService::UploadParameters(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   const absl::Status slot = AcquireStream() ? absl::OkStatus() : TooManyStreams(max_streams_);
-  return new UploadReactor(this, registry_, resp, Identify(ctx), slot);
+  return UploadReactor::Start(this, registry_, resp, Identify(ctx), slot);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ZenFlowService::Stream(
@@ -993,7 +1111,8 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   ZF_ASSIGN_OR_RETURN(s->audit_, AuditLog::Open(options.audit_log));
   s->service_ = std::make_unique<ZenFlowService>(s->registry_.get(), s->ucx_.get(), no_ucx,
                                                  s->checkpointer_.get(), s->auth_.get(),
-                                                 s->audit_.get(), options.max_streams);
+                                                 s->audit_.get(), options.max_streams,
+                                                 absl::Seconds(options.attach_timeout_s));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

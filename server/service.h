@@ -10,12 +10,14 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <thread>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "common/ucx.h"
@@ -57,23 +59,33 @@ struct Who {
   std::string identity;
 };
 
+// A Stream or UploadParameters call that has not sent its first message:
+// ended after the service's attach timeout, so that an idle call does not
+// hold one of --max_streams for ever.
+class IdleCall {
+ public:
+  virtual ~IdleCall() = default;
+  // Ends the call (DEADLINE_EXCEEDED, saying why) unless its first message
+  // arrived; true if it ended it.
+  virtual bool ExpireIfIdle(absl::Duration waited) = 0;
+};
+
 // Thread-safe (all state lives in the registry).
 class ZenFlowService final : public ZenFlowServiceBase {
  public:
   // `ucx` may be null (no UCX data plane; `no_ucx_reason` says why).
   // `checkpointer` may be null (no --state_dir). `auth` and `audit` outlive
   // the service; at most `max_streams` Stream and UploadParameters calls
-  // are open at once.
+  // are open at once, and each must send its first message within
+  // `attach_timeout` (zero: no limit).
   ZenFlowService(JobRegistry* registry, UcxDataPlane* ucx, std::string no_ucx_reason,
                  Checkpointer* checkpointer, const Authenticator* auth, AuditLog* audit,
-                 int max_streams)
-      : registry_(registry),
-        ucx_(ucx),
-        no_ucx_reason_(std::move(no_ucx_reason)),
-        checkpointer_(checkpointer),
-        auth_(auth),
-        audit_(audit),
-        max_streams_(max_streams) {}
+                 int max_streams, absl::Duration attach_timeout);
+  ~ZenFlowService() override;
+
+  // Idle calls: Watch registers one (until Unwatch, or it is expired).
+  uint64_t Watch(std::weak_ptr<IdleCall> call);
+  void Unwatch(uint64_t id);
 
   // For the stream reactors: see the private methods of the same names.
   Who Identify(grpc::CallbackServerContext* ctx) const;
@@ -144,6 +156,17 @@ class ZenFlowService final : public ZenFlowServiceBase {
   AuditLog* const audit_;
   const int max_streams_;
   std::atomic<int> streams_{0};
+  const absl::Duration attach_timeout_;
+  // Idle calls by id, with their deadlines; a thread ends those past it.
+  struct Watched {
+    absl::Time deadline;
+    std::weak_ptr<IdleCall> call;
+  };
+  Mutex idle_mu_;
+  std::map<uint64_t, Watched> idle_ ABSL_GUARDED_BY(idle_mu_);
+  uint64_t next_idle_ ABSL_GUARDED_BY(idle_mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(idle_mu_) = false;
+  std::thread sweeper_;
 };
 
 struct ServerOptions {
@@ -191,6 +214,8 @@ struct ServerOptions {
   std::string admin_token;
   std::string audit_log;
   int max_streams = 1024;
+  // A Stream or UploadParameters call that sends nothing this long is ended.
+  int attach_timeout_s = 30;
 };
 
 // What `options` expose beyond this host, for CheckExposure and

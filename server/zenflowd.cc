@@ -123,6 +123,10 @@ ABSL_FLAG(std::string, audit_log, "",
 ABSL_FLAG(int32_t, max_streams, 1024,
           "most Stream and UploadParameters calls open at once (all clients); one more gets "
           "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, attach_timeout_s, 30,
+          "a Stream call that sends no attach, or an UploadParameters call no chunk, this many "
+          "seconds after it starts is ended with DEADLINE_EXCEEDED (an idle call holds one of "
+          "--max_streams); 0: never");
 ABSL_FLAG(int32_t, max_jobs_per_credential, 16,
           "most jobs one token holds at once; a CreateJob beyond gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_params_per_credential, int64_t{1} << 34,
@@ -260,6 +264,11 @@ int main(int argc, char** argv) {
   opts.registry.max_params_per_credential = absl::GetFlag(FLAGS_max_params_per_credential);
   opts.registry.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   opts.max_streams = absl::GetFlag(FLAGS_max_streams);
+  opts.attach_timeout_s = absl::GetFlag(FLAGS_attach_timeout_s);
+  if (opts.attach_timeout_s < 0) {
+    std::fprintf(stderr, "zenflowd: --attach_timeout_s must be >= 0\n");
+    return 2;
+  }
   if (opts.registry.max_jobs_per_credential < 1 || opts.registry.max_params_per_credential < 1 ||
       opts.registry.max_world_size < 1 || opts.registry.max_world_size > 4096 ||
       opts.max_streams < 1) {

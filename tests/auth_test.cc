@@ -329,5 +329,35 @@ TEST_F(AuthTest, LimitsPerCredentialPerJobAndPerDaemon) {
   EXPECT_TRUE(absl::StrContains(s.message(), "--max_streams")) << s;
 }
 
+// Idle calls cannot hold the stream slots: a Stream that sends no attach
+// and an upload that sends no chunk are ended, and their slots come back.
+TEST_F(AuthTest, IdleStreamsAreEndedAndTheirSlotsComeBack) {
+  ASSERT_OK(StartDaemon({"--max_streams=2", "--attach_timeout_s=1"}));
+  std::unique_ptr<Client> c = As(kOwner);
+  std::unique_ptr<v1::ZenFlow::Stub> stub = v1::ZenFlow::NewStub(c->channel());
+  grpc::ClientContext sctx, uctx;
+  sctx.AddMetadata("authorization", absl::StrCat("Bearer ", kOwner));
+  uctx.AddMetadata("authorization", absl::StrCat("Bearer ", kOwner));
+  auto idle_stream = stub->Stream(&sctx);
+  v1::UploadParametersResponse uresp;
+  auto idle_upload = stub->UploadParameters(&uctx, &uresp);
+  // Both slots are held: a third stream is refused meanwhile (if the sweep
+  // has not freed them yet, the attach below simply works).
+  v1::DownMessage down;
+  EXPECT_FALSE(idle_stream->Read(&down));
+  grpc::Status g = idle_stream->Finish();
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << g.error_message();
+  EXPECT_TRUE(absl::StrContains(g.error_message(), "--attach_timeout_s")) << g.error_message();
+  g = idle_upload->Finish();
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << g.error_message();
+  // The slots are back: a job's two ranks attach and run an exact round.
+  JobOptions o;
+  o.job_id = "after_idle";
+  o.token = kOwner;
+  Harness h(daemon_.target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_OK(h.GoodRound(1e-2f));
+}
+
 }  // namespace
 }  // namespace zenflow::testing

@@ -609,6 +609,8 @@ TEST_F(BadInputTest, BorrowedShardIsReleasedOnceAndRejectedLikeACopy) {
 // worker, a raw gRPC stream for the attach, and the frames it receives.
 class RawUcxRank {
  public:
+  // The worker goes first: its sends in flight read frames_.
+  ~RawUcxRank() { worker_.reset(); }
   absl::Status Start() {
     ZF_ASSIGN_OR_RETURN(worker_, UcxWorker::Create({}, [this](uint64_t tag, std::string f) {
                           MutexLock lock(&mu_);
