@@ -596,19 +596,11 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, pu
     return r.get();
   }
 
-  bool ExpireIfIdle(absl::Duration waited) override {
-    int idle = kIdle;
-    if (!state_.compare_exchange_strong(idle, kExpired)) return false;
-    Done(NoFirstMessage("upload chunk", waited));
-    return true;
-  }
+  void Expire(absl::Duration waited) override { Done(NoFirstMessage("upload chunk", waited)); }
 
   void OnReadDone(bool ok) override {
-    if (upload_ == nullptr) {
-      // The first chunk, unless the idle sweep ended the call already.
-      int idle = kIdle;
-      if (!state_.compare_exchange_strong(idle, kStarted) && idle == kExpired) return;
-    }
+    // The first chunk, unless the idle sweep ended the call already.
+    if (upload_ == nullptr && !FirstMessage()) return;
     if (!ok) {
       if (cancelled_.load()) return Done(absl::CancelledError("upload cancelled"));
       if (upload_ == nullptr) {
@@ -657,8 +649,6 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, pu
       : service_(service), registry_(registry), resp_(resp), who_(std::move(who)),
         holds_slot_(holds_slot) {}
 
-  enum { kIdle, kStarted, kExpired };
-
   void Done(const absl::Status& s) {
     if (!s.ok()) {
       registry_->CountRejection(s.code(), "upload_parameters");
@@ -675,7 +665,6 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, pu
   const bool holds_slot_;
   std::shared_ptr<UploadReactor> self_;  // until OnDone
   uint64_t watch_ = 0;                   // ZenFlowService::Watch's
-  std::atomic<int> state_{kIdle};
   grpc::ByteBuffer in_;
   int64_t index_ = 0;
   v1::UploadParametersRequest chunk_;
@@ -718,13 +707,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     return r.get();
   }
 
-  bool ExpireIfIdle(absl::Duration waited) override {
-    int idle = kIdle;
-    if (!state_.compare_exchange_strong(idle, kExpired)) return false;
+  void Expire(absl::Duration waited) override {
     const absl::Status why = NoFirstMessage("attach", waited);
     registry_->CountRejection(why.code(), "stream");
     RequestFinish(why);
-    return true;
   }
 
   // The data plane closed the rank's UCX connection: end the stream.
@@ -738,11 +724,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void OnReadDone(bool ok) override {
     if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
-    if (job_ == nullptr) {
-      // The first message, unless the idle sweep ended the call already.
-      int idle = kIdle;
-      if (!state_.compare_exchange_strong(idle, kStarted) && idle == kExpired) return;
-    }
+    // The first message, unless the idle sweep ended the call already.
+    if (job_ == nullptr && !FirstMessage()) return;
     absl::Status s = ParseRaw(&in_, ++index_, &up_, registry_);
     if (job_ == nullptr) {
       if (s.ok()) s = Attach();
@@ -941,8 +924,6 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const std::string* const no_ucx_reason_;
   const Who who_;
   const bool holds_slot_;  // of the service's max_streams
-  enum { kIdle, kStarted, kExpired };
-  std::atomic<int> state_{kIdle};  // before the first message: see ExpireIfIdle
   uint64_t watch_ = 0;             // ZenFlowService::Watch's
   grpc::ByteBuffer in_;   // the read in flight
   grpc::ByteBuffer out_;  // the write in flight (the mailbox allows one)

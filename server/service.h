@@ -65,9 +65,27 @@ struct Who {
 class IdleCall {
  public:
   virtual ~IdleCall() = default;
-  // Ends the call (DEADLINE_EXCEEDED, saying why) unless its first message
-  // arrived; true if it ended it.
-  virtual bool ExpireIfIdle(absl::Duration waited) = 0;
+  // The sweep: ends the call (Expire) unless its first message arrived;
+  // true if it ended it. Exactly one of this and FirstMessage wins.
+  bool ExpireIfIdle(absl::Duration waited) {
+    int idle = kIdle;
+    if (!state_.compare_exchange_strong(idle, kExpired)) return false;
+    Expire(waited);
+    return true;
+  }
+
+ protected:
+  // The call's first message arrived: false if the sweep ended it first.
+  bool FirstMessage() {
+    int idle = kIdle;
+    return state_.compare_exchange_strong(idle, kStarted) || idle != kExpired;
+  }
+  // Ends the call with DEADLINE_EXCEEDED, saying why.
+  virtual void Expire(absl::Duration waited) = 0;
+
+ private:
+  enum { kIdle, kStarted, kExpired };
+  std::atomic<int> state_{kIdle};
 };
 
 // Thread-safe (all state lives in the registry).

@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/files.h"
 #include "tests/testing/harness.h"
 #include "tests/testing/status_macros.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
@@ -31,19 +32,6 @@ namespace {
 constexpr char kAdmin[] = "admin-token-for-auth-test-0123";
 constexpr char kOwner[] = "owner-token-0123456789abcdef";
 constexpr char kOther[] = "other-tenant-token-0123456789";
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  return static_cast<bool>(out);
-}
 
 class AuthTest : public ::testing::Test {
  protected:
@@ -246,7 +234,7 @@ TEST_F(AuthTest, TheJobsTokenSurvivesARestart) {
   ASSERT_EQ(system(absl::StrCat("grep -rl '", kOwner, "' '", dir_, "/victim' > '", dir_,
                                 "/found' 2>/dev/null; true").c_str()),
             0);
-  EXPECT_EQ(ReadAll(dir_ + "/found"), "");
+  EXPECT_EQ(ReadFile(dir_ + "/found"), "");
 }
 
 TEST_F(AuthTest, TheAuditLogSaysWhoDidWhat) {
@@ -256,7 +244,7 @@ TEST_F(AuthTest, TheAuditLogSaysWhoDidWhat) {
   EXPECT_EQ(other->DeleteJob("victim").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(As("")->GetJob("victim").status().code(), absl::StatusCode::kUnauthenticated);
   ASSERT_OK(owner->client(0).DeleteJob("victim"));
-  const std::string log = ReadAll(audit());
+  const std::string log = ReadFile(audit());
   auto has = [&](const std::string& pattern) {
     return std::regex_search(log, std::regex(pattern));
   };

@@ -713,6 +713,17 @@ class RawUcxRank {
   std::deque<std::pair<uint64_t, std::string>> got_ ABSL_GUARDED_BY(mu_);
 };
 
+// Attaches `rank` with the library once a raw stream of it has let go: the
+// daemon closes a raw UCX connection asynchronously after its stream ends.
+absl::Status AttachOnceFree(Client& c, const std::string& job, int32_t rank) {
+  absl::Status s = absl::UnavailableError("not tried");
+  for (int i = 0; i < 100 && !s.ok(); ++i) {
+    s = c.Attach(job, rank);
+    if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  return s;
+}
+
 // A one-rank job whose rank 0 is joined but not attached.
 std::unique_ptr<Harness> JoinedNotAttached(const std::string& target) {
   JobOptions o;
@@ -804,13 +815,7 @@ TEST_F(BadInputTest, UcxFramesFromAnotherProcessAreDropped) {
   raw.Close();
   // Had a shard been taken, the rank's own push of column 0 for that step
   // would be refused and the round would differ: it is exact.
-  absl::Status s = absl::UnavailableError("not yet");
-  for (int i = 0; i < 100 && !s.ok(); ++i) {
-    // The daemon closes the raw connection asynchronously after its stream.
-    s = h->client(0).Attach(job, 0);
-    if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_OK(s);
+  ASSERT_OK(AttachOnceFree(h->client(0), job, 0));
   ASSERT_OK(h->GoodRound(1e-2f));
   EXPECT_TRUE(h->client(0).TakeErrors().empty());
 }
@@ -846,13 +851,7 @@ TEST_F(BadInputTest, UcxMalformedFramesAreRejectedInBand) {
   raw.Close();
   EXPECT_GE(Rejected(*h, "INVALID_ARGUMENT"), 2);
   // Nothing changed: the library attaches the rank and a round is exact.
-  absl::Status s = absl::UnavailableError("not yet");
-  for (int i = 0; i < 100 && !s.ok(); ++i) {
-    // The daemon closes the raw connection asynchronously after its stream.
-    s = h->client(0).Attach(job, 0);
-    if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_OK(s);
+  ASSERT_OK(AttachOnceFree(h->client(0), job, 0));
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 

@@ -36,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "server/version.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/files.h"
 #include "tests/testing/harness.h"
 #include "tests/testing/status_macros.h"
 #include "tests/testing/test_certs.h"
@@ -76,19 +77,6 @@ class ScopedTempDir {
  private:
   std::string path_;
 };
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  return static_cast<bool>(out);
-}
 
 struct SpawnOptions {
   std::string stdout_path;  // empty: inherited
