@@ -273,6 +273,7 @@ void UcxDataPlane::FillStats(v1::UcxStats* out) {
   out->set_messages_sent(w.messages_sent);
   out->set_bytes_sent(w.bytes_sent);
   out->set_connections_cut(stats_.cut);
+  out->set_workers(static_cast<int64_t>(slots_.size()));
 }
 
 void UcxDataPlane::DispatchLoop() {

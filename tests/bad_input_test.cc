@@ -820,6 +820,51 @@ TEST_F(BadInputTest, UcxFramesFromAnotherProcessAreDropped) {
   EXPECT_TRUE(h->client(0).TakeErrors().empty());
 }
 
+// UCX workers rotate (UcxDataPlane): a rank that attaches again and again
+// while another job's rank stays attached moves the daemon to new workers,
+// never keeping more than the one the attached rank is on and the current
+// one, and both jobs' rounds stay exact.
+TEST_F(BadInputTest, UcxWorkersRotateUnderReattachesWhileAnotherRankStays) {
+  if (TestTransport() != Transport::kUcx) GTEST_SKIP() << "the UCX target runs it";
+  JobOptions stay_opts;
+  stay_opts.job_id = "rotate_stays";
+  stay_opts.world = 1;
+  Harness stay(daemon_->target(), stay_opts);
+  ASSERT_OK(stay.Setup());
+  ASSERT_OK(stay.GoodRound(1e-2f));
+  JobOptions again_opts;
+  again_opts.job_id = "rotate_again";
+  again_opts.world = 1;
+  Harness again(daemon_->target(), again_opts);
+  ASSERT_OK(again.Connect());
+  ASSERT_OK(again.CreateJob());
+  ASSERT_OK(again.Upload());
+  auto workers = [&]() -> int64_t {
+    absl::StatusOr<v1::GetStatsResponse> st = stay.client(0).GetStats("");
+    return st.ok() ? st->ucx().workers() : -1;
+  };
+  int64_t most = 0;
+  for (int i = 0; i < 40; ++i) {
+    ClientOptions co = TestClientOptions(daemon_->target());
+    co.transport = Transport::kUcx;
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
+    ASSERT_OK(c.status());
+    if (i == 0) {
+      ASSERT_OK((*c)->JoinJob("rotate_again", 0).status());
+    } else {
+      ASSERT_OK(AttachOnceFree(**c, "rotate_again", 0));
+    }
+    most = std::max(most, workers());
+  }  // each client's stream ends as it goes
+  std::printf("UCX workers at most %lld during 40 attaches\n", static_cast<long long>(most));
+  EXPECT_GE(most, 1);
+  EXPECT_LE(most, 2) << "closed connections' workers must go";
+  ASSERT_OK(AttachOnceFree(again.client(0), "rotate_again", 0));
+  ASSERT_OK(again.GoodRound(1e-2f));
+  ASSERT_OK(stay.GoodRound(1e-2f));
+  EXPECT_LE(workers(), 2);
+}
+
 TEST_F(BadInputTest, UcxMalformedFramesAreRejectedInBand) {
   std::unique_ptr<Harness> h = JoinedNotAttached(daemon_->target());
   RawUcxRank raw;

@@ -55,8 +55,9 @@ void Print(const v1::GetStatsResponse& s, const std::string& target) {
   std::printf("  cpu: %.1f s; jobs: %d of at most %d\n", s.cpu_seconds(), s.jobs_size(),
               s.max_jobs());
   if (s.ucx().enabled()) {
-    std::printf("  ucx (%s): %lld connections, %lld cut\n", s.ucx().transports().c_str(),
-                static_cast<long long>(s.ucx().connections()),
+    std::printf("  ucx (%s): %lld connections on %lld workers, %lld cut\n",
+                s.ucx().transports().c_str(), static_cast<long long>(s.ucx().connections()),
+                static_cast<long long>(s.ucx().workers()),
                 static_cast<long long>(s.ucx().connections_cut()));
   }
   for (const v1::RejectionCount& r : s.rejections()) {
