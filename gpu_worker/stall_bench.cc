@@ -21,13 +21,32 @@
 // the same --transport (default ucx). Per mode: mean step time
 // (emulated device time + Step()), stall per step (time Step() blocked
 // waiting for deltas) and wire bytes per step (data stream up + down, as the
-// engine counts them between steps). The first round (S steps) of each mode
-// is warm-up and is left out of the averages. Finish() (the drain of the
+// engine counts them between steps). Warm-up, left out of the averages, is
+// every step up to the one that applies the first round's update:
+// zero_offload's step 0, zenflow's first 2S steps (round 0 closes at step
+// S-1 and, before any round time is measured, is applied S steps later). So
+// both modes' warm-ups hold the daemon's first round, which pays one-time
+// costs (first touch of its 20 B/param of state). Finish() (the drain of the
 // last rounds) is reported separately, not in the step mean.
 //
 //   stall_bench --target=127.0.0.1:50051 [--device_ms=60] [--params=104857600]
 //               [--steps=24] [--out=bench-results/stall.json]
 // tools/bench_stall.sh builds it, starts zenflowd and runs it.
+//
+// --device chooses where the engine's kernels run:
+//   cpu       the CPU backend (--threads): real kernels, on the cores the
+//             daemon needs (step_breakdown_ms shows their cost);
+//   cuda      GPU 0;
+//   emulated  an EMULATED GPU (gpu_worker/kernels/emulated_backend.h) with
+//             the figures of --device_profile (default h100-sxm): every
+//             kernel and host<->device copy costs a modelled time on a
+//             stream clock and no host arithmetic, so the host does only what
+//             it would beside a real GPU (move bytes through the client
+//             library, run the daemon). Its results are not numerics. The
+//             JSON's "device_profile" names the profile ("none" for cpu and
+//             cuda, whose kernels really run) and each mode adds
+//             "emulated_device_busy_ms_per_step" (the modelled stream time
+//             of Step()) and "pcie_bytes_per_step".
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +72,7 @@
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
+#include "gpu_worker/kernels/emulated_backend.h"
 #include "gpu_worker/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
@@ -73,8 +93,11 @@ ABSL_FLAG(double, topk, 0.1, "zenflow: k, fraction of columns updated on the wor
 ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
 ABSL_FLAG(int, threads, 1, "worker CPU backend threads (the daemon keeps the other cores)");
 ABSL_FLAG(std::string, device, "cpu",
-          "where the engine's kernels run: cpu (the CPU backend, --threads) or cuda (GPU 0; "
-          "forward and backward are still the emulated --device_ms)");
+          "where the engine's kernels run: cpu (the CPU backend, --threads), cuda (GPU 0) or "
+          "emulated (an EMULATED GPU of --device_profile: modelled kernel and copy times, no "
+          "numerics); forward and backward are always the emulated --device_ms");
+ABSL_FLAG(std::string, device_profile, "h100-sxm",
+          "with --device=emulated: the device's figures (h100-sxm, h100-pcie, a100-sxm-80gb)");
 ABSL_FLAG(double, lr, 1e-3, "learning rate (constant)");
 ABSL_FLAG(std::string, job_prefix, "stall-bench", "job ids are <prefix>-<mode>-<pid>");
 ABSL_FLAG(std::string, out, "bench-results/stall.json", "JSON result file");
@@ -149,6 +172,9 @@ struct ModeResult {
   double bytes_down_per_step = 0;
   double min_step_ms = 0, max_step_ms = 0;
   double setup_s = 0;   // create, upload, join
+  // --device=emulated only: modelled stream time and PCIe bytes of Step().
+  double emulated_busy_ms = 0;
+  double pcie_bytes_per_step = 0;
   double finish_ms = 0;  // drain at the end (not in the step mean)
   int64_t rounds_applied = 0;
   int64_t reselections = 0;
@@ -204,14 +230,18 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
                       ZenFlowOptimizer::Create(be, client.get(), spec, 0, specs));
   r.setup_s = Now() - t_setup;
   r.interval = zo ? 1 : std::max(1, spec.zenflow().update_interval());
-  r.warmup_steps = std::min(steps, r.interval);
+  r.warmup_steps = std::min(steps, zo ? 1 : 2 * r.interval);
 
   const int device_ms = absl::GetFlag(FLAGS_device_ms);
   double sum_step = 0, sum_opt = 0, sum_stall = 0, sum_blocked = 0;
   double sum_up = 0, sum_down = 0;
   double sum_imp = 0, sum_pack = 0, sum_push = 0, sum_apply = 0;
+  double sum_busy = 0, sum_pcie = 0;
+  auto* emu = dynamic_cast<worker::EmulatedBackend*>(be);
   r.min_step_ms = 1e300;
   for (int t = 0; t < steps; ++t) {
+    const double busy0 = emu != nullptr ? emu->modelled_busy_seconds() : 0;
+    const double pcie0 = emu != nullptr ? emu->h2d_bytes() + emu->d2h_bytes() : 0;
     const double t0 = Now();
     // Emulated forward + backward on the device; the gradient buffers
     // already hold this step's (fixed) gradients.
@@ -221,15 +251,24 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
     const double t2 = Now();
     const StepStats& st = opt->last_step();
     const double step_ms = (t2 - t0) * 1e3;
+    const double busy_ms = emu != nullptr ? (emu->modelled_busy_seconds() - busy0) * 1e3 : 0;
+    const double pcie = emu != nullptr ? emu->h2d_bytes() + emu->d2h_bytes() - pcie0 : 0;
+    char busy_note[64] = "";
+    if (emu != nullptr) {
+      std::snprintf(busy_note, sizeof(busy_note), "  emulated device busy %.1f ms", busy_ms);
+    }
     std::fprintf(stderr,
                  "  %-12s step %3d  %8.1f ms  (optimizer %7.1f: pack %6.1f push %6.1f apply %6.1f "
-                 "stall %7.1f)  wire %7.1f MiB%s\n",
+                 "stall %7.1f)  wire %7.1f MiB%s%s\n",
                  mode.c_str(), t, step_ms, (t2 - t1) * 1e3, st.pack_seconds * 1e3,
                  st.push_seconds * 1e3, st.apply_seconds * 1e3, st.stall_seconds * 1e3,
                  static_cast<double>(st.bytes_sent + st.bytes_received) / (1 << 20),
+                 busy_note,
                  t < r.warmup_steps ? "  [warm-up]" : "");
     if (t < r.warmup_steps) continue;
     sum_step += step_ms;
+    sum_busy += busy_ms;
+    sum_pcie += pcie;
     sum_opt += (t2 - t1) * 1e3;
     sum_stall += st.stall_seconds * 1e3;
     sum_blocked += st.send_blocked_seconds * 1e3;
@@ -250,7 +289,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   r.measured_steps = steps - r.warmup_steps;
   if (r.measured_steps <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(mode, ": ", steps, " steps leave none after the ",
-                                                   r.warmup_steps, "-step warm-up round"));
+                                                   r.warmup_steps, "-step warm-up"));
   }
   const double m = r.measured_steps;
   r.mean_step_ms = sum_step / m;
@@ -264,13 +303,15 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   r.bytes_up_per_step = sum_up / m;
   r.bytes_down_per_step = sum_down / m;
   r.wire_bytes_per_step = (sum_up + sum_down) / m;
+  r.emulated_busy_ms = sum_busy / m;
+  r.pcie_bytes_per_step = sum_pcie / m;
   opt.reset();
   ZF_RETURN_IF_ERROR(client->DeleteJob(want.job_id()));  // frees the daemon's 20 B/param
   return r;
 }
 
 // One mode's figures as a JSON object (the value of "modes"."<mode>").
-void WriteMode(const ModeResult& r, JsonWriter* w) {
+void WriteMode(const ModeResult& r, bool emulated, JsonWriter* w) {
   w->BeginObject();
   w->Key("mean_step_ms").Double(r.mean_step_ms);
   w->Key("stall_ms_per_step").Double(r.stall_ms_per_step);
@@ -289,6 +330,10 @@ void WriteMode(const ModeResult& r, JsonWriter* w) {
   w->Key("setup_s").Double(r.setup_s);
   w->Key("rounds_applied").Int(r.rounds_applied);
   w->Key("reselections").Int(r.reselections);
+  if (emulated) {
+    w->Key("emulated_device_busy_ms_per_step").Double(r.emulated_busy_ms);
+    w->Key("pcie_bytes_per_step").Double(r.pcie_bytes_per_step);
+  }
   w->Key("step_breakdown_ms").BeginObject();
   w->Key("important").Double(r.important_ms);
   w->Key("pack").Double(r.pack_ms);
@@ -316,13 +361,25 @@ absl::Status Run() {
   }
   const double t_start = Now();
   const std::string device = absl::GetFlag(FLAGS_device);
+  const bool emulated = device == "emulated";
+  // "none": the kernels really run (cpu, cuda); otherwise the profile.
+  std::string device_profile = "none";
+  std::string device_label = device;
   std::unique_ptr<worker::Backend> be;
   if (device == "cuda") {
     ZF_ASSIGN_OR_RETURN(be, worker::MakeCudaBackend(0));
   } else if (device == "cpu") {
     be = worker::MakeCpuBackend(threads);
+  } else if (emulated) {
+    ZF_ASSIGN_OR_RETURN(std::unique_ptr<worker::EmulatedBackend> emu,
+                        worker::MakeEmulatedBackend(absl::GetFlag(FLAGS_device_profile)));
+    device_profile = emu->profile().name;
+    device_label = absl::StrCat("EMULATED DEVICE ", emu->name(), " (", emu->profile().description,
+                                "; modelled times, no numerics)");
+    be = std::move(emu);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("--device must be cpu or cuda, not '", device, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be cpu, cuda or emulated, not '", device, "'"));
   }
   std::vector<Tensor> model(ntensors + 1);
   int64_t total = 0;
@@ -347,7 +404,7 @@ absl::Status Run() {
                "synthetic gradients, kernels on %s (threads %d), daemon %s\n",
                static_cast<long long>(total), ntensors, static_cast<long long>(kRows),
                static_cast<long long>(cols), static_cast<long long>(kVector), device_ms,
-               device.c_str(), threads, absl::GetFlag(FLAGS_target).c_str());
+               device_label.c_str(), threads, absl::GetFlag(FLAGS_target).c_str());
 
   std::vector<ModeResult> res;
   for (const auto& [mode, steps] : {std::pair<std::string, int>{"zero_offload", zo_steps},
@@ -377,11 +434,13 @@ absl::Status Run() {
   json.Key("params").Int(total);
   json.Key("threads").Int(threads);
   json.Key("device").String(device);
+  json.Key("device_profile").String(device_profile);
   json.Key("transport").String(absl::GetFlag(FLAGS_transport));
   json.Key("gradients").String(
       "synthetic: one fixed random buffer per tensor, generated once, reused every step");
   json.Key("warmup").String(
-      "the first round of each mode (S steps; 1 for zero_offload) is left out of the averages");
+      "every step up to the one applying the first round's update (zero_offload: 1, zenflow: "
+      "2 x S) is left out of the averages");
   json.Key("mean_step").String(
       "emulated device time + ZenFlowOptimizer::Step(); Finish() not included");
   json.Key("wire_dtype").BeginObject();
@@ -395,9 +454,9 @@ absl::Status Run() {
   json.EndObject();
   json.Key("modes").BeginObject();
   json.Key("zero_offload");
-  WriteMode(zo, &json);
+  WriteMode(zo, emulated, &json);
   json.Key("zenflow");
-  WriteMode(zf, &json);
+  WriteMode(zf, emulated, &json);
   json.EndObject();
   json.Key("speedup_vs_zero_offload").Double(speedup);
   json.Key("stall_fraction").Double(stall_fraction);
@@ -423,8 +482,8 @@ absl::Status Run() {
   ZF_RETURN_IF_ERROR(json.WriteFile(out));
 
   std::printf("\nstall_bench (EMULATED device %d ms/step, %lld params, kernels on %s, worker "
-              "threads %d, %s; first round is warm-up)\n",
-              device_ms, static_cast<long long>(total), device.c_str(), threads,
+              "threads %d, %s; warm-up: up to the first round's update)\n",
+              device_ms, static_cast<long long>(total), device_label.c_str(), threads,
               absl::GetFlag(FLAGS_transport).c_str());
   std::printf("%-13s %6s %12s %12s %10s %16s\n", "mode", "steps", "step ms", "stall ms", "stall %",
               "wire MiB/step");
@@ -438,6 +497,11 @@ absl::Status Run() {
               "zero_offload (goal <= 0.5; %.3f vs the measured fp32-returning zero_offload)  "
               "cpu dominates: %s\n",
               speedup, stall_fraction, wire_ratio, wire_ratio_measured, cpu_dominates ? "yes" : "no");
+  if (emulated) {
+    std::printf("EMULATED DEVICE %s: modelled device busy per step (kernels + PCIe copies of "
+                "Step()): zero_offload %.1f ms, zenflow %.1f ms\n",
+                device_profile.c_str(), zo.emulated_busy_ms, zf.emulated_busy_ms);
+  }
   std::printf("runtime %.1f s; JSON in %s\n", runtime_s, out.c_str());
   return absl::OkStatus();
 }

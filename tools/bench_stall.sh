@@ -4,6 +4,13 @@
 # EMULATED device time; see gpu_worker/stall_bench.cc), stops the daemon and
 # exits with the benchmark's status. Arguments go to stall_bench, e.g.
 #   tools/bench_stall.sh --out=/tmp/stall.json --steps=16
+# Where the engine's kernels run: with no --device argument, a machine with a
+# visible GPU (nvidia-smi -L lists one and /dev/nvidia0 exists) uses
+# --device=cuda, any other one --device=emulated --device_profile=h100-sxm
+# (an EMULATED GPU: modelled kernel and copy times, the host doing only what
+# it would beside a real GPU; see gpu_worker/kernels/emulated_backend.h).
+# Override with --device=cpu|cuda|emulated [--device_profile=NAME], or with
+# ZF_STALL_DEVICE / ZF_STALL_DEVICE_PROFILE in the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -44,9 +51,32 @@ fi
 target="127.0.0.1:$(cat "$dir/port")"
 log "zenflowd (pid $pid) serving on $target"
 
+# The device, unless the arguments name one.
+device_args=()
+case " $* " in
+  *" --device="*) ;;
+  *)
+    if [ -n "${ZF_STALL_DEVICE:-}" ]; then
+      device="$ZF_STALL_DEVICE"
+    elif [ -e /dev/nvidia0 ] && nvidia-smi -L >/dev/null 2>&1; then
+      device=cuda
+    else
+      device=emulated
+    fi
+    device_args=(--device="$device")
+    if [ "$device" = emulated ]; then
+      case " $* " in
+        *" --device_profile="*) ;;
+        *) device_args+=(--device_profile="${ZF_STALL_DEVICE_PROFILE:-h100-sxm}") ;;
+      esac
+    fi
+    ;;
+esac
+log "device: ${device_args[*]:-(from the arguments)}"
+
 rc=0
 start=$(date +%s)
-"$ROOT/bazel-bin/gpu_worker/stall_bench" --target="$target" "$@" || rc=$?
+"$ROOT/bazel-bin/gpu_worker/stall_bench" --target="$target" "${device_args[@]}" "$@" || rc=$?
 log "stall_bench exited with $rc after $(( $(date +%s) - start )) s"
 
 stop_daemon
