@@ -63,6 +63,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "tools/child_process.h"
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
@@ -119,68 +120,6 @@ absl::StatusOr<int64_t> ParseSize(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("size '", s, "' is not NKiB or NMiB"));
 }
 
-// A child process (zenflowd, or this binary as the raw gRPC sink) that
-// writes its port to a file; stderr into a log. Killed on destruction.
-class Child {
- public:
-  Child() = default;
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  absl::Status Start(const std::string& binary, std::vector<std::string> args,
-                     const std::string& port_flag) {
-    dir_ = "/tmp/zf_transport_bench.XXXXXX";
-    if (mkdtemp(dir_.data()) == nullptr) return absl::InternalError("mkdtemp failed");
-    const std::string log = dir_ + "/stderr.log";
-    const std::string port_file = dir_ + "/port";
-    args.insert(args.begin(), binary);
-    args.push_back(absl::StrCat(port_flag, "=", port_file));
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-      pid_ = -1;
-      return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
-    }
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < deadline) {
-      std::ifstream in(port_file);
-      int port = 0;
-      if (in >> port && port > 0) {
-        target_ = absl::StrCat("127.0.0.1:", port);
-        return absl::OkStatus();
-      }
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        std::ifstream l(log);
-        std::stringstream ss;
-        ss << l.rdbuf();
-        return absl::InternalError(absl::StrCat(binary, " exited during start-up:\n", ss.str()));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return absl::DeadlineExceededError(absl::StrCat(binary, " did not serve within 30 s"));
-  }
-
-  const std::string& target() const { return target_; }
-  const std::string& dir() const { return dir_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string dir_;
-  std::string target_;
-};
 
 // ---- The raw gRPC sink (child process) ----------------------------------------
 
@@ -562,8 +501,9 @@ int Main() {
   const std::string token = RandomToken();
 
   // The raw gRPC sink: this binary in a child process.
-  Child sink;
-  if (absl::Status s = sink.Start("/proc/self/exe", {}, "--raw_grpc_server"); !s.ok()) {
+  ChildProcess sink;
+  if (absl::Status s = sink.Start("/proc/self/exe", {}, "--raw_grpc_server", "zf_transport_bench");
+      !s.ok()) {
     std::fprintf(stderr, "transport_bench: raw gRPC sink: %s\n", s.ToString().c_str());
     return 1;
   }
@@ -608,8 +548,9 @@ int Main() {
       raw_ucx.without_cma = true;  // as zenflowd's worker (UcxDataPlane)
       daemon_flags.push_back("--ucx_tls=sm,self");
     }
-    Child daemon;
-    if (absl::Status s = daemon.Start(zenflowd, daemon_flags, "--port_file"); !s.ok()) {
+    ChildProcess daemon;
+    if (absl::Status s = daemon.Start(zenflowd, daemon_flags, "--port_file", "zf_transport_bench");
+        !s.ok()) {
       std::fprintf(stderr, "transport_bench: zenflowd: %s\n", s.ToString().c_str());
       return 1;
     }

@@ -52,6 +52,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "tools/child_process.h"
 #include "common/adamw.h"
 #include "common/json_writer.h"
 #include "common/status_macros.h"
@@ -506,103 +507,6 @@ std::string Diff(const std::map<std::string, int>& base, const std::map<std::str
   return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
 }
 
-// The daemon as a child process: stderr into a log file, the port from
-// --port_file. Not thread-safe.
-class Daemon {
- public:
-  Daemon() = default;
-  ~Daemon() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  Daemon(const Daemon&) = delete;
-  Daemon& operator=(const Daemon&) = delete;
-
-  absl::Status Start(const std::string& binary, const std::vector<std::string>& flags) {
-    std::string dir = "/tmp/zf_soak.XXXXXX";
-    if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp failed");
-    log_ = dir + "/zenflowd.log";
-    const std::string port_file = dir + "/port";
-    std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--port_file=" + port_file};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-      pid_ = -1;
-      return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
-    }
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < deadline) {
-      std::ifstream in(port_file);
-      int port = 0;
-      if (in >> port && port > 0) {
-        target_ = absl::StrCat("127.0.0.1:", port);
-        return absl::OkStatus();
-      }
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return absl::InternalError(
-            absl::StrCat(binary, " exited during start-up; its log:\n", LogTail()));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return absl::DeadlineExceededError("zenflowd did not start serving within 30 s");
-  }
-
-  // SIGTERM; OK if the daemon exits 0 within 30 s.
-  absl::Status Stop() {
-    if (pid_ <= 0) return absl::OkStatus();
-    kill(pid_, SIGTERM);
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    int status = 0;
-    while (Clock::now() < deadline) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
-        return absl::InternalError(absl::StrCat("zenflowd exited with wait status ", status));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return absl::DeadlineExceededError("zenflowd did not exit within 30 s of SIGTERM");
-  }
-
-  std::string LogTail() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string s = ss.str();
-    return s.size() > 4000 ? s.substr(s.size() - 4000) : s;
-  }
-
-  // Removes the log and the port file (after a run that passed).
-  void RemoveFiles() {
-    const std::string dir = log_.substr(0, log_.rfind('/'));
-    unlink(log_.c_str());
-    unlink((dir + "/port").c_str());
-    rmdir(dir.c_str());
-  }
-
-  pid_t pid() const { return pid_; }
-  const std::string& target() const { return target_; }
-  const std::string& log() const { return log_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string target_;
-  std::string log_;
-};
 
 // ---- One rank ---------------------------------------------------------------------
 
@@ -1289,7 +1193,7 @@ absl::StatusOr<v1::JobSpec> MakeSpec(const Config& cfg, const std::string& id) {
 // Runs cfg.jobs jobs over `transport` at once; while they run, samples the
 // daemon every `sample_every` rounds (rounds every rank has received).
 absl::StatusOr<PassResult> RunPass(const Config& cfg, Transport transport, const std::string& tag,
-                                   const Daemon& daemon, int sample_every, const RefStep& adam) {
+                                   const ChildProcess& daemon, int sample_every, const RefStep& adam) {
   PassResult res;
   res.transport = transport == Transport::kUcx ? "ucx" : "grpc";
   std::vector<std::unique_ptr<JobShared>> jobs;
@@ -1464,10 +1368,12 @@ int Main() {
   adam.fused = simd != SimdLevel::kScalar;
 
   const auto t0 = Clock::now();
-  Daemon daemon;
+  ChildProcess daemon;
   if (absl::Status s =
           daemon.Start(absl::GetFlag(FLAGS_zenflowd),
-                       {absl::StrCat("--update_threads=", absl::GetFlag(FLAGS_update_threads))});
+                       {"--listen=127.0.0.1:0",
+                        absl::StrCat("--update_threads=", absl::GetFlag(FLAGS_update_threads))},
+                       "--port_file", "zf_soak");
       !s.ok()) {
     std::fprintf(stderr, "zf_soak: %s\n", s.ToString().c_str());
     return 1;
