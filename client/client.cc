@@ -1,18 +1,13 @@
 // The worker client library; see client.h.
 #include "client/client.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/backoff.h"
 #include "client/data_stream.h"
@@ -21,6 +16,7 @@
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
+#include "common/token.h"
 #include "common/tls_files.h"
 
 namespace zenflow {
@@ -33,37 +29,9 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name) {
 }
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
-  if (token_file.empty()) {
-    const char* env = std::getenv("ZENFLOW_TOKEN");
-    return std::string(env == nullptr ? "" : env);
-  }
-  std::ifstream in(token_file);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read the token file ", token_file, ": ",
-                                            std::strerror(errno)));
-  }
-  std::string line;
-  std::getline(in, line);
-  std::string token(absl::StripAsciiWhitespace(line));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the token file ", token_file, " is empty"));
-  }
-  return token;
-}
-
-std::string RandomToken() {
-  static const char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-  unsigned char raw[32];
-  size_t got = 0;
-  while (got < sizeof(raw)) {
-    const ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-    else if (errno != EINTR) std::abort();  // never once the kernel's pool is seeded
-  }
-  std::string token;
-  for (unsigned char b : raw) token.push_back(kAlphabet[b & 63]);
-  return token;
+  if (!token_file.empty()) return ReadTokenFile(token_file);
+  const char* env = std::getenv("ZENFLOW_TOKEN");
+  return std::string(env == nullptr ? "" : env);
 }
 
 Client::Client(const ClientOptions& options)

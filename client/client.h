@@ -28,6 +28,7 @@
 #include "client/send_window.h"
 #include "common/codec.h"
 #include "common/mutex.h"
+#include "common/token.h"
 #include "common/ucx.h"
 #include "grpcpp/grpcpp.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
@@ -45,14 +46,11 @@ enum class Transport {
 // "grpc" or "ucx"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<Transport> ParseTransport(const std::string& name);
 
-// A job's token for ClientOptions.token: the first line of `token_file`
-// (blanks around it removed) when one is named, else the environment's
-// ZENFLOW_TOKEN, else empty. Errors name the file.
+// A job's token for ClientOptions.token: the token in `token_file`
+// (common/token.h ReadTokenFile) when one is named, else the environment's
+// ZENFLOW_TOKEN, else empty. Errors name the file. (A new one for a job
+// whose ranks are started together: common/token.h NewToken.)
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
-
-// A new random token (32 characters of base64url from the kernel's random
-// source), for a job whose ranks are started together.
-std::string RandomToken();
 
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";

@@ -29,10 +29,7 @@
 //
 //   bazel build -c opt //client:transport_bench //server:zenflowd
 //   ZENFLOWD=bazel-bin/server/zenflowd bazel-bin/client/transport_bench --out=bench-results/transport.json
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,7 +70,6 @@
 #include "grpcpp/grpcpp.h"
 #include "zenflow/v1/zenflow.pb.h"
 
-extern char** environ;
 
 ABSL_FLAG(std::string, zenflowd, "",
           "the daemon binary to start; empty: $ZENFLOWD, else bazel-bin/server/zenflowd");
@@ -498,7 +494,7 @@ int Main() {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   // Frames carry a header beside the payload: room for it.
   const std::string max_message = absl::StrCat("--max_message_bytes=", 2 * largest + (1 << 20));
-  const std::string token = RandomToken();
+  const std::string token = NewToken();
 
   // The raw gRPC sink: this binary in a child process.
   ChildProcess sink;

@@ -18,22 +18,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/token.h"
 
 namespace zenflow {
 
-// Tokens are RFC 6750 b64token characters, kMinTokenChars..kMaxTokenChars.
-inline constexpr size_t kMinTokenChars = 16;
-inline constexpr size_t kMaxTokenChars = 256;
-
-// INVALID_ARGUMENT, saying why, unless `token` is a usable token.
-absl::Status CheckToken(absl::string_view token);
-
 // SHA-256 of the token: 32 raw bytes.
 std::string TokenDigest(absl::string_view token);
-
-// 32 bytes from the kernel's random source, base64url without padding (43
-// characters).
-std::string NewToken();
 
 // A short, printable name of a credential for logs: the first 8 hex digits
 // of its digest ("-" for none).
@@ -80,10 +70,6 @@ class Authenticator {
  private:
   const std::string admin_digest_;
 };
-
-// Reads a token from a file (the first line, surrounding blanks removed);
-// errors name the file.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 }  // namespace zenflow
 

@@ -9,7 +9,6 @@
 //   bazel build //tests:memory_bench //server:zenflowd
 //   ZENFLOWD=bazel-bin/server/zenflowd bazel-bin/tests/memory_bench --out=bench-results/memory.json
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -20,26 +19,9 @@
 #include "common/json_writer.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/harness.h"
+#include "tools/child_process.h"
 
 ABSL_FLAG(std::string, out, "", "write the results as JSON here");
-
-namespace {
-
-int64_t Rss(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    std::getline(in, key);
-  }
-  return -1;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -54,7 +36,7 @@ int main(int argc, char** argv) {
   auto client = zenflow::Client::Connect(co);
   if (!client.ok()) return 1;
   constexpr int64_t kRows = 4096, kCols = 8192;
-  const int64_t baseline = Rss(daemon.pid());
+  const int64_t baseline = zenflow::ResidentBytes(daemon.pid());
   zenflow::v1::JobSpec spec;
   spec.set_job_id("memory");
   spec.set_world_size(2);
@@ -63,10 +45,10 @@ int main(int argc, char** argv) {
   t->add_shape(kRows);
   t->add_shape(kCols);
   if (!(*client)->CreateJob(spec).ok()) return 1;
-  const int64_t created = Rss(daemon.pid());
+  const int64_t created = zenflow::ResidentBytes(daemon.pid());
   std::vector<float> init(kRows * kCols, 0.25f);
   if (!(*client)->UploadParameters("memory", {{"w", {kRows, kCols}, init.data()}}).ok()) return 1;
-  const int64_t uploaded = Rss(daemon.pid());
+  const int64_t uploaded = zenflow::ResidentBytes(daemon.pid());
   auto stats = (*client)->GetStats("memory");
   if (!stats.ok()) return 1;
   const zenflow::v1::JobStats& j = stats->jobs(0);

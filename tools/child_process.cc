@@ -23,6 +23,20 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
+int64_t ResidentBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+    std::getline(in, key);
+  }
+  return -1;
+}
+
 ChildProcess::~ChildProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);

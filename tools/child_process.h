@@ -13,12 +13,18 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 
 namespace zenflow {
+
+// The resident memory of process `pid` (/proc/PID/status VmRSS), bytes; -1
+// if it cannot be read.
+int64_t ResidentBytes(pid_t pid);
 
 // Not thread-safe. The destructor SIGKILLs a child still running.
 class ChildProcess {

@@ -300,7 +300,7 @@ absl::Status RunDemo() {
   ClientOptions co;
   co.target = target;
   ApplyTlsFlags(&co);
-  co.token = RandomToken();  // the job's, shared by its ranks
+  co.token = NewToken();  // the job's, shared by its ranks
   ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
   std::vector<std::unique_ptr<Client>> clients;
   for (int r = 0; r < ranks; ++r) {

@@ -15,11 +15,8 @@
 //   bazel build //server:zenflowd //tools:zf_soak
 //   bazel-bin/tools/zf_soak --zenflowd=bazel-bin/server/zenflowd --out=bench-results/soak.json
 #include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,7 +55,6 @@
 #include "common/status_macros.h"
 #include "zenflow/v1/zenflow.pb.h"
 
-extern char** environ;
 
 ABSL_FLAG(std::string, zenflowd, "bazel-bin/server/zenflowd", "the daemon binary to start");
 ABSL_FLAG(std::string, out, "bench-results/soak.json", "write the results as JSON here");
@@ -220,17 +216,6 @@ uint32_t Bits(float x) {
   return u;
 }
 
-absl::StatusOr<std::string> RandomToken() {
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  unsigned char b[16];
-  if (!in.read(reinterpret_cast<char*>(b), sizeof(b))) {
-    return absl::InternalError("cannot read /dev/urandom");
-  }
-  std::string hex;
-  for (unsigned char x : b) absl::StrAppendFormat(&hex, "%02x", x);
-  return hex;
-}
-
 // ---- The reference optimizer ----------------------------------------------------
 
 // One AdamW step of one element, written here from the formula (torch's
@@ -314,20 +299,6 @@ struct ProcSample {
   int fds = -1;
 };
 
-int64_t ReadRss(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    std::getline(in, key);
-  }
-  return -1;
-}
-
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> out;
   DIR* d = opendir(dir.c_str());
@@ -343,7 +314,7 @@ std::vector<std::string> ListDir(const std::string& dir) {
 
 ProcSample Sample(pid_t pid) {
   ProcSample s;
-  s.rss = ReadRss(pid);
+  s.rss = ResidentBytes(pid);
   s.threads = static_cast<int>(ListDir(absl::StrCat("/proc/", pid, "/task")).size());
   s.fds = static_cast<int>(ListDir(absl::StrCat("/proc/", pid, "/fd")).size());
   return s;
@@ -1201,7 +1172,7 @@ absl::StatusOr<PassResult> RunPass(const Config& cfg, Transport transport, const
     auto job = std::make_unique<JobShared>();
     job->index = j;
     job->id = absl::StrCat("soak-", tag, "-", res.transport, "-", j);
-    ZF_ASSIGN_OR_RETURN(job->token, RandomToken());
+    job->token = NewToken();
     ZF_ASSIGN_OR_RETURN(job->spec, MakeSpec(cfg, job->id));
     job->delete_while_attached = j % 2 == 1;
     jobs.push_back(std::move(job));
