@@ -229,13 +229,15 @@ absl::StatusOr<v1::GetStatsResponse> JobRegistry::Stats(const std::string& job_i
   return resp;
 }
 
-v1::GetStatsResponse JobRegistry::StatsOf(const std::string& credential) {
+v1::GetStatsResponse JobRegistry::StatsOf(const std::string& credential,
+                                          const std::string& job_id) {
   v1::GetStatsResponse resp;
   std::vector<std::shared_ptr<Job>> jobs;
   {
     MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) {
-      if (job != nullptr && !credential.empty() && job->credential() == credential) {
+      if (job != nullptr && !credential.empty() && job->credential() == credential &&
+          (job_id.empty() || id == job_id)) {
         jobs.push_back(job);
       }
     }

@@ -69,9 +69,11 @@ class JobRegistry {
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status DeleteJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::GetStatsResponse> Stats(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Stats of the jobs of one credential only, and no daemon-wide counts
-  // (what other jobs did is not this caller's to see).
-  v1::GetStatsResponse StatsOf(const std::string& credential) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stats of the jobs of one credential only (of `job_id` alone when it is
+  // not empty), and no daemon-wide counts (what other jobs did is not this
+  // caller's to see).
+  v1::GetStatsResponse StatsOf(const std::string& credential, const std::string& job_id = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Every open job.
   std::vector<std::shared_ptr<Job>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 

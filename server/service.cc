@@ -406,11 +406,7 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
       s = r.status();
       if (r.ok()) *resp = *std::move(r);
     } else if (s.ok()) {
-      *resp = registry_->StatsOf(who.caller.digest);
-      auto* jobs = resp->mutable_jobs();
-      jobs->erase(std::remove_if(jobs->begin(), jobs->end(),
-                                 [&](const v1::JobStats& j) { return j.job_id() != req->job_id(); }),
-                  jobs->end());
+      *resp = registry_->StatsOf(who.caller.digest, req->job_id());
     }
   } else if (who.caller.admin) {
     absl::StatusOr<v1::GetStatsResponse> r = registry_->Stats("");
