@@ -57,8 +57,6 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxDataPlane::NewWorker() {
       UcxWorker::Create(
           options_, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
           [raw](uint64_t tag, int64_t bytes) { raw->OnOversize(tag, bytes); }));
-  MutexLock lock(&mu_);
-  ++workers_made_;
   return w;
 }
 
@@ -70,9 +68,9 @@ void UcxDataPlane::AddStats(const UcxWorker::Stats& w) {
   gone_.send_errors += w.send_errors;
 }
 
-std::unique_ptr<UcxWorker> UcxDataPlane::Release(Slot* slot) {
+std::unique_ptr<UcxWorker> UcxDataPlane::Release(Slot* slot, bool had_endpoint) {
   --slot->live;
-  ++slot->closed;
+  if (had_endpoint) ++slot->closed;
   if (slot == current_ && slot->closed >= kRotateAfter) current_ = nullptr;  // the next Open makes one
   if (slot->live > 0) return nullptr;
   if (slot == current_) current_ = nullptr;
@@ -208,8 +206,7 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     std::unique_ptr<UcxWorker> gone;
     {
       MutexLock lock(&mu_);
-      --slot->closed;  // Release counts a close; this was never a connection
-      gone = Release(slot);
+      gone = Release(slot, /*had_endpoint=*/false);
     }
   };
   absl::StatusOr<uint64_t> ep = slot->worker->Connect(peer_address);
@@ -238,7 +235,7 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     std::unique_ptr<UcxWorker> gone;
     {
       MutexLock lock(&mu_);
-      gone = Release(slot);
+      gone = Release(slot, /*had_endpoint=*/true);
     }
     return absl::AlreadyExistsError(absl::StrCat("rank ", conn->rank(), " of job '",
                                                  conn->job()->spec().job_id(),
@@ -347,7 +344,7 @@ void UcxDataPlane::DispatchLoop() {
           c->worker_->Disconnect(c->ep(), /*force=*/true);
           std::unique_ptr<UcxWorker> gone;
           MutexLock lock(&mu_);
-          gone = Release(c->slot_);
+          gone = Release(c->slot_, /*had_endpoint=*/true);
         }
         break;
       }
@@ -410,7 +407,7 @@ void UcxDataPlane::CutOff(const std::shared_ptr<Conn>& c) {
     c->worker_->Disconnect(c->ep(), /*force=*/true);
     std::unique_ptr<UcxWorker> gone;
     MutexLock lock(&mu_);
-    gone = Release(c->slot_);
+    gone = Release(c->slot_, /*had_endpoint=*/true);
   }
   const absl::Status why = absl::ResourceExhaustedError(absl::StrCat(
       "rank ", c->rank(), " of job '", c->job()->spec().job_id(), "' has more than ",

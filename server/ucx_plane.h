@@ -108,9 +108,11 @@ class UcxDataPlane {
                int64_t held_limit)
       : options_(options), registry_(registry), tls_(std::move(tls)), held_limit_(held_limit) {}
   absl::StatusOr<std::unique_ptr<UcxWorker>> NewWorker();
-  // A connection of `slot` closed: the worker goes when it was its last
-  // (returned, to be destroyed outside mu_).
-  std::unique_ptr<UcxWorker> Release(Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A connection of `slot` closed (`had_endpoint`: its endpoint, which UCX
+  // keeps until the worker goes, counts towards rotating): the worker goes
+  // when it was its last (returned, to be destroyed outside mu_).
+  std::unique_ptr<UcxWorker> Release(Slot* slot, bool had_endpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddStats(const UcxWorker::Stats& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFrame(uint64_t tag, std::string frame);
   void OnOversize(uint64_t tag, int64_t bytes);
@@ -143,7 +145,6 @@ class UcxDataPlane {
   std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
   Slot* current_ ABSL_GUARDED_BY(mu_) = nullptr;
   UcxWorker::Stats gone_ ABSL_GUARDED_BY(mu_);  // of destroyed workers
-  int64_t workers_made_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One rank's UCX connection; the writer of its mailbox while attached.
