@@ -137,7 +137,10 @@ Who ZenFlowService::Identify(grpc::CallbackServerContext* ctx) const {
 
 namespace {
 
-absl::Status NoToken(const char* call) {
+// UNAUTHENTICATED unless the call carries a well-formed token.
+absl::Status RequireToken(const Who& who, const char* call) {
+  if (!who.caller.error.ok()) return who.caller.error;
+  if (who.caller.has_token) return absl::OkStatus();
   return absl::UnauthenticatedError(absl::StrCat(
       call, " needs the job's token: send gRPC metadata \"authorization: Bearer <token>\" "
       "(CreateJob returned it; zf_train --token_file, ClientOptions.token)"));
@@ -150,8 +153,7 @@ absl::StatusOr<std::shared_ptr<Job>> ZenFlowService::Authorize(const Who& who,
                                                                const char* call) {
   // A malformed id can name no job: its error says nothing about others.
   ZF_RETURN_IF_ERROR(CheckJobId(job_id));
-  absl::Status s = who.caller.error;
-  if (s.ok() && !who.caller.has_token) s = NoToken(call);
+  absl::Status s = RequireToken(who, call);
   if (s.ok()) {
     absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(job_id);
     // The admin may learn that a job does not exist.
@@ -334,8 +336,7 @@ grpc::ServerUnaryReactor* ZenFlowService::Checkpoint(grpc::CallbackServerContext
     s = Authorize(who, req->job_id(), "Checkpoint").status();
   } else if (!who.caller.admin) {
     // Every job at once is the admin's call.
-    s = who.caller.error;
-    if (s.ok() && !who.caller.has_token) s = NoToken("Checkpoint");
+    s = RequireToken(who, "Checkpoint");
     if (s.ok()) {
       s = absl::PermissionDeniedError(
           "a Checkpoint of every job (empty job_id) needs the admin token (zenflowd "
@@ -414,8 +415,7 @@ grpc::ServerUnaryReactor* ZenFlowService::GetStats(grpc::CallbackServerContext* 
     if (r.ok()) *resp = *std::move(r);
   } else {
     // No job named: the caller's token's jobs, nothing of anyone else's.
-    s = who.caller.error;
-    if (s.ok() && !who.caller.has_token) s = NoToken("GetStats");
+    s = RequireToken(who, "GetStats");
     if (s.ok()) {
       *resp = registry_->StatsOf(who.caller.digest);
     } else {
