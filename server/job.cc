@@ -418,6 +418,7 @@ absl::Status Job::Upload::AddChunk(const v1::UploadParametersRequest& chunk) {
 
 absl::StatusOr<v1::UploadParametersResponse> Job::Upload::Commit() {
   MutexLock lock(&job_->mu_);
+  job_->QuiesceAddsLocked();
   ZF_RETURN_IF_ERROR(job_->CheckLive());
   if (job_->uploaded_) {
     return absl::AlreadyExistsError(absl::StrCat("parameters of job '", job_->spec_.job_id(),
@@ -462,6 +463,7 @@ v1::Selection Job::SelectionLocked() const {
 
 absl::StatusOr<v1::JoinJobResponse> Job::Join(int32_t rank) {
   MutexLock lock(&mu_);
+  QuiesceAddsLocked();
   ZF_RETURN_IF_ERROR(CheckLive());
   if (rank < 0 || rank >= world_) {
     return absl::OutOfRangeError(absl::StrCat("rank ", rank, " out of range [0, ", world_,
@@ -611,6 +613,7 @@ void Job::Shutdown() {
   std::vector<std::shared_ptr<Mailbox>> boxes;
   {
     MutexLock lock(&mu_);
+    QuiesceAddsLocked();
     deleted_ = true;
     for (const RankState& r : ranks_) {
       if (r.joined) boxes.push_back(r.mailbox);
@@ -688,7 +691,11 @@ void Job::SetDurableRounds(int64_t rounds) {
 // ---- Data ------------------------------------------------------------------
 
 absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
+  if (rank < 0 || rank >= world_) return CheckRank(rank);  // before ranks_[rank]
   MutexLock lock(&mu_);
+  // One message of a rank at a time (its shard's add may be running outside
+  // the lock), and none while someone waits to quiesce the adds.
+  mu_.Await([&] { return !ranks_[rank].adding && quiesce_waiters_ == 0; });
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(rank));
   switch (up.kind_case()) {
@@ -699,6 +706,12 @@ absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
     default:
       return absl::InvalidArgumentError("empty message: set shard or close");
   }
+}
+
+void Job::QuiesceAddsLocked() {
+  ++quiesce_waiters_;
+  mu_.Await([&] { return adds_in_flight_ == 0; });
+  --quiesce_waiters_;
 }
 
 absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire,
@@ -814,12 +827,49 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
           "tensor '", t.name, "': column ", sorted[i], " is repeated in one shard"));
     }
   }
+  // Everything but the payload's values checked. The values are checked and
+  // added outside the job's lock (README "The daemon under many ranks"): the
+  // add goes to this rank's own sum buffers (rank-ordered sums) or, in the
+  // shared buffer, under the column blocks' stripe locks, so the shards of
+  // different ranks accumulate in parallel. While it runs, the rank sends
+  // nothing else (`adding`), the round's buffer cannot be leased (the rank
+  // has not closed the round) and whatever changes what the shard was
+  // checked against, or reads the sums, waits (QuiesceAddsLocked).
+  RankState& me = ranks_[rank];
+  me.adding = true;
+  ++adds_in_flight_;
+  const AddPlan plan{ti, round, int8, dt, esize};
+  mu_.Unlock();
+  bool finite = true;
+  const absl::Status checked = AddShard(rank, shard, plan, &finite);
+  mu_.Lock();
+  me.adding = false;
+  --adds_in_flight_;
+  if (!checked.ok()) return checked;
+  if (!finite) rounds_[round].nonfinite = true;
+  for (int32_t c : shard.columns()) acc_->MarkReceived(ti, rank, shard.step(), c);
+  ++shards_received_;
+  shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
+  ++received_[static_cast<int>(wire)].shards;
+  received_[static_cast<int>(wire)].bytes += static_cast<int64_t>(shard.payload().size());
+  RoundState& rstate = rounds_[round];
+  if (!rstate.first_shard_seen) {
+    rstate.first_shard_seen = true;
+    rstate.first_shard = std::chrono::steady_clock::now();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard, const AddPlan& plan,
+                           bool* finite_out) {
+  const TensorState& t = tensors_[plan.ti];  // metadata: immutable
+  const size_t ncols = static_cast<size_t>(shard.columns_size());
   const char* payload = shard.payload().data();
-  const size_t col_bytes = static_cast<size_t>(t.rows) * esize;
+  const size_t col_bytes = static_cast<size_t>(t.rows) * plan.esize;
   size_t bad = 0;
   bool finite = true;
   std::string why;
-  if (int8) {
+  if (plan.int8) {
     // value = q * scale, as decoded below: each column's largest |q| decides.
     for (size_t i = 0; i < ncols && finite; ++i) {
       const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
@@ -840,38 +890,41 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
       }
     }
   } else {
-    finite = AllFinite(dt, payload, ncols * t.rows, &bad);
+    finite = AllFinite(plan.dt, payload, ncols * t.rows, &bad);
   }
-  if (!finite && !spec_.skip_nonfinite_rounds()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
-        " row ", bad % t.rows, " of step ", shard.step(), why,
-        " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
+  if (!finite) {
+    if (!spec_.skip_nonfinite_rounds()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
+          " row ", bad % t.rows, " of step ", shard.step(), why,
+          " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
+    }
+    *finite_out = false;  // accepted, and the round is skipped: nothing to add
+    return absl::OkStatus();
   }
-  // Everything checked: apply.
-  if (!finite) rounds_[round].nonfinite = true;
+  // Shared sums: every rank adds into the same columns, so a run of columns
+  // of one block is added under that block's stripe lock. Ranks that send
+  // their columns in the same order then follow each other block by block.
+  const bool shared = acc_->sum_ranks() == 1 && world_ > 1;
+  const int64_t block = std::max<int64_t>(1, kStripeElements / t.rows);
+  std::unique_lock<std::mutex> stripe;
+  int64_t held = -1;
   for (size_t i = 0; i < ncols; ++i) {
     const int32_t c = shard.columns(static_cast<int>(i));
-    float* dst = acc_->sum_of(ti, rank, round, c);
-    if (!finite) {
-      // The round is skipped: nothing to add.
-    } else if (int8) {
+    if (shared && c / block != held) {
+      if (stripe.owns_lock()) stripe.unlock();
+      held = c / block;
+      stripe = std::unique_lock<std::mutex>(
+          stripes_[static_cast<size_t>(plan.ti * 7919 + held) % stripes_.size()]);
+    }
+    float* dst = acc_->sum_of(plan.ti, rank, plan.round, c);
+    if (plan.int8) {
       const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
       const float scale = shard.scales(static_cast<int>(i));
       for (int64_t r = 0; r < t.rows; ++r) dst[r] += static_cast<float>(q[r]) * scale;
     } else {
-      DecodeAdd(dt, payload + i * col_bytes, t.rows, dst);
+      DecodeAdd(plan.dt, payload + i * col_bytes, t.rows, dst);
     }
-    acc_->MarkReceived(ti, rank, shard.step(), c);
-  }
-  ++shards_received_;
-  shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
-  ++received_[static_cast<int>(wire)].shards;
-  received_[static_cast<int>(wire)].bytes += static_cast<int64_t>(shard.payload().size());
-  RoundState& rstate = rounds_[round];
-  if (!rstate.first_shard_seen) {
-    rstate.first_shard_seen = true;
-    rstate.first_shard = std::chrono::steady_clock::now();
   }
   return absl::OkStatus();
 }
@@ -1069,6 +1122,7 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
   std::optional<v1::Selection> replayed_answer;
   absl::Status status = [&]() -> absl::Status {
     MutexLock lock(&mu_);
+    QuiesceAddsLocked();
     ZF_RETURN_IF_ERROR(CheckLive());
     ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
     if (spec_.mode() != v1::MODE_ZENFLOW) {
@@ -1196,6 +1250,7 @@ void Job::FillColumnState(int ti, const std::vector<int32_t>& cols, v1::ColumnSt
 
 absl::StatusOr<v1::HandOffResponse> Job::HandOff(const v1::HandOffRequest& req) {
   MutexLock lock(&mu_);
+  QuiesceAddsLocked();
   ZF_RETURN_IF_ERROR(CheckLive());
   ZF_RETURN_IF_ERROR(CheckRank(req.rank()));
   if (req.replay() && req.version() > 0 &&
@@ -1282,6 +1337,7 @@ constexpr int64_t kStateResponseBytes = 32 << 20;
 
 absl::StatusOr<v1::GetStateResponse> Job::GetState(const v1::GetStateRequest& req) {
   MutexLock lock(&mu_);
+  QuiesceAddsLocked();
   ZF_RETURN_IF_ERROR(CheckLive());
   if (!uploaded_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1328,6 +1384,7 @@ absl::StatusOr<v1::GetStateResponse> Job::GetState(const v1::GetStateRequest& re
 
 absl::Status Job::SetState(const v1::SetStateRequest& req) {
   MutexLock lock(&mu_);
+  QuiesceAddsLocked();
   ZF_RETURN_IF_ERROR(CheckLive());
   if (!uploaded_) {
     return absl::FailedPreconditionError(absl::StrCat(

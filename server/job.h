@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -256,6 +257,7 @@ class Job : public std::enable_shared_from_this<Job> {
     std::chrono::steady_clock::time_point stream_gone = std::chrono::steady_clock::now();
     bool absence_reported = false;
     uint64_t stream_number = 0;
+    bool adding = false;  // a shard of this rank is being added (outside mu_)
   };
 
   struct RoundState {
@@ -277,8 +279,27 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRoundBuffer(int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `replay`: what the job already has is dropped without an error.
+  // Checks a shard under mu_, then releases mu_ while AddShard checks and
+  // adds its values, and records it under mu_ again.
   absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire, bool replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct AddPlan {
+    int ti;
+    int64_t round;
+    bool int8;
+    DType dt;
+    size_t esize;
+  };
+  // Without mu_: INVALID_ARGUMENT for non-finite values (unless the job
+  // skips such rounds: then *finite = false and nothing is added), else adds
+  // the values to the round's sums.
+  absl::Status AddShard(int32_t rank, const v1::GradientShard& shard, const AddPlan& plan,
+                        bool* finite);
+  // Waits until no shard is being added, and keeps new ones from starting
+  // meanwhile. Whatever changes what shards are checked against (column
+  // sets, hand-off versions, the upload, deletion) or reads or writes the
+  // sums other than through a round's update lease calls it first.
+  void QuiesceAddsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleClose(int32_t rank, const v1::RoundClose& close, bool replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The figures a worker sends with a round's close (RoundClose.step_reports).
@@ -338,6 +359,13 @@ class Job : public std::enable_shared_from_this<Job> {
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
 
   // Statistics.
+  // Shards being added outside mu_, and callers of QuiesceAddsLocked waiting.
+  int64_t adds_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t quiesce_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // Shared sums (not rank-ordered): the stripe locks of column blocks of at
+  // least kStripeElements values (tensor and block hashed onto a stripe).
+  static constexpr int64_t kStripeElements = 16384;
+  std::array<std::mutex, 64> stripes_;
   int64_t shards_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t shard_bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   struct Received {

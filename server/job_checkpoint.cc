@@ -114,6 +114,7 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
   mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return rounds_updated_ == rounds_closed_ || deleted_;
   });
+  QuiesceAddsLocked();  // and no shard is being added to the sums
   ZF_RETURN_IF_ERROR(CheckLive());
   const auto t0 = std::chrono::steady_clock::now();
   JobSnapshot snap;
@@ -182,6 +183,7 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
 
 absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& sections) {
   MutexLock lock(&mu_);
+  QuiesceAddsLocked();
   auto section = [&](const std::string& name) -> const std::string* {
     auto it = sections.find(name);
     return it == sections.end() ? nullptr : it->second;

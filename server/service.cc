@@ -1068,7 +1068,8 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   ucx_options.max_message_bytes = options.max_message_bytes;
   if (options.ucx) {
     absl::StatusOr<std::unique_ptr<UcxDataPlane>> plane =
-        UcxDataPlane::Start(ucx_options, s->registry_.get(), ro.max_outbox_bytes);
+        UcxDataPlane::Start(ucx_options, s->registry_.get(), ro.max_outbox_bytes,
+                            options.ucx_dispatch_threads);
     if (plane.ok()) {
       s->ucx_ = *std::move(plane);
     } else {

@@ -193,6 +193,7 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{512} << 20;  // service limit (gRPC: 2x)
   bool ucx = true;  // offer the UCX data plane (ranks choose it at attach)
   UcxOptions ucx_options;
+  int ucx_dispatch_threads = 2;  // threads handling UCX frames (a connection keeps one)
   // host:port of the Prometheus /metrics endpoint; empty: none.
   std::string metrics_listen;
   // Checkpoints (README "Checkpoints"): empty state_dir: none.

@@ -29,7 +29,8 @@ void UcxDataPlane::Conn::Resume() { plane_->Resume(shared_from_this()); }
 
 absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptions& options,
                                                                    JobRegistry* registry,
-                                                                   int64_t max_outbox_bytes) {
+                                                                   int64_t max_outbox_bytes,
+                                                                   int dispatch_threads) {
   // No CMA: a client must not be able to make the daemon read memory it
   // freed (fatal in UCX 1.13; see UcxOptions::without_cma).
   UcxOptions daemon_options = options;
@@ -45,8 +46,11 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptio
     p->slots_.push_back(std::make_unique<Slot>());
     p->slots_.back()->worker = std::move(first);
     p->current_ = p->slots_.back().get();
+    p->queues_.resize(static_cast<size_t>(std::max(1, dispatch_threads)));
   }
-  p->dispatcher_ = std::thread([raw] { raw->DispatchLoop(); });
+  for (size_t q = 0; q < static_cast<size_t>(std::max(1, dispatch_threads)); ++q) {
+    p->dispatchers_.emplace_back([raw, q] { raw->DispatchLoop(q); });
+  }
   return p;
 }
 
@@ -87,7 +91,7 @@ UcxDataPlane::~UcxDataPlane() {
     MutexLock lock(&mu_);
     stop_ = true;
   }
-  if (dispatcher_.joinable()) dispatcher_.join();
+  for (std::thread& t : dispatchers_) t.join();
   std::map<uint64_t, std::shared_ptr<Conn>> conns;
   {
     MutexLock lock(&mu_);
@@ -138,10 +142,10 @@ void UcxDataPlane::Enqueue(uint64_t tag, Item item) {
     Item cut;
     cut.kind = Item::kCutOff;
     cut.conn = it->second;
-    queue_.push_back(std::move(cut));
+    PushLocked(std::move(cut));
     return;
   }
-  queue_.push_back(std::move(item));
+  queues_[c->queue_].push_back(std::move(item));
 }
 
 void UcxDataPlane::Resume(std::shared_ptr<Conn> conn) {
@@ -149,7 +153,12 @@ void UcxDataPlane::Resume(std::shared_ptr<Conn> conn) {
   Item item;
   item.kind = Item::kResume;
   item.conn = std::move(conn);
-  queue_.push_back(std::move(item));
+  PushLocked(std::move(item));
+}
+
+void UcxDataPlane::PushLocked(Item item) {
+  const size_t q = item.conn->queue_;
+  queues_[q].push_back(std::move(item));
 }
 
 namespace {
@@ -224,6 +233,8 @@ absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     while (conns_.count(tag) != 0) tag = NewUpTag();
     conn = std::make_shared<Conn>(this, slot, *ep, tag, down_tag, std::move(job), rank, box,
                                   std::move(lifeline));
+    conn->queue_ = next_queue_;
+    next_queue_ = (next_queue_ + 1) % queues_.size();
     conns_[tag] = conn;
   }
   if (!box->Attach(conn.get())) {
@@ -249,7 +260,7 @@ void UcxDataPlane::Close(std::shared_ptr<Conn> conn) {
   Item item;
   item.kind = Item::kCloseRequest;
   item.conn = std::move(conn);
-  queue_.push_back(std::move(item));
+  PushLocked(std::move(item));
 }
 
 void UcxDataPlane::FillStats(v1::UcxStats* out) {
@@ -273,15 +284,17 @@ void UcxDataPlane::FillStats(v1::UcxStats* out) {
   out->set_workers(static_cast<int64_t>(slots_.size()));
 }
 
-void UcxDataPlane::DispatchLoop() {
+void UcxDataPlane::DispatchLoop(size_t q) {
   for (;;) {
     Item item;
     {
       MutexLock lock(&mu_);
-      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !queue_.empty(); });
+      mu_.Await([this, q]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stop_ || !queues_[q].empty();
+      });
       if (stop_) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
+      item = std::move(queues_[q].front());
+      queues_[q].pop_front();
     }
     switch (item.kind) {
       case Item::kFrame:
@@ -318,7 +331,7 @@ void UcxDataPlane::DispatchLoop() {
         if (open) (void)item.conn->worker_->Drain(absl::Seconds(5));
         MutexLock lock(&mu_);
         item.kind = Item::kCloseFinal;
-        queue_.push_back(std::move(item));
+        PushLocked(std::move(item));
         break;
       }
       case Item::kCloseFinal: {

@@ -5,8 +5,11 @@
 // attach stays the rank's lifeline: when it ends, Close() handles what has
 // already arrived, then detaches the mailbox and closes the endpoint.
 //
-// Frames are handled on one dispatch thread, in arrival order, so a rank's
-// messages reach Job::HandleUp in the order it sent them.
+// Frames are handled on dispatch threads (zenflowd --ucx_dispatch_threads):
+// each connection is given to one of them when it opens, which handles its
+// frames in arrival order, so a rank's messages reach Job::HandleUp in the
+// order it sent them, while different ranks' shards are handled (and
+// accumulated, see Job::HandleShard) in parallel.
 //
 // Flow control: while a rank's outbox is full (it does not take what the
 // daemon sends), its frames are parked, not handled, so it cannot make the
@@ -52,9 +55,11 @@ class UcxDataPlane {
 
   // `options.max_message_bytes` bounds a received frame; `max_outbox_bytes`
   // is the registry's per-rank outbox limit.
+  // `dispatch_threads` (>= 1) handle the connections' frames.
   static absl::StatusOr<std::unique_ptr<UcxDataPlane>> Start(const UcxOptions& options,
                                                              JobRegistry* registry,
-                                                             int64_t max_outbox_bytes);
+                                                             int64_t max_outbox_bytes,
+                                                             int dispatch_threads = 1);
   ~UcxDataPlane();
 
 
@@ -119,7 +124,10 @@ class UcxDataPlane {
   // Queues an item of a registered connection, unless it holds too much.
   void Enqueue(uint64_t tag, Item item) ABSL_LOCKS_EXCLUDED(mu_);
   void Resume(std::shared_ptr<Conn> conn);
-  void DispatchLoop();
+  // Queues an item that names its connection, for that connection's
+  // dispatcher.
+  void PushLocked(Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DispatchLoop(size_t q);
   // A frame (or oversize report) of a live connection: handled now, or
   // parked behind others while its outbox is full.
   void Deliver(const std::shared_ptr<Conn>& c, Item item);
@@ -133,10 +141,11 @@ class UcxDataPlane {
   JobRegistry* const registry_;
   const std::string tls_;
   const int64_t held_limit_;  // per connection: frames waiting to be handled
-  std::thread dispatcher_;
+  std::vector<std::thread> dispatchers_;
 
   Mutex mu_;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::deque<Item>> queues_ ABSL_GUARDED_BY(mu_);  // one per dispatcher
+  size_t next_queue_ ABSL_GUARDED_BY(mu_) = 0;  // the next connection's dispatcher
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
@@ -188,7 +197,9 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
   // the dispatcher or parked; set once it is cut off.
   int64_t held_ = 0;
   bool cut_ = false;
-  // Dispatcher thread only: items waiting for the outbox to drain.
+  // Its dispatcher (set before the connection is registered).
+  size_t queue_ = 0;
+  // Its dispatcher thread only: items waiting for the outbox to drain.
   std::deque<Item> parked_;
 };
 

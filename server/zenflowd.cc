@@ -91,6 +91,9 @@ ABSL_FLAG(std::string, ucx_tls, "sm,self",
 ABSL_FLAG(std::string, ucx_net_devices, "",
           "network devices for UCX's network transports (UCX_NET_DEVICES syntax, e.g. \"lo\" or "
           "\"eth0\"); empty: all");
+ABSL_FLAG(int, ucx_dispatch_threads, 2,
+          "threads that handle frames arriving over UCX, 1..64: each connection is handled by "
+          "one of them, in order; different ranks' shards are accumulated in parallel");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for checkpoints (README \"Checkpoints\"): every job found there is "
           "restored at start (health says NOT_SERVING until done), a Checkpoint call and "
@@ -310,6 +313,12 @@ int main(int argc, char** argv) {
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
+  opts.ucx_dispatch_threads = absl::GetFlag(FLAGS_ucx_dispatch_threads);
+  if (opts.ucx_dispatch_threads < 1 || opts.ucx_dispatch_threads > 64) {
+    std::fprintf(stderr, "zenflowd: --ucx_dispatch_threads must be in [1, 64], not %d\n",
+                 opts.ucx_dispatch_threads);
+    return 2;
+  }
   // TLS (README "Security"): the files are read and checked once, here.
   const zenflow::TlsPaths tls_paths{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                                     absl::GetFlag(FLAGS_tls_ca)};
