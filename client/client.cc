@@ -130,8 +130,10 @@ absl::StatusOr<v1::UploadParametersResponse> Client::UploadParameters(
   auto ctx = UnaryContext(options_.rpc_timeout);
   v1::UploadParametersResponse resp;
   auto writer = stub_->UploadParameters(ctx.get(), &resp);
-  const int64_t per_chunk = std::max<int64_t>(1, options_.max_shard_bytes / 4);
   for (const TensorValues& t : tensors) {
+    const int64_t esize = static_cast<int64_t>(DTypeSize(t.dtype));
+    const int64_t per_chunk = std::max<int64_t>(1, options_.max_shard_bytes / esize);
+    const char* data = static_cast<const char*>(t.data);
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     for (int64_t off = 0; off < numel || (numel == 0 && off == 0); off += per_chunk) {
@@ -140,9 +142,9 @@ absl::StatusOr<v1::UploadParametersResponse> Client::UploadParameters(
       chunk.set_tensor(t.name);
       if (off == 0) chunk.mutable_shape()->Add(t.shape.begin(), t.shape.end());
       chunk.set_offset(off);
-      chunk.set_dtype(v1::DTYPE_FP32);
+      chunk.set_dtype(ToProto(t.dtype));
       const int64_t n = std::min(per_chunk, numel - off);
-      chunk.set_payload(reinterpret_cast<const char*>(t.data + off), n * sizeof(float));
+      chunk.set_payload(data + off * esize, n * esize);
       if (!writer->Write(chunk)) break;  // the server ended the call: Finish says why
       if (numel == 0) break;
     }

@@ -142,7 +142,10 @@ class Client {
   struct TensorValues {
     std::string name;
     std::vector<int64_t> shape;
-    const float* data = nullptr;  // row-major, product(shape) values
+    const void* data = nullptr;  // row-major, product(shape) values of `dtype`
+    // The values' encoding on the wire (bf16 / fp16 parameters go as they
+    // are: the daemon's fp32 master starts as their exact value).
+    DType dtype = DType::kF32;
   };
   absl::StatusOr<v1::UploadParametersResponse> UploadParameters(
       const std::string& job_id, const std::vector<TensorValues>& tensors);

@@ -95,6 +95,35 @@ class Backend {
   // sum x[i]^2 over n values, accumulated in double; the result lands in
   // *host_out after Synchronize() (CPU: immediately).
   virtual absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) = 0;
+
+  // ---- 16-bit parameters (bf16 / fp16 models with an fp32 master) ----
+  // Below, W is a row-major [rows][cols] tensor of `w_dtype`, which is
+  // kBF16 or kF16; "round" is fp32 -> w_dtype, to nearest even (the codec's
+  // FloatToBf16 / FloatToF16).
+
+  // For each i, W[:, columns[i]] = round(decode(src column i)), src
+  // column-major as PackColumns writes it, of `src_dtype` kF32 or w_dtype
+  // (then the values are copied exactly). Columns distinct.
+  virtual absl::Status ApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                                      const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                                      const void* src) = 0;
+
+  // SelectiveAdamW on an fp32 master of the selected columns: `master` is
+  // compact column-major [ncols][rows] like grad, m and v, and takes the
+  // place of W in the update (the same per-element formula, bit for bit);
+  // then W[:, columns[i]] = round(master column i). W is only written.
+  virtual absl::Status SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w,
+                                        PackDType w_dtype, int64_t rows, int64_t cols,
+                                        const int32_t* columns, int64_t ncols,
+                                        const int64_t* steps, const float* grad, float* master,
+                                        float* m, float* v) = 0;
+
+  // dst[i] = convert(src[i]) for i < n, between kF32, kBF16 and kF16:
+  // to 16 bits rounds to nearest even, to fp32 is exact, equal dtypes copy.
+  // src and dst must not overlap. (A model that computes in fp32 reads its
+  // 16-bit parameters through this.)
+  virtual absl::Status Convert(const void* src, PackDType src_dtype, void* dst,
+                               PackDType dst_dtype, int64_t n) = 0;
 };
 
 // threads >= 1 participants (the caller included).

@@ -81,6 +81,12 @@ ABSL_FLAG(int, warmup_rounds, 0, "zenflow: full warm-up rounds");
 ABSL_FLAG(std::string, delay, "adaptive", "zenflow: apply delay: sync, 1..S, or adaptive");
 ABSL_FLAG(std::string, wire, "bf16",
           "gradient wire dtype: fp32, bf16, fp16, or int8 (one fp32 scale per column)");
+ABSL_FLAG(std::string, param_dtype, "fp32",
+          "the model's parameter dtype: fp32, bf16 or fp16. 16-bit parameters are what the "
+          "optimizer updates (zenflow: the important columns here, from an fp32 master of "
+          "them, the rest on zenflowd, whose fp32 master comes back rounded; local: every "
+          "column from an fp32 master); the model computes in fp32 from a converted copy, "
+          "and gradients stay fp32");
 ABSL_FLAG(bool, rank_ordered_sums, false,
           "zenflow, zero_offload: the daemon sums each rank's gradients apart and adds the "
           "ranks in rank order (JobSpec.rank_ordered_sums), so multi-rank reruns and runs "
@@ -175,6 +181,19 @@ absl::Status Run() {
     }
     cfg = loaded;
   }
+  const std::string param_dtype_name = absl::GetFlag(FLAGS_param_dtype);
+  DType param_dtype = DType::kF32;
+  if (param_dtype_name == "bf16") {
+    param_dtype = DType::kBF16;
+  } else if (param_dtype_name == "fp16") {
+    param_dtype = DType::kF16;
+  } else if (param_dtype_name != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--param_dtype=", param_dtype_name, " must be fp32, bf16 or fp16"));
+  }
+  const bool params16 = param_dtype != DType::kF32;
+  const worker::PackDType pack16 =
+      param_dtype == DType::kF16 ? worker::PackDType::kF16 : worker::PackDType::kBF16;
   const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "cuda") {
@@ -207,12 +226,30 @@ absl::Status Run() {
   if (params.size() != num_params) {
     return absl::InvalidArgumentError("--init has the wrong number of parameters");
   }
-  worker::DeviceBuffer d_params, d_grads;
+  // d_params: the fp32 weights the model computes with. With 16-bit
+  // parameters those live in d_params16 (what the optimizer updates) and
+  // d_params is their fp32 copy, refreshed before every forward.
+  worker::DeviceBuffer d_params, d_grads, d_params16;
   ZF_RETURN_IF_ERROR(d_params.Reserve(backend.get(), num_params * sizeof(float)));
   ZF_RETURN_IF_ERROR(d_grads.Reserve(backend.get(), num_params * sizeof(float)));
-  ZF_RETURN_IF_ERROR(backend->CopyToDevice(d_params.p(), params.data(), num_params * sizeof(float)));
+  if (params16) {
+    std::vector<char> init(num_params * DTypeSize(param_dtype));
+    Encode(param_dtype, params.data(), num_params, init.data());
+    ZF_RETURN_IF_ERROR(d_params16.Reserve(backend.get(), init.size()));
+    ZF_RETURN_IF_ERROR(backend->CopyToDevice(d_params16.p(), init.data(), init.size()));
+  } else {
+    ZF_RETURN_IF_ERROR(backend->CopyToDevice(d_params.p(), params.data(), num_params * sizeof(float)));
+  }
+  auto refresh_weights = [&]() -> absl::Status {
+    if (!params16) return absl::OkStatus();
+    ZF_RETURN_IF_ERROR(backend->Convert(d_params16.p(), pack16, d_params.p(),
+                                        worker::PackDType::kF32, static_cast<int64_t>(num_params)));
+    return backend->Synchronize();  // the CUDA model runs on a stream of its own
+  };
+  ZF_RETURN_IF_ERROR(refresh_weights());
   ZF_RETURN_IF_ERROR(backend->Synchronize());
   auto forward = [&](const std::vector<uint8_t>& tok, int b, int q) -> absl::StatusOr<float> {
+    ZF_RETURN_IF_ERROR(refresh_weights());
     if (cuda_model != nullptr) return cuda_model->Forward(d_params.f32(), tok.data(), b, q);
     return cpu_model->Forward(d_params.f32(), tok.data(), b, q);
   };
@@ -226,8 +263,10 @@ absl::Status Run() {
     ParamSpec ps;
     ps.name = t.name;
     ps.shape = t.shape;
-    ps.param = d_params.f32() + t.offset;
+    ps.param = params16 ? static_cast<void*>(static_cast<char*>(d_params16.p()) + t.offset * 2)
+                        : static_cast<void*>(d_params.f32() + t.offset);
     ps.grad = d_grads.f32() + t.offset;
+    ps.dtype = param_dtype;
     specs.push_back(ps);
   }
 
@@ -235,14 +274,18 @@ absl::Status Run() {
   const int emulate_ms = absl::GetFlag(FLAGS_emulate_device_ms);
   std::unique_ptr<Client> client;
   std::unique_ptr<ZenFlowOptimizer> opt;
-  // Local AdamW state, compact per tensor (all columns), in backend memory.
-  std::vector<std::unique_ptr<worker::DeviceBuffer>> lm, lv, lg, lcols, lsteps;
+  // Local AdamW state, compact per tensor (all columns), in backend memory;
+  // with 16-bit parameters also their fp32 master (as the engine keeps for
+  // its important columns), so local is the like-for-like baseline.
+  std::vector<std::unique_ptr<worker::DeviceBuffer>> lm, lv, lg, lmaster, lcols, lsteps;
   if (mode == "local") {
-    for (const ParamSpec& p : specs) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const ParamSpec& p = specs[i];
       const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1;
       const int64_t cols = p.shape.back();
-      for (auto* v : {&lm, &lv, &lg}) {
+      for (auto* v : {&lm, &lv, &lg, &lmaster}) {
         v->push_back(std::make_unique<worker::DeviceBuffer>());
+        if (v == &lmaster && !params16) continue;
         ZF_RETURN_IF_ERROR(v->back()->Reserve(backend.get(), rows * cols * sizeof(float)));
       }
       std::vector<int32_t> c(cols);
@@ -252,6 +295,11 @@ absl::Status Run() {
       ZF_RETURN_IF_ERROR(backend->CopyToDevice(lcols.back()->p(), c.data(), cols * sizeof(int32_t)));
       lsteps.push_back(std::make_unique<worker::DeviceBuffer>());
       ZF_RETURN_IF_ERROR(lsteps.back()->Reserve(backend.get(), cols * sizeof(int64_t)));
+      if (params16) {  // the master starts as the parameters' exact value
+        ZF_RETURN_IF_ERROR(backend->PackColumns(d_params.f32() + tensors[i].offset, rows, cols,
+                                                lcols.back()->i32(), cols, worker::PackDType::kF32,
+                                                lmaster.back()->p(), nullptr));
+      }
     }
     ZF_RETURN_IF_ERROR(backend->Synchronize());
   } else {
@@ -278,6 +326,7 @@ absl::Status Run() {
       v1::TensorSpec* t = want.add_tensors();
       t->set_name(p.name);
       t->mutable_shape()->Add(p.shape.begin(), p.shape.end());
+      t->set_dtype(ToProto(p.dtype));
     }
     want.set_world_size(world);
     want.set_mode(mode == "zero_offload" ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
@@ -319,8 +368,9 @@ absl::Status Run() {
     if (!jsonl) std::fprintf(log, "step,loss,step_ms,stall_ms,send_blocked_ms,bytes_up,bytes_down,emulated_device_ms\n");
   }
   const bool tty = isatty(STDERR_FILENO);
-  std::fprintf(stderr, "zf_train: mode=%s device=%s rank=%d/%d model=%d layers x %d wide (%zu params), data=%s%s\n",
+  std::fprintf(stderr, "zf_train: mode=%s device=%s rank=%d/%d model=%d layers x %d wide (%zu %s params), data=%s%s\n",
                mode.c_str(), device.c_str(), rank, world, cfg.layers, cfg.width, num_params,
+               DTypeName(param_dtype),
                data_path.c_str(),
                emulate_ms > 0 ? absl::StrFormat(", EMULATED device time %d ms/step", emulate_ms).c_str() : "");
 
@@ -356,9 +406,15 @@ absl::Status Run() {
         ZF_RETURN_IF_ERROR(backend->CopyToDevice(lsteps[i]->p(), counts.data(), cols * sizeof(int64_t)));
         ZF_RETURN_IF_ERROR(backend->PackColumns(specs[i].grad, rows, cols, lcols[i]->i32(), cols,
                                                 worker::PackDType::kF32, lg[i]->p(), nullptr));
-        ZF_RETURN_IF_ERROR(backend->SelectiveAdamW(h, 1.0f, specs[i].param, rows, cols, lcols[i]->i32(),
-                                                   cols, lsteps[i]->i64(), lg[i]->f32(), lm[i]->f32(),
-                                                   lv[i]->f32()));
+        if (params16) {
+          ZF_RETURN_IF_ERROR(backend->SelectiveAdamW16(
+              h, 1.0f, specs[i].param, pack16, rows, cols, lcols[i]->i32(), cols, lsteps[i]->i64(),
+              lg[i]->f32(), lmaster[i]->f32(), lm[i]->f32(), lv[i]->f32()));
+        } else {
+          ZF_RETURN_IF_ERROR(backend->SelectiveAdamW(
+              h, 1.0f, static_cast<float*>(specs[i].param), rows, cols, lcols[i]->i32(), cols,
+              lsteps[i]->i64(), lg[i]->f32(), lm[i]->f32(), lv[i]->f32()));
+        }
       }
       ZF_RETURN_IF_ERROR(backend->Synchronize());
     }
@@ -414,6 +470,7 @@ absl::Status Run() {
   }
   val /= eval;
   if (!absl::GetFlag(FLAGS_save).empty()) {
+    ZF_RETURN_IF_ERROR(refresh_weights());  // 16-bit parameters are saved as their fp32 values
     ZF_RETURN_IF_ERROR(backend->CopyToHost(params.data(), d_params.p(), num_params * sizeof(float)));
     ZF_RETURN_IF_ERROR(backend->Synchronize());
     ZF_RETURN_IF_ERROR(SaveParams(absl::GetFlag(FLAGS_save), cfg, params.data(), params.size()));
@@ -426,6 +483,7 @@ absl::Status Run() {
   summary.Key("world").Int(world);
   summary.Key("steps").Int(steps);
   summary.Key("params").Int(static_cast<int64_t>(num_params));
+  summary.Key("param_dtype").String(DTypeName(param_dtype));
   summary.Key("train_loss_ema").Double(last_loss_avg);
   summary.Key("val_loss").Double(val);
   summary.Key("mean_step_ms").Double(sum_step / std::max(1, steps) * 1e3);

@@ -30,6 +30,9 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The backend's name for a 16-bit parameter dtype.
+PackDType Param16(DType d) { return d == DType::kF16 ? PackDType::kF16 : PackDType::kBF16; }
+
 std::vector<int32_t> Difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   std::vector<int32_t> out;
   std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
@@ -42,33 +45,49 @@ struct ZenFlowOptimizer::Tensor {
   std::string name;
   int64_t rows = 0, cols = 0;
   bool always_important = false;
-  float* param = nullptr;
+  DType dtype = DType::kF32;  // of param
+  void* param = nullptr;
   float* grad = nullptr;
   std::vector<int32_t> important, remote;  // ascending
   std::vector<int64_t> steps;              // per important column
-  std::vector<float> host_m, host_v;       // mirrors of m, v (only at reselection)
-  worker::DeviceBuffer d_important, d_remote, d_steps, m, v, gbuf, scores;
+  // Mirrors of m, v and master (only at reselection).
+  std::vector<float> host_m, host_v, host_master;
+  // m, v and (16-bit parameters only) the fp32 master of the important
+  // columns: compact, column-major, like the packed gradients in gbuf.
+  worker::DeviceBuffer d_important, d_remote, d_steps, m, v, master, gbuf, scores;
+
+  bool fp32() const { return dtype == DType::kF32; }
+  float* param_f32() const { return static_cast<float*>(param); }
 };
 
 absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& want, int32_t rank,
                                             worker::Backend* backend,
                                             const std::vector<ParamSpec>& params) {
   if (rank == 0) {
-    absl::StatusOr<v1::JobSpec> created = client->CreateJob(want);
+    v1::JobSpec spec = want;
+    for (v1::TensorSpec& ts : *spec.mutable_tensors()) {
+      if (ts.dtype() != v1::DTYPE_UNSPECIFIED) continue;
+      for (const ParamSpec& p : params) {
+        if (p.name == ts.name()) ts.set_dtype(ToProto(p.dtype));
+      }
+    }
+    absl::StatusOr<v1::JobSpec> created = client->CreateJob(spec);
     if (!created.ok() && created.status().code() != absl::StatusCode::kAlreadyExists) {
       return created.status();
     }
-    std::vector<std::vector<float>> host(params.size());
+    // The values go up in the parameters' own dtype: the daemon decodes them
+    // into its fp32 master exactly, and a bf16 model uploads half the bytes.
+    std::vector<std::vector<char>> host(params.size());
     std::vector<Client::TensorValues> values;
     for (size_t i = 0; i < params.size(); ++i) {
       int64_t n = 1;
       for (int64_t d : params[i].shape) n *= d;
-      host[i].resize(n);
-      ZF_RETURN_IF_ERROR(backend->CopyToHost(host[i].data(), params[i].param, n * sizeof(float)));
+      host[i].resize(n * DTypeSize(params[i].dtype));
+      ZF_RETURN_IF_ERROR(backend->CopyToHost(host[i].data(), params[i].param, host[i].size()));
     }
     ZF_RETURN_IF_ERROR(backend->Synchronize());
     for (size_t i = 0; i < params.size(); ++i) {
-      values.push_back({params[i].name, params[i].shape, host[i].data()});
+      values.push_back({params[i].name, params[i].shape, host[i].data(), params[i].dtype});
     }
     absl::Status up = client->UploadParameters(want.job_id(), values).status();
     if (!up.ok() && up.code() != absl::StatusCode::kAlreadyExists) return up;
@@ -180,13 +199,28 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", ts.name(), "': parameter and gradient buffers are required"));
     }
-    if (ts.dtype() != v1::DTYPE_FP32) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor '", ts.name(), "': the worker engine keeps fp32 parameters; bf16/fp16 "
-          "parameters with an fp32 master are not implemented yet"));
+    ZF_ASSIGN_OR_RETURN(
+        const DType job_dtype,
+        FromProto(ts.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FP32 : ts.dtype(),
+                  absl::StrCat("tensor '", ts.name(), "' dtype")));
+    if (job_dtype != p->dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", ts.name(), "': the model's parameters are ", DTypeName(p->dtype),
+          " but the job's TensorSpec.dtype is ", DTypeName(job_dtype),
+          "; the daemon sends values in the job's dtype, so create the job with the "
+          "parameters' dtype (JoinOrCreateJob fills in an unset one)"));
+    }
+    if (p->dtype != DType::kF32 && spec_.delta_kind() == v1::DELTA_ARITHMETIC) {
+      // new - old of the daemon's fp32 master, added to a rounded parameter,
+      // would drift from that master by a rounding every round.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", ts.name(), "': ", DTypeName(p->dtype), " parameters take DELTA_VALUES "
+          "deltas (the daemon's fp32 master, rounded); DELTA_ARITHMETIC is for fp32 "
+          "parameters only: create the job with delta_kind DELTA_VALUES (the default)"));
     }
     auto t = std::make_unique<Tensor>();
     t->name = ts.name();
+    t->dtype = p->dtype;
     const ColumnGeometry geo = GeometryOf(ts);
     t->rows = geo.rows;
     t->cols = geo.cols;
@@ -200,6 +234,7 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     ZF_RETURN_IF_ERROR(t->d_steps.Reserve(backend_, std::max<int64_t>(cap, 1) * 8));
     ZF_RETURN_IF_ERROR(t->m.Reserve(backend_, capn * 4));
     ZF_RETURN_IF_ERROR(t->v.Reserve(backend_, capn * 4));
+    if (!t->fp32()) ZF_RETURN_IF_ERROR(t->master.Reserve(backend_, capn * 4));
     ZF_RETURN_IF_ERROR(t->gbuf.Reserve(backend_, capn * 4));
     ZF_RETURN_IF_ERROR(t->scores.Reserve(backend_, t->cols * 4));
     ZF_RETURN_IF_ERROR(SetImportant(*t, {}));  // version 0: every column remote
@@ -411,10 +446,14 @@ absl::StatusOr<std::vector<v1::ColumnState>> ZenFlowOptimizer::LocalState() {
     cs.mutable_values()->Resize(static_cast<int>(values), 0.0f);
     cs.mutable_m()->Resize(static_cast<int>(values), 0.0f);
     cs.mutable_v()->Resize(static_cast<int>(values), 0.0f);
-    ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, values * 4));
-    ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param, t.rows, t.cols, t.d_important.i32(), n,
-                                             PackDType::kF32, scratch_vals_.p(), nullptr));
-    ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), values * 4));
+    if (t.fp32()) {
+      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, values * 4));
+      ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param_f32(), t.rows, t.cols, t.d_important.i32(),
+                                               n, PackDType::kF32, scratch_vals_.p(), nullptr));
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), values * 4));
+    } else {  // the fp32 master: the exact state (the parameter is its rounding)
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), t.master.p(), values * 4));
+    }
     ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_m()->mutable_data(), t.m.p(), values * 4));
     ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_v()->mutable_data(), t.v.p(), values * 4));
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
@@ -456,10 +495,16 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
   for (Tensor* t : active) {
     for (int64_t& s : t->steps) s += 1;
     ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t->d_steps.p(), t->steps.data(), t->steps.size() * 8));
-    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param, t->rows, t->cols,
-                                                t->d_important.i32(),
-                                                static_cast<int64_t>(t->important.size()),
-                                                t->d_steps.i64(), t->gbuf.f32(), t->m.f32(), t->v.f32()));
+    const int64_t n = static_cast<int64_t>(t->important.size());
+    if (t->fp32()) {
+      ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols,
+                                                  t->d_important.i32(), n, t->d_steps.i64(),
+                                                  t->gbuf.f32(), t->m.f32(), t->v.f32()));
+    } else {
+      ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(
+          h, 1.0f, t->param, Param16(t->dtype), t->rows, t->cols, t->d_important.i32(), n,
+          t->d_steps.i64(), t->gbuf.f32(), t->master.f32(), t->m.f32(), t->v.f32()));
+    }
   }
   return backend_->Synchronize();
 }
@@ -549,10 +594,16 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
     }
     if (t == nullptr) return absl::InternalError(absl::StrCat("delta for unknown tensor '", d.tensor(), "'"));
     const int64_t n = d.columns_size();
-    if (d.dtype() != v1::DTYPE_FP32 ||
-        static_cast<int64_t>(d.payload().size()) != n * t->rows * 4) {
-      return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' is not ", n,
-                                              " fp32 columns"));
+    const bool arithmetic = d.kind() == v1::DELTA_ARITHMETIC;
+    // Values come in the parameter's dtype, arithmetic deltas in fp32 (fp32
+    // parameters only: Init refuses them for 16-bit ones).
+    const DType want = arithmetic ? DType::kF32 : t->dtype;
+    if ((arithmetic && !t->fp32()) || d.dtype() != ToProto(want) ||
+        static_cast<int64_t>(d.payload().size()) !=
+            n * t->rows * static_cast<int64_t>(DTypeSize(want))) {
+      return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' is not ", n, " ",
+                                              DTypeName(want), " columns of ",
+                                              arithmetic ? "differences" : "values"));
     }
     const int32_t* cols = d.columns().data();
     const void* vals = d.payload().data();
@@ -564,9 +615,14 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
       cols = scratch_cols_.i32();
       vals = scratch_vals_.p();
     }
-    ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t->param, t->rows, t->cols, cols, n,
-                                              PackDType::kF32, vals, nullptr,
-                                              d.kind() == v1::DELTA_ARITHMETIC));
+    if (t->fp32()) {
+      ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t->param_f32(), t->rows, t->cols, cols, n,
+                                                PackDType::kF32, vals, nullptr, arithmetic));
+    } else {  // bf16 / fp16 values: copied into the parameter as they are
+      const PackDType p16 = Param16(t->dtype);
+      ZF_RETURN_IF_ERROR(
+          backend_->ApplyColumns16(t->param, p16, t->rows, t->cols, cols, n, p16, vals));
+    }
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     client_->Recycle(std::move(*d.mutable_payload()));
   }
@@ -609,25 +665,36 @@ absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
     const size_t nimp = t.important.size();
     t.host_m.resize(nimp * t.rows);
     t.host_v.resize(nimp * t.rows);
+    t.host_master.resize(t.fp32() ? 0 : nimp * t.rows);
     if (nimp > 0) {
       ZF_RETURN_IF_ERROR(backend_->CopyToHost(t.host_m.data(), t.m.p(), nimp * t.rows * 4));
       ZF_RETURN_IF_ERROR(backend_->CopyToHost(t.host_v.data(), t.v.p(), nimp * t.rows * 4));
+      if (!t.fp32()) {
+        ZF_RETURN_IF_ERROR(
+            backend_->CopyToHost(t.host_master.data(), t.master.p(), nimp * t.rows * 4));
+      }
     }
     if (leave_cols[i].empty()) continue;
     const int64_t n = static_cast<int64_t>(leave_cols[i].size());
-    ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
-    ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), leave_cols[i].data(), n * 4));
-    ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param, t.rows, t.cols, scratch_cols_.i32(), n,
-                                             PackDType::kF32, scratch_vals_.p(), nullptr));
     v1::ColumnState cs;
     cs.set_tensor(t.name);
-    cs.mutable_values()->Resize(static_cast<int>(n * t.rows), 0.0f);
-    ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), n * t.rows * 4));
+    if (t.fp32()) {
+      ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
+      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), leave_cols[i].data(), n * 4));
+      ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param_f32(), t.rows, t.cols, scratch_cols_.i32(),
+                                               n, PackDType::kF32, scratch_vals_.p(), nullptr));
+      cs.mutable_values()->Resize(static_cast<int>(n * t.rows), 0.0f);
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), n * t.rows * 4));
+    }
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     for (int32_t c : leave_cols[i]) {
       const size_t k = std::lower_bound(t.important.begin(), t.important.end(), c) - t.important.begin();
       cs.add_columns(c);
+      if (!t.fp32()) {  // rule 8: the fp32 master moves, not its rounding
+        cs.mutable_values()->Add(t.host_master.begin() + k * t.rows,
+                                 t.host_master.begin() + (k + 1) * t.rows);
+      }
       cs.mutable_m()->Add(t.host_m.begin() + k * t.rows, t.host_m.begin() + (k + 1) * t.rows);
       cs.mutable_v()->Add(t.host_v.begin() + k * t.rows, t.host_v.begin() + (k + 1) * t.rows);
       cs.add_update_counts(t.steps[k]);
@@ -675,6 +742,7 @@ absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
     }
     const std::vector<int32_t>& now = chosen[i];
     std::vector<float> m(now.size() * t.rows), v(now.size() * t.rows);
+    std::vector<float> master(t.fp32() ? 0 : now.size() * t.rows);
     std::vector<int64_t> steps(now.size());
     for (size_t j = 0; j < now.size(); ++j) {
       const int32_t c = now[j];
@@ -683,6 +751,9 @@ absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
         const size_t k = it - t.important.begin();
         std::copy_n(t.host_m.begin() + k * t.rows, t.rows, m.begin() + j * t.rows);
         std::copy_n(t.host_v.begin() + k * t.rows, t.rows, v.begin() + j * t.rows);
+        if (!t.fp32()) {
+          std::copy_n(t.host_master.begin() + k * t.rows, t.rows, master.begin() + j * t.rows);
+        }
         steps[j] = t.steps[k];
         continue;
       }
@@ -694,6 +765,9 @@ absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
       if (idx < 0) return absl::InternalError(absl::StrCat("no joining state for column ", c));
       std::copy_n(join->m().begin() + idx * t.rows, t.rows, m.begin() + j * t.rows);
       std::copy_n(join->v().begin() + idx * t.rows, t.rows, v.begin() + j * t.rows);
+      if (!t.fp32()) {  // the daemon's fp32 master becomes this rank's
+        std::copy_n(join->values().begin() + idx * t.rows, t.rows, master.begin() + j * t.rows);
+      }
       steps[j] = join->update_counts(idx);
     }
     if (join != nullptr && join->columns_size() > 0) {
@@ -702,13 +776,23 @@ absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
       ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
       ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), join->columns().data(), n * 4));
       ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_vals_.p(), join->values().data(), n * t.rows * 4));
-      ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t.param, t.rows, t.cols, scratch_cols_.i32(), n,
-                                                PackDType::kF32, scratch_vals_.p(), nullptr, false));
+      if (t.fp32()) {
+        ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t.param_f32(), t.rows, t.cols,
+                                                  scratch_cols_.i32(), n, PackDType::kF32,
+                                                  scratch_vals_.p(), nullptr, false));
+      } else {  // the parameter holds the master's rounding
+        ZF_RETURN_IF_ERROR(backend_->ApplyColumns16(t.param, Param16(t.dtype), t.rows, t.cols,
+                                                    scratch_cols_.i32(), n, PackDType::kF32,
+                                                    scratch_vals_.p()));
+      }
       ZF_RETURN_IF_ERROR(backend_->Synchronize());
     }
     if (!now.empty()) {
       ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.m.p(), m.data(), m.size() * 4));
       ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.v.p(), v.data(), v.size() * 4));
+      if (!t.fp32()) {
+        ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.master.p(), master.data(), master.size() * 4));
+      }
     }
     t.steps = std::move(steps);
     ZF_RETURN_IF_ERROR(SetImportant(t, now));

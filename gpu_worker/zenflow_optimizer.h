@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "common/codec.h"
 #include "common/mutex.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -28,13 +29,22 @@
 
 namespace zenflow {
 
-// One fp32 tensor of the model, in backend memory. Not owned.
+// One tensor of the model, in backend memory. Not owned.
+//
+// Parameters are fp32, bf16 or fp16 (`dtype`, which must equal the job's
+// TensorSpec.dtype). For bf16 / fp16 the engine keeps an fp32 master, beside
+// the fp32 m and v, of the columns it updates itself (the important ones,
+// DESIGN rule 4), runs AdamW on that master and writes the rounded values
+// into `param`; the daemon keeps the fp32 master of the others and sends
+// them back in the parameter's dtype. Gradients are fp32 whatever the
+// parameters' dtype (the model's backward writes fp32).
 struct ParamSpec {
   std::string name;
-  std::vector<int64_t> shape;  // [n] or [rows, cols]
-  float* param = nullptr;      // row-major
-  float* grad = nullptr;       // row-major, written by backward before Step()
-  bool local = false;          // always updated on the worker
+  std::vector<int64_t> shape;   // [n] or [rows, cols]
+  void* param = nullptr;        // row-major, of `dtype`
+  float* grad = nullptr;        // row-major fp32, written by backward before Step()
+  bool local = false;           // always updated on the worker
+  DType dtype = DType::kF32;    // of `param`
 };
 
 // What one Step() did and waited for.
@@ -67,9 +77,10 @@ struct OptimizerTotals {
 };
 
 // Creates the job (rank 0, with the initial parameter values read from the
-// backend) or waits for it to exist and be uploaded (other ranks), joins as
-// `rank` and returns the job's normalized spec. `want` names the tensors and
-// settings; its tensors must match `params`.
+// backend and uploaded in each parameter's dtype) or waits for it to exist
+// and be uploaded (other ranks), joins as `rank` and returns the job's
+// normalized spec. `want` names the tensors and settings; its tensors must
+// match `params` (a TensorSpec.dtype left unset takes the ParamSpec's).
 absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& want, int32_t rank,
                                             worker::Backend* backend,
                                             const std::vector<ParamSpec>& params);

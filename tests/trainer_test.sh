@@ -5,7 +5,9 @@
 #    ends within 2% of local's validation loss;
 #  - two zenflow ranks in two processes end bit-identical;
 #  - the data stream over UCX gives the same parameters, bit for bit, as over
-#    gRPC (zero_offload, and zenflow with a fixed apply delay).
+#    gRPC (zero_offload, and zenflow with a fixed apply delay);
+#  - bf16 parameters (--param_dtype=bf16, fp32 masters): zero_offload with an
+#    fp32 wire equals local bit for bit, and zenflow ends within 2% of local.
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
 # (zenflowd requires one; README "Security").
@@ -63,4 +65,18 @@ done
 cmp "$dir/zf1_grpc.params" "$dir/zf1_ucx.params" || { echo "zenflow over UCX differs from gRPC"; exit 1; }
 transport=$("$R/tools/json_get" --line=ZF_SUMMARY "$dir/zf1_ucx.out" transport)
 [ "$transport" = ucx ] || { echo "the UCX run's summary does not say ucx"; cat "$dir/zf1_ucx.out"; exit 1; }
+lb_out=$("$TRAIN" --mode=local --param_dtype=bf16 --save="$dir/local_bf16.params" "${ft[@]}")
+echo "$lb_out"
+[ "$(summary "$lb_out" param_dtype)" = bf16 ] || { echo "the bf16 run's summary does not say bf16"; exit 1; }
+"$TRAIN" --mode=zero_offload --param_dtype=bf16 --wire=fp32 --job=zo_bf16 --target="$T" \
+  --save="$dir/zo_bf16.params" "${ft[@]}"
+cmp "$dir/local_bf16.params" "$dir/zo_bf16.params" ||
+  { echo "zero_offload with bf16 parameters differs from local AdamW with bf16 parameters"; exit 1; }
+! cmp -s "$dir/local.params" "$dir/local_bf16.params" ||
+  { echo "bf16 parameters changed nothing"; exit 1; }
+zfb_out=$("$TRAIN" --mode=zenflow --param_dtype=bf16 --job=zf_bf16 --target="$T" "${ft[@]}")
+echo "$zfb_out"
+awk -v a="$(summary "$lb_out" val_loss)" -v b="$(summary "$zfb_out" val_loss)" 'BEGIN {
+  r = b / a; printf "bf16 parameters: zenflow/local validation loss ratio %.4f\n", r;
+  if (r > 1.02) { print "zenflow (bf16 parameters) is more than 2% worse than local"; exit 1 } }'
 echo "trainer test passed"

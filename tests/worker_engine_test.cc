@@ -92,6 +92,117 @@ void ExpectMatchesSim(const EngineJob& job) {
   EXPECT_GT(Mismatch(sim, init, 1e-3, 0, &where), 1.0);
 }
 
+// bf16 / fp16 parameters: every rank's parameters are values of the dtype,
+// bit-identical across ranks, and equal the simulator's bit for bit. The
+// fp32 masters (the workers' of the important columns, the daemon's of the
+// rest) agree with the simulator's to fp32 rounding only (SIMD AdamW may
+// contract a multiply-add that the simulator rounds twice), so a master
+// lying within that rounding of a midpoint between two 16-bit values
+// could round the other way; the equality below shows none did, and any
+// element that ever differs must still be a neighbour (one unit in the
+// last place) of the simulator's.
+void ExpectMatchesSim16(const EngineJob& job) {
+  ASSERT_NE(job.cfg.param_dtype, SimParamDType::kF32);
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> ranks = RunEngineRanks(job);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  const std::vector<std::vector<float>>& got = (*ranks)[0];
+  for (size_t r = 1; r < ranks->size(); ++r) {
+    for (size_t t = 0; t < got.size(); ++t) {
+      ASSERT_EQ(std::memcmp((*ranks)[r][t].data(), got[t].data(), got[t].size() * 4), 0)
+          << "rank " << r << " differs from rank 0 in tensor " << t;
+    }
+  }
+  const bool bf16 = job.cfg.param_dtype == SimParamDType::kBF16;
+  auto round = [bf16](float x) { return bf16 ? RoundToBf16(x) : RoundToF16(x); };
+  const std::vector<std::vector<float>> sim = RunSim(job);
+  int64_t differ = 0, total = 0;
+  std::string first;
+  for (size_t t = 0; t < got.size(); ++t) {
+    for (size_t i = 0; i < got[t].size(); ++i) {
+      ASSERT_EQ(round(got[t][i]), got[t][i]) << "tensor " << t << " element " << i
+                                              << " is not a value of the parameter dtype";
+      ++total;
+      if (std::memcmp(&got[t][i], &sim[t][i], 4) == 0) continue;
+      ++differ;
+      if (first.empty()) first = absl::StrCat("tensor ", t, " element ", i, ": ", got[t][i], " vs ", sim[t][i]);
+      // A neighbour: the value halfway to it rounds to one of the two.
+      const float mid = 0.5f * (got[t][i] + sim[t][i]);
+      EXPECT_TRUE(round(mid) == got[t][i] || round(mid) == sim[t][i])
+          << "tensor " << t << " element " << i << ": " << got[t][i] << " vs " << sim[t][i]
+          << " are more than one unit in the last place apart";
+    }
+  }
+  EXPECT_EQ(differ, 0) << differ << " of " << total
+                       << " parameters differ from the simulator's; first: " << first;
+  // The comparison can tell the rules apart: other apply delays do not
+  // match, and neither does the same job with fp32 parameters.
+  std::string where;
+  EngineJob other = job;
+  other.cfg.delay = job.cfg.delay == 1 ? 0 : 1;
+  EXPECT_GT(Mismatch(got, RunSim(other), 1e-4, 1e-3, &where), 1.0)
+      << "the engine also matches a simulation with another apply delay";
+  other = job;
+  other.cfg.param_dtype = SimParamDType::kF32;
+  EXPECT_GT(Mismatch(got, RunSim(other), 1e-9, 0, &where), 1.0)
+      << "the engine also matches a simulation with fp32 parameters";
+  std::vector<std::vector<float>> init;
+  for (const SimTensor& t : EngineModel()) init.push_back(t.w);
+  EXPECT_GT(Mismatch(sim, init, 1e-3, 0, &where), 1.0);
+}
+
+TEST_F(WorkerEngineTest, Bf16ParamsOneRankMatchSimulatorBitForBitAcrossReselections) {
+  EngineJob j = Job("sim-bf16-1");
+  j.cfg.world = 1;
+  j.cfg.S = 2;
+  j.cfg.R = 4;  // selections at steps 0, 4, 8, 12: columns leave and join
+  j.cfg.delay = 1;
+  j.cfg.param_dtype = SimParamDType::kBF16;
+  j.steps = 16;
+  ExpectMatchesSim16(j);
+}
+
+TEST_F(WorkerEngineTest, Bf16ParamsTwoRanksMatchSimulatorBitForBitAcrossReselections) {
+  EngineJob j = Job("sim-bf16-2");
+  j.cfg.world = 2;
+  j.cfg.S = 2;
+  j.cfg.R = 4;
+  j.cfg.delay = 0;
+  j.cfg.bf16_wire = true;
+  j.cfg.param_dtype = SimParamDType::kBF16;
+  j.steps = 16;
+  ExpectMatchesSim16(j);
+}
+
+TEST_F(WorkerEngineTest, Fp16ParamsWithWarmupMatchSimulatorBitForBit) {
+  EngineJob j = Job("sim-fp16");
+  j.cfg.world = 2;
+  j.cfg.S = 2;
+  j.cfg.R = 6;
+  j.cfg.warmup_rounds = 1;  // selections at 2, 6, 12
+  j.cfg.delay = 1;
+  j.cfg.param_dtype = SimParamDType::kF16;
+  j.steps = 16;
+  ExpectMatchesSim16(j);
+}
+
+// The daemon sends a bf16 tensor's columns as bf16: half the bytes down.
+TEST_F(WorkerEngineTest, Bf16ParamsHalveTheDeltaBytes) {
+  EngineJob j = Job("bytes-fp32");
+  j.cfg.world = 1;
+  j.cfg.zero_offload = true;  // every column comes back every step
+  j.steps = 8;
+  OptimizerTotals fp32, bf16;
+  ASSERT_OK(RunEngineRank(j, 0, &fp32).status());
+  j.job_id = "bytes-bf16";
+  j.cfg.param_dtype = SimParamDType::kBF16;
+  ASSERT_OK(RunEngineRank(j, 0, &bf16).status());
+  ASSERT_GT(fp32.bytes_received, 0);
+  const double ratio = static_cast<double>(bf16.bytes_received) / fp32.bytes_received;
+  EXPECT_LT(ratio, 0.6) << "bytes down: fp32 params " << fp32.bytes_received << ", bf16 "
+                        << bf16.bytes_received;
+  EXPECT_GT(ratio, 0.4);
+}
+
 TEST_F(WorkerEngineTest, ZenFlowSyncMatchesSimulatorAcrossReselections) {
   EngineJob j = Job("sim-sync");
   j.cfg.world = 2;
@@ -335,6 +446,50 @@ TEST_F(WorkerEngineTest, BadCallerInputIsRejected) {
   ASSERT_OK((*opt)->Step(3, 1e-3f));
   ASSERT_OK((*opt)->Finish());
   EXPECT_EQ((*opt)->totals().steps, 4);
+}
+
+TEST_F(WorkerEngineTest, Bf16ParamsRefuseArithmeticDeltasAndAnotherDType) {
+  std::unique_ptr<worker::Backend> be = worker::MakeCpuBackend(1);
+  ClientOptions co = TestClientOptions(daemon_->target());
+  auto client = Client::Connect(co);
+  ASSERT_OK(client.status());
+  std::vector<worker::DeviceBuffer> bufs(6);
+  std::vector<ParamSpec> specs;
+  std::vector<SimTensor> model = EngineModel();
+  for (size_t i = 0; i < model.size(); ++i) {
+    ASSERT_OK(bufs[2 * i].Reserve(be.get(), model[i].w.size() * 2));
+    ASSERT_OK(bufs[2 * i + 1].Reserve(be.get(), model[i].w.size() * 4));
+    ParamSpec ps;
+    ps.name = model[i].name;
+    ps.shape = model[i].one_d ? std::vector<int64_t>{model[i].cols}
+                              : std::vector<int64_t>{model[i].rows, model[i].cols};
+    ps.param = bufs[2 * i].p();
+    ps.grad = bufs[2 * i + 1].f32();
+    ps.dtype = DType::kBF16;
+    specs.push_back(ps);
+  }
+  EngineJob j = Job("bf16-arith");
+  j.cfg.world = 1;
+  j.cfg.param_dtype = SimParamDType::kBF16;
+  v1::JobSpec want = EngineSpec(j);
+  want.set_delta_kind(v1::DELTA_ARITHMETIC);
+  absl::StatusOr<v1::JobSpec> spec = JoinOrCreateJob(client->get(), want, 0, be.get(), specs);
+  ASSERT_OK(spec.status());
+  EXPECT_EQ(spec->tensors(0).dtype(), v1::DTYPE_BF16);
+  auto bad = ZenFlowOptimizer::Create(be.get(), client->get(), *spec, 0, specs);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("DELTA_ARITHMETIC is for fp32 parameters only"),
+            std::string::npos)
+      << bad.status();
+  // The job says fp32 where the model holds bf16.
+  v1::JobSpec fp32 = *spec;
+  fp32.set_delta_kind(v1::DELTA_VALUES);
+  fp32.mutable_tensors(0)->set_dtype(v1::DTYPE_FP32);
+  bad = ZenFlowOptimizer::Create(be.get(), client->get(), fp32, 0, specs);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("parameters are bf16 but the job's TensorSpec.dtype is fp32"),
+            std::string::npos)
+      << bad.status();
 }
 
 // Fault injection: both ranks of a job are killed (SIGKILL) while they

@@ -22,6 +22,10 @@ usage: ./zf demo [options]
   --interval=N           zenflow: update_interval S (default 4)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
   --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
+  --param_dtype=fp32|bf16|fp16
+                         the model's parameter dtype in all three modes (default fp32);
+                         bf16/fp16: AdamW on an fp32 master (the important columns' on
+                         the worker, the rest on zenflowd, sent back in that dtype)
   --transport=ucx|grpc   data stream of both offloaded modes: UCX shared memory
                          (default) or the gRPC stream; control calls use gRPC
   --emulate-device-ms=N  add N ms of emulated device time per step (default 0)
@@ -36,7 +40,7 @@ EOF
 }
 
 steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=4
-delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx
+delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx param_dtype=fp32
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
 kill_at=""
 for a in "$@"; do
@@ -53,6 +57,7 @@ for a in "$@"; do
     --interval=*) interval="${a#*=}" ;;
     --delay=*) delay="${a#*=}" ;;
     --wire=*) wire="${a#*=}" ;;
+    --param_dtype=*) param_dtype="${a#*=}" ;;
     --transport=*) transport="${a#*=}" ;;
     --emulate-device-ms=*) emulate="${a#*=}" ;;
     --data=*) data="${a#*=}" ;;
@@ -64,6 +69,7 @@ for a in "$@"; do
   esac
 done
 case "$transport" in ucx|grpc) ;; *) echo "--transport must be ucx or grpc" >&2; exit 2 ;; esac
+case "$param_dtype" in fp32|bf16|fp16) ;; *) echo "--param_dtype must be fp32, bf16 or fp16" >&2; exit 2 ;; esac
 if [ -n "$kill_at" ]; then
   if ! [[ "$kill_at" =~ ^[0-9]+$ ]] || [ "$kill_at" -lt 1 ] || [ "$kill_at" -ge "$steps" ]; then
     echo "--kill-daemon-at must be a step in [1, --steps) (--steps is $steps)" >&2; exit 2
@@ -145,7 +151,7 @@ if [ ! -s "$pre" ]; then
 fi
 
 ft=(--steps="$steps" --init="$pre" --data="$data" --lr="$lr" --threads=1 "${model[@]}"
-    --emulate_device_ms="$emulate" --progress=false)
+    --emulate_device_ms="$emulate" --param_dtype="$param_dtype" --progress=false)
 run=$(date +%s)
 # summary MODE PATH...: fields of the ZF_SUMMARY line in MODE's output, one per line.
 summary() { local m=$1; shift; "$ROOT/tools/json_get" --line=ZF_SUMMARY "$out/$m.out" "$@"; }
@@ -192,6 +198,9 @@ for m in zenflow zero_offload local; do
       'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
 done
 awk -v a="$zf_val" -v b="$lo_val" 'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
+if [ "$param_dtype" != fp32 ]; then
+  echo "parameters: $param_dtype in every mode, AdamW on fp32 masters (zenflowd's come back as $param_dtype)"
+fi
 if [ -n "$kill_at" ] && [ "$(summary zenflow reconnects)" = 0 ]; then
   echo "zenflowd was killed after the zenflow ranks were done with it: nothing to ride through" \
     "(try a smaller --kill-daemon-at)"

@@ -143,8 +143,8 @@ absl::Status CheckColumnsArgs(const char* op, const float* w, int64_t rows, int6
 absl::Status CheckAdamWArgs(const AdamWHyper& h, float grad_scale, const float* w, int64_t rows,
                             int64_t cols, const int32_t* columns, int64_t ncols,
                             const int64_t* steps, const float* grad, const float* m,
-                            const float* v) {
-  constexpr const char* kOp = "SelectiveAdamW";
+                            const float* v, const char* op) {
+  const char* const kOp = op;
   ZF_RETURN_IF_ERROR(CheckShape(kOp, rows, cols));
   ZF_RETURN_IF_ERROR(CheckNonNegative(kOp, "ncols", ncols));
   if (ncols > 0 && cols == 0) {
@@ -182,6 +182,65 @@ absl::Status CheckAdamWArgs(const AdamWHyper& h, float grad_scale, const float* 
   return CheckPointer(kOp, "v", v, touches);
 }
 
+absl::Status CheckParam16DType(const char* op, PackDType w_dtype) {
+  if (w_dtype != PackDType::kBF16 && w_dtype != PackDType::kF16) {
+    return Invalid(op, absl::StrCat("the parameter dtype must be kBF16 or kF16, got ",
+                                    PackDTypeName(w_dtype),
+                                    " (fp32 parameters take ApplyColumns / SelectiveAdamW)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckApplyColumns16Args(const void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                                     const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                                     const void* src) {
+  constexpr const char* kOp = "ApplyColumns16";
+  ZF_RETURN_IF_ERROR(CheckParam16DType(kOp, w_dtype));
+  if (src_dtype != PackDType::kF32 && src_dtype != w_dtype) {
+    return Invalid(kOp, absl::StrCat("the source dtype must be f32 or the parameter's own (",
+                                     PackDTypeName(w_dtype), "), got ", PackDTypeName(src_dtype)));
+  }
+  // The shape, count and pointer checks of ApplyColumns (w only for null).
+  return CheckColumnsArgs(kOp, static_cast<const float*>(w), rows, cols, columns, ncols, src_dtype,
+                          src, nullptr);
+}
+
+absl::Status CheckAdamW16Args(const AdamWHyper& h, float grad_scale, const void* w,
+                              PackDType w_dtype, int64_t rows, int64_t cols,
+                              const int32_t* columns, int64_t ncols, const int64_t* steps,
+                              const float* grad, const float* master, const float* m,
+                              const float* v) {
+  constexpr const char* kOp = "SelectiveAdamW16";
+  ZF_RETURN_IF_ERROR(CheckParam16DType(kOp, w_dtype));
+  ZF_RETURN_IF_ERROR(
+      CheckAdamWArgs(h, grad_scale, master, rows, cols, columns, ncols, steps, grad, m, v, kOp));
+  return CheckPointer(kOp, "w", w, ncols > 0 && rows > 0);
+}
+
+absl::Status CheckConvertArgs(const void* src, PackDType src_dtype, const void* dst,
+                              PackDType dst_dtype, int64_t n) {
+  constexpr const char* kOp = "Convert";
+  for (PackDType d : {src_dtype, dst_dtype}) {
+    if (d != PackDType::kF32 && d != PackDType::kBF16 && d != PackDType::kF16) {
+      return Invalid(kOp, absl::StrCat("dtypes must be f32, bf16 or f16, got ", PackDTypeName(d)));
+    }
+  }
+  ZF_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", n));
+  if (n > std::numeric_limits<int64_t>::max() / 8) {
+    return Invalid(kOp, absl::StrCat("n = ", n, " is too large"));
+  }
+  ZF_RETURN_IF_ERROR(CheckPointer(kOp, "src", src, n > 0));
+  ZF_RETURN_IF_ERROR(CheckPointer(kOp, "dst", dst, n > 0));
+  if (n > 0) {
+    const uintptr_t s = reinterpret_cast<uintptr_t>(src);
+    const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+    const uintptr_t sb = static_cast<uintptr_t>(n) * PackDTypeSize(src_dtype);
+    const uintptr_t db = static_cast<uintptr_t>(n) * PackDTypeSize(dst_dtype);
+    if (s < d + db && d < s + sb) return Invalid(kOp, "src and dst overlap");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSquaredNormArgs(const float* x, int64_t n, const double* host_out) {
   constexpr const char* kOp = "SquaredNorm";
   ZF_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", n));
@@ -212,10 +271,10 @@ absl::Status CheckColumnIndices(const char* op, const int32_t* columns, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status CheckSteps(const int64_t* steps, int64_t ncols) {
+absl::Status CheckSteps(const int64_t* steps, int64_t ncols, const char* op) {
   for (int64_t i = 0; i < ncols; ++i) {
     if (steps[i] < 1) {
-      return Invalid("SelectiveAdamW",
+      return Invalid(op,
                      absl::StrCat("steps[", i, "] = ", steps[i],
                                   " but a step count must be >= 1 (it includes this update)"));
     }

@@ -49,11 +49,25 @@ absl::Status CheckTopKArgs(const float* scores, int64_t cols, int64_t k, const i
 absl::Status CheckColumnsArgs(const char* op, const float* w, int64_t rows, int64_t cols,
                               const int32_t* columns, int64_t ncols, PackDType dtype,
                               const void* data, const float* scales);
+// op names the kernel in messages (SelectiveAdamW16 checks its own
+// arguments with this too, its master in the place of w).
 absl::Status CheckAdamWArgs(const AdamWHyper& h, float grad_scale, const float* w, int64_t rows,
                             int64_t cols, const int32_t* columns, int64_t ncols,
                             const int64_t* steps, const float* grad, const float* m,
-                            const float* v);
+                            const float* v, const char* op = "SelectiveAdamW");
 absl::Status CheckSquaredNormArgs(const float* x, int64_t n, const double* host_out);
+// The 16-bit parameter kernels: w_dtype must be kBF16 or kF16.
+absl::Status CheckParam16DType(const char* op, PackDType w_dtype);
+absl::Status CheckApplyColumns16Args(const void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                                     const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                                     const void* src);
+absl::Status CheckAdamW16Args(const AdamWHyper& h, float grad_scale, const void* w,
+                              PackDType w_dtype, int64_t rows, int64_t cols,
+                              const int32_t* columns, int64_t ncols, const int64_t* steps,
+                              const float* grad, const float* master, const float* m,
+                              const float* v);
+absl::Status CheckConvertArgs(const void* src, PackDType src_dtype, const void* dst,
+                              PackDType dst_dtype, int64_t n);
 
 // Host-memory content checks (the CPU backend runs them before touching any
 // data; the CUDA backend checks the same conditions in its kernels and
@@ -63,7 +77,7 @@ absl::Status CheckSquaredNormArgs(const float* x, int64_t n, const double* host_
 absl::Status CheckColumnIndices(const char* op, const int32_t* columns, int64_t ncols, int64_t cols,
                                 bool distinct);
 // Every steps[i] >= 1.
-absl::Status CheckSteps(const int64_t* steps, int64_t ncols);
+absl::Status CheckSteps(const int64_t* steps, int64_t ncols, const char* op = "SelectiveAdamW");
 
 // The CPU backend with its hand-written SIMD kernels (AVX-512 PackColumns,
 // SIMD AdamW) enabled or, with simd = false, only the portable code paths

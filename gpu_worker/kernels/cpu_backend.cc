@@ -161,6 +161,15 @@ inline void ScatterTile(float* w, int64_t cols, const int64_t* idx, int64_t cn, 
   }
 }
 
+// 16-bit W: w[(r0 + r) * cols + idx[c]] = buf[c * stride + r].
+inline void ScatterTile16(uint16_t* w, int64_t cols, const int64_t* idx, int64_t cn, int64_t r0,
+                          int64_t rn, const uint16_t* buf, int64_t stride) {
+  for (int64_t r = 0; r < rn; ++r) {
+    uint16_t* row = w + (r0 + r) * cols;
+    for (int64_t c = 0; c < cn; ++c) row[idx[c]] = buf[c * stride + r];
+  }
+}
+
 // ---------------------------------------------------------------------------
 // PackColumns: portable path.
 // ---------------------------------------------------------------------------
@@ -644,6 +653,15 @@ class CpuBackend final : public Backend {
                               int64_t cols, const int32_t* columns, int64_t ncols,
                               const int64_t* steps, const float* grad, float* m, float* v) override;
   absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
+  absl::Status ApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                              const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                              const void* src) override;
+  absl::Status SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDType w_dtype,
+                                int64_t rows, int64_t cols, const int32_t* columns, int64_t ncols,
+                                const int64_t* steps, const float* grad, float* master, float* m,
+                                float* v) override;
+  absl::Status Convert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype,
+                       int64_t n) override;
 
  private:
   absl::Status Copy(const char* op, void* dst, const void* src, size_t bytes);
@@ -1010,6 +1028,121 @@ absl::Status CpuBackend::SquaredNorm(const float* x, int64_t n, double* host_out
   double sum = 0.0;
   for (double p : partial) sum += p;
   *host_out = sum;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                                        const int32_t* columns, int64_t ncols,
+                                        PackDType src_dtype, const void* src) {
+  ZF_RETURN_IF_ERROR(internal::CheckApplyColumns16Args(w, w_dtype, rows, cols, columns, ncols,
+                                                       src_dtype, src));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("ApplyColumns16", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const int64_t tiles = CeilDiv(ncols, kTileCols);
+  const DType codec = CodecDType(w_dtype);
+  const bool same = src_dtype == w_dtype;
+  const size_t esize = PackDTypeSize(src_dtype);
+  const char* in = static_cast<const char*>(src);
+  uint16_t* out = static_cast<uint16_t*>(w);
+  const int64_t row_blocks = CeilDiv(rows, kTileRows);
+  // As ApplyColumns: threads own row blocks, so they write disjoint rows.
+  pool_.ParallelFor(static_cast<size_t>(row_blocks), 1, [&](size_t bb, size_t be) {
+    alignas(64) uint16_t buf[kTileCols * kTileRows];
+    int64_t idx[kTileCols];
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t c0 = t * kTileCols;
+      const int64_t cn = std::min(kTileCols, ncols - c0);
+      for (int64_t c = 0; c < cn; ++c) idx[c] = columns[c0 + c];
+      for (int64_t b = static_cast<int64_t>(bb); b < static_cast<int64_t>(be); ++b) {
+        const int64_t r0 = b * kTileRows;
+        const int64_t rn = std::min(kTileRows, rows - r0);
+        for (int64_t c = 0; c < cn; ++c) {
+          const char* col = in + static_cast<size_t>((c0 + c) * rows + r0) * esize;
+          if (same) {
+            std::memcpy(buf + c * kTileRows, col, static_cast<size_t>(rn) * 2);
+          } else {
+            Encode(codec, reinterpret_cast<const float*>(col), static_cast<size_t>(rn),
+                   buf + c * kTileRows);
+          }
+        }
+        ScatterTile16(out, cols, idx, cn, r0, rn, buf, kTileRows);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w,
+                                          PackDType w_dtype, int64_t rows, int64_t cols,
+                                          const int32_t* columns, int64_t ncols,
+                                          const int64_t* steps, const float* grad, float* master,
+                                          float* m, float* v) {
+  ZF_RETURN_IF_ERROR(internal::CheckAdamW16Args(h, grad_scale, w, w_dtype, rows, cols, columns,
+                                                ncols, steps, grad, master, m, v));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("SelectiveAdamW16", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  ZF_RETURN_IF_ERROR(internal::CheckSteps(steps, ncols, "SelectiveAdamW16"));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const AdamWHyper hyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+  const DType codec = CodecDType(w_dtype);
+  uint16_t* out = static_cast<uint16_t*>(w);
+  const int64_t tiles = CeilDiv(ncols, kAdamTileCols);
+  // The master is contiguous per column: the AdamW kernel runs on it in
+  // place (as the daemon's does on its master), and only the rounded values
+  // go through the transposition buffer into W.
+  pool_.ParallelFor(static_cast<size_t>(tiles), 1, [&](size_t tb, size_t te) {
+    std::vector<uint16_t> buf(static_cast<size_t>(kAdamTileCols * kAdamTileRows));
+    int64_t idx[kAdamTileCols];
+    for (int64_t t = static_cast<int64_t>(tb); t < static_cast<int64_t>(te); ++t) {
+      const int64_t c0 = t * kAdamTileCols;
+      const int64_t cn = std::min(kAdamTileCols, ncols - c0);
+      for (int64_t c = 0; c < cn; ++c) idx[c] = columns[c0 + c];
+      for (int64_t r0 = 0; r0 < rows; r0 += kAdamTileRows) {
+        const int64_t rn = std::min(kAdamTileRows, rows - r0);
+        for (int64_t c = 0; c < cn; ++c) {
+          const size_t off = static_cast<size_t>((c0 + c) * rows + r0);
+          AdamWUpdate(adam_simd_, hyper, steps[c0 + c], grad_scale, grad + off, master + off,
+                      m + off, v + off, static_cast<size_t>(rn));
+          Encode(codec, master + off, static_cast<size_t>(rn), buf.data() + c * kAdamTileRows);
+        }
+        ScatterTile16(out, cols, idx, cn, r0, rn, buf.data(), kAdamTileRows);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Convert(const void* src, PackDType src_dtype, void* dst,
+                                 PackDType dst_dtype, int64_t n) {
+  ZF_RETURN_IF_ERROR(internal::CheckConvertArgs(src, src_dtype, dst, dst_dtype, n));
+  if (n == 0) return absl::OkStatus();
+  if (src_dtype == dst_dtype) {
+    return Copy("Convert", dst, src, static_cast<size_t>(n) * PackDTypeSize(src_dtype));
+  }
+  constexpr int64_t kChunk = int64_t{1} << 14;  // values per task (and per bf16<->f16 buffer)
+  const char* in = static_cast<const char*>(src);
+  char* out = static_cast<char*>(dst);
+  const size_t in_size = PackDTypeSize(src_dtype);
+  const size_t out_size = PackDTypeSize(dst_dtype);
+  pool_.ParallelFor(static_cast<size_t>(CeilDiv(n, kChunk)), 1, [&](size_t b, size_t e) {
+    std::vector<float> f32;
+    for (size_t k = b; k < e; ++k) {
+      const int64_t i0 = static_cast<int64_t>(k) * kChunk;
+      const size_t cn = static_cast<size_t>(std::min(kChunk, n - i0));
+      const char* s = in + static_cast<size_t>(i0) * in_size;
+      char* d = out + static_cast<size_t>(i0) * out_size;
+      if (src_dtype == PackDType::kF32) {
+        Encode(CodecDType(dst_dtype), reinterpret_cast<const float*>(s), cn, d);
+      } else if (dst_dtype == PackDType::kF32) {
+        Decode(CodecDType(src_dtype), s, cn, reinterpret_cast<float*>(d));
+      } else {  // bf16 <-> f16 through fp32 (exact, then one rounding)
+        f32.resize(cn);
+        Decode(CodecDType(src_dtype), s, cn, f32.data());
+        Encode(CodecDType(dst_dtype), f32.data(), cn, d);
+      }
+    }
+  });
   return absl::OkStatus();
 }
 

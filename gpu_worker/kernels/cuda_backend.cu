@@ -55,6 +55,11 @@ enum ErrorBit : unsigned int {
   kErrAdamIndex = 1u << 3,
   kErrAdamDuplicate = 1u << 4,
   kErrAdamStep = 1u << 5,
+  kErrApply16Index = 1u << 6,
+  kErrApply16Duplicate = 1u << 7,
+  kErrAdam16Index = 1u << 8,
+  kErrAdam16Duplicate = 1u << 9,
+  kErrAdam16Step = 1u << 10,
 };
 
 std::string DescribeErrors(unsigned int bits) {
@@ -68,6 +73,11 @@ std::string DescribeErrors(unsigned int bits) {
   add(kErrAdamIndex, "SelectiveAdamW: a column index was outside [0, cols)");
   add(kErrAdamDuplicate, "SelectiveAdamW: a column index appeared more than once");
   add(kErrAdamStep, "SelectiveAdamW: a step count was < 1 (steps include this update)");
+  add(kErrApply16Index, "ApplyColumns16: a column index was outside [0, cols)");
+  add(kErrApply16Duplicate, "ApplyColumns16: a column index appeared more than once");
+  add(kErrAdam16Index, "SelectiveAdamW16: a column index was outside [0, cols)");
+  add(kErrAdam16Duplicate, "SelectiveAdamW16: a column index appeared more than once");
+  add(kErrAdam16Step, "SelectiveAdamW16: a step count was < 1 (steps include this update)");
   return out;
 }
 
@@ -99,6 +109,16 @@ __device__ __forceinline__ float DevLoad(const void* src, int64_t i, float scale
     return F16ToFloat(static_cast<const uint16_t*>(src)[i]);
   } else {
     return __fmul_rn(static_cast<float>(static_cast<const int8_t*>(src)[i]), scale);
+  }
+}
+
+// fp32 -> the 16-bit parameter dtype kW (kBF16 or kF16), nearest even.
+template <PackDType kW>
+__device__ __forceinline__ uint16_t DevRound16(float x) {
+  if constexpr (kW == PackDType::kBF16) {
+    return FloatToBf16(x);
+  } else {
+    return FloatToF16(x);
   }
 }
 
@@ -396,6 +416,56 @@ __global__ void ApplyKernel(float* __restrict__ w, int64_t rows, int64_t cols,
   }
 }
 
+// ApplyKernel for a 16-bit W (kW): the source (kSrc: kF32, rounded, or kW
+// itself, copied) is read along rows and W written along columns, through a
+// tile of 16-bit values.
+template <PackDType kW, PackDType kSrc>
+__global__ void Apply16Kernel(uint16_t* __restrict__ w, int64_t rows, int64_t cols,
+                              const int32_t* __restrict__ columns, int64_t ncols,
+                              const void* __restrict__ src) {
+  __shared__ uint16_t tile[kTile][kTile + 1];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t my_c = c0 + threadIdx.x;
+  int64_t dst_col = -1;
+  if (my_c < ncols) {
+    const int32_t col = columns[my_c];
+    if (col >= 0 && col < cols) dst_col = col;  // Bad indices: see ColumnCheckKernel.
+  }
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    const int64_t row = r0 + threadIdx.x;
+    for (int c = threadIdx.y; c < kTile; c += kTileY) {
+      const int64_t cc = c0 + c;
+      if (row < rows && cc < ncols) {
+        const int64_t i = cc * rows + row;
+        if constexpr (kSrc == kW) {
+          tile[threadIdx.x][c] = static_cast<const uint16_t*>(src)[i];
+        } else {
+          tile[threadIdx.x][c] = DevRound16<kW>(static_cast<const float*>(src)[i]);
+        }
+      }
+    }
+    __syncthreads();
+    if (dst_col >= 0) {
+      for (int r = threadIdx.y; r < kTile; r += kTileY) {
+        const int64_t rr = r0 + r;
+        if (rr < rows) w[rr * cols + dst_col] = tile[r][threadIdx.x];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Elementwise dtype conversion (grid-stride).
+template <PackDType kSrc, PackDType kDst>
+__global__ void ConvertKernel(const void* __restrict__ src, void* __restrict__ dst, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    DevStore<kDst>(dst, i, DevLoad<kSrc>(src, i, 0.0f), 0.0f);
+  }
+}
+
 // Range and uniqueness check of the column indices of a writing kernel.
 __global__ void ColumnCheckKernel(const int32_t* __restrict__ columns, int64_t ncols, int64_t cols,
                                   unsigned int* __restrict__ seen, unsigned int* errors,
@@ -475,6 +545,74 @@ __global__ void AdamWKernel(AdamConsts k, float* __restrict__ w, int64_t rows, i
         m[i] = mi;
         v[i] = vi;
         tile[threadIdx.x][c] = p;
+      }
+    }
+    __syncthreads();
+    if (col >= 0 && valid[threadIdx.x]) {
+      for (int r = threadIdx.y; r < kTile; r += kTileY) {
+        const int64_t rr = r0 + r;
+        if (rr < rows) w[rr * cols + col] = tile[r][threadIdx.x];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// AdamWKernel on a compact fp32 master (column-major like grad, m, v, so
+// every operand is read along rows, coalesced), then the rounded values go
+// through a 16-bit tile into W's columns.
+template <PackDType kW>
+__global__ void AdamW16Kernel(AdamConsts k, uint16_t* __restrict__ w, int64_t rows, int64_t cols,
+                              const int32_t* __restrict__ columns, int64_t ncols,
+                              const int64_t* __restrict__ steps, const float* __restrict__ grad,
+                              float* __restrict__ master, float* __restrict__ m,
+                              float* __restrict__ v, unsigned int* errors) {
+  __shared__ uint16_t tile[kTile][kTile + 1];
+  __shared__ float step_size[kTile];
+  __shared__ float bc2_sqrt[kTile];
+  __shared__ bool valid[kTile];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t my_c = c0 + threadIdx.x;
+  int64_t col = -1;
+  if (my_c < ncols) {
+    const int32_t cidx = columns[my_c];
+    if (cidx >= 0 && cidx < cols) col = cidx;  // Bad indices: see ColumnCheckKernel.
+  }
+  if (threadIdx.y == 0) {
+    bool ok = false;
+    if (my_c < ncols) {
+      const int64_t t = steps[my_c];
+      if (t < 1) {
+        if (blockIdx.y == 0) atomicOr(errors, kErrAdam16Step);
+      } else {
+        const double td = static_cast<double>(t);
+        const double bc1 = 1.0 - pow(k.beta1_d, td);
+        const double bc2 = 1.0 - pow(k.beta2_d, td);
+        step_size[threadIdx.x] = static_cast<float>(k.lr_d / bc1);
+        bc2_sqrt[threadIdx.x] = static_cast<float>(sqrt(bc2));
+        ok = col >= 0;
+      }
+    }
+    valid[threadIdx.x] = ok;
+  }
+  __syncthreads();
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    const int64_t row = r0 + threadIdx.x;
+    for (int c = threadIdx.y; c < kTile; c += kTileY) {
+      if (row < rows && valid[c]) {
+        const int64_t i = (c0 + c) * rows + row;
+        // The reference formula, in its order (no contraction: -fmad=false).
+        const float g = grad[i] * k.grad_scale;
+        const float mi = k.beta1 * m[i] + k.one_minus_beta1 * g;
+        const float vi = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
+        float p = master[i] * k.decay;
+        p = p - step_size[c] * mi / (sqrtf(vi) / bc2_sqrt[c] + k.eps);
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        tile[threadIdx.x][c] = DevRound16<kW>(p);
       }
     }
     __syncthreads();
@@ -569,6 +707,15 @@ class CudaBackend final : public Backend {
                               int64_t cols, const int32_t* columns, int64_t ncols,
                               const int64_t* steps, const float* grad, float* m, float* v) override;
   absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
+  absl::Status ApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                              const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                              const void* src) override;
+  absl::Status SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDType w_dtype,
+                                int64_t rows, int64_t cols, const int32_t* columns, int64_t ncols,
+                                const int64_t* steps, const float* grad, float* master, float* m,
+                                float* v) override;
+  absl::Status Convert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype,
+                       int64_t n) override;
 
  private:
   // Makes device_ current on the calling thread.
@@ -891,6 +1038,104 @@ absl::Status CudaBackend::SelectiveAdamW(const AdamWHyper& h, float grad_scale, 
   AdamWKernel<<<grid, dim3(kTile, kTileY), 0, stream_.get()>>>(k, w, rows, cols, columns, ncols,
                                                                steps, grad, m, v, errors_);
   return CheckLaunch(kWho, "AdamWKernel");
+}
+
+absl::Status CudaBackend::ApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                                         const int32_t* columns, int64_t ncols,
+                                         PackDType src_dtype, const void* src) {
+  ZF_RETURN_IF_ERROR(internal::CheckApplyColumns16Args(w, w_dtype, rows, cols, columns, ncols,
+                                                       src_dtype, src));
+  if (ncols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(
+      LaunchColumnCheck(columns, ncols, cols, kErrApply16Index, kErrApply16Duplicate));
+  if (rows == 0) return absl::OkStatus();
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const dim3 grid(static_cast<unsigned int>((ncols + kTile - 1) / kTile),
+                  static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
+  const dim3 block(kTile, kTileY);
+  uint16_t* w16 = static_cast<uint16_t*>(w);
+  const bool same = src_dtype == w_dtype;
+  if (w_dtype == PackDType::kBF16) {
+    if (same) {
+      Apply16Kernel<PackDType::kBF16, PackDType::kBF16>
+          <<<grid, block, 0, stream_.get()>>>(w16, rows, cols, columns, ncols, src);
+    } else {
+      Apply16Kernel<PackDType::kBF16, PackDType::kF32>
+          <<<grid, block, 0, stream_.get()>>>(w16, rows, cols, columns, ncols, src);
+    }
+  } else if (same) {
+    Apply16Kernel<PackDType::kF16, PackDType::kF16>
+        <<<grid, block, 0, stream_.get()>>>(w16, rows, cols, columns, ncols, src);
+  } else {
+    Apply16Kernel<PackDType::kF16, PackDType::kF32>
+        <<<grid, block, 0, stream_.get()>>>(w16, rows, cols, columns, ncols, src);
+  }
+  return CheckLaunch(kWho, "Apply16Kernel");
+}
+
+absl::Status CudaBackend::SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w,
+                                           PackDType w_dtype, int64_t rows, int64_t cols,
+                                           const int32_t* columns, int64_t ncols,
+                                           const int64_t* steps, const float* grad,
+                                           float* master, float* m, float* v) {
+  ZF_RETURN_IF_ERROR(internal::CheckAdamW16Args(h, grad_scale, w, w_dtype, rows, cols, columns,
+                                                ncols, steps, grad, master, m, v));
+  if (ncols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(
+      LaunchColumnCheck(columns, ncols, cols, kErrAdam16Index, kErrAdam16Duplicate));
+  AdamConsts k;
+  k.beta1 = h.beta1;
+  k.one_minus_beta1 = 1.0f - h.beta1;
+  k.beta2 = h.beta2;
+  k.one_minus_beta2 = 1.0f - h.beta2;
+  k.decay =
+      static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+  k.eps = h.eps;
+  k.grad_scale = grad_scale;
+  k.beta1_d = h.beta1;
+  k.beta2_d = h.beta2;
+  k.lr_d = h.lr;
+  const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
+  const dim3 grid(static_cast<unsigned int>((ncols + kTile - 1) / kTile),
+                  static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
+  uint16_t* w16 = static_cast<uint16_t*>(w);
+  if (w_dtype == PackDType::kBF16) {
+    AdamW16Kernel<PackDType::kBF16><<<grid, dim3(kTile, kTileY), 0, stream_.get()>>>(
+        k, w16, rows, cols, columns, ncols, steps, grad, master, m, v, errors_);
+  } else {
+    AdamW16Kernel<PackDType::kF16><<<grid, dim3(kTile, kTileY), 0, stream_.get()>>>(
+        k, w16, rows, cols, columns, ncols, steps, grad, master, m, v, errors_);
+  }
+  return CheckLaunch(kWho, "AdamW16Kernel");
+}
+
+absl::Status CudaBackend::Convert(const void* src, PackDType src_dtype, void* dst,
+                                  PackDType dst_dtype, int64_t n) {
+  ZF_RETURN_IF_ERROR(internal::CheckConvertArgs(src, src_dtype, dst, dst_dtype, n));
+  if (n == 0) return absl::OkStatus();
+  if (src_dtype == dst_dtype) {
+    return CopyDeviceToDevice(dst, src, static_cast<size_t>(n) * PackDTypeSize(src_dtype));
+  }
+  ZF_RETURN_IF_ERROR(Activate());
+  const int grid = GridFor(n, kThreads, 4096);
+  cudaStream_t st = stream_.get();
+  using D = PackDType;
+  if (src_dtype == D::kF32 && dst_dtype == D::kBF16) {
+    ConvertKernel<D::kF32, D::kBF16><<<grid, kThreads, 0, st>>>(src, dst, n);
+  } else if (src_dtype == D::kF32) {
+    ConvertKernel<D::kF32, D::kF16><<<grid, kThreads, 0, st>>>(src, dst, n);
+  } else if (src_dtype == D::kBF16 && dst_dtype == D::kF32) {
+    ConvertKernel<D::kBF16, D::kF32><<<grid, kThreads, 0, st>>>(src, dst, n);
+  } else if (src_dtype == D::kBF16) {
+    ConvertKernel<D::kBF16, D::kF16><<<grid, kThreads, 0, st>>>(src, dst, n);
+  } else if (dst_dtype == D::kF32) {
+    ConvertKernel<D::kF16, D::kF32><<<grid, kThreads, 0, st>>>(src, dst, n);
+  } else {
+    ConvertKernel<D::kF16, D::kBF16><<<grid, kThreads, 0, st>>>(src, dst, n);
+  }
+  return CheckLaunch(kWho, "ConvertKernel");
 }
 
 absl::Status CudaBackend::SquaredNorm(const float* x, int64_t n, double* host_out) {

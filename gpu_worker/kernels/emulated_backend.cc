@@ -121,8 +121,8 @@ std::unique_ptr<EmulatorClock> MakeSteadyEmulatorClock() { return std::make_uniq
 
 namespace internal {
 
-int64_t ColumnSectorsPerRow(const int32_t* columns, int64_t ncols) {
-  constexpr int32_t kPerSector = static_cast<int32_t>(kSector / sizeof(float));
+int64_t ColumnSectorsPerRow(const int32_t* columns, int64_t ncols, int64_t elem_bytes) {
+  const int32_t kPerSector = static_cast<int32_t>(kSector) / static_cast<int32_t>(elem_bytes);
   if (ncols <= 0) return 0;
   bool ascending = true;
   for (int64_t i = 1; i < ncols && ascending; ++i) ascending = columns[i] > columns[i - 1];
@@ -324,6 +324,58 @@ absl::Status EmulatedBackend::SquaredNorm(const float* x, int64_t n, double* hos
   ZF_RETURN_IF_ERROR(internal::CheckSquaredNormArgs(x, n, host_out));
   *host_out = 0.0;  // Not computed: the emulated device's results are not numerics.
   Enqueue(KernelCostSeconds(profile_, static_cast<double>(n) * 4.0));
+  return absl::OkStatus();
+}
+
+absl::Status EmulatedBackend::ApplyColumns16(void* w, PackDType w_dtype, int64_t rows,
+                                             int64_t cols, const int32_t* columns, int64_t ncols,
+                                             PackDType src_dtype, const void* src) {
+  ZF_RETURN_IF_ERROR(internal::CheckApplyColumns16Args(w, w_dtype, rows, cols, columns, ncols,
+                                                       src_dtype, src));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("ApplyColumns16", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const double r = static_cast<double>(rows);
+  const double n = static_cast<double>(ncols);
+  // As ApplyColumns, with W's sectors holding 16 two-byte columns each.
+  const double bytes =
+      r * n * static_cast<double>(PackDTypeSize(src_dtype)) + n * 4.0 +
+      2.0 * r * static_cast<double>(internal::ColumnSectorsPerRow(columns, ncols, 2)) * kSector;
+  Enqueue(KernelCostSeconds(profile_, bytes));
+  return absl::OkStatus();
+}
+
+absl::Status EmulatedBackend::SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w,
+                                               PackDType w_dtype, int64_t rows, int64_t cols,
+                                               const int32_t* columns, int64_t ncols,
+                                               const int64_t* steps, const float* grad,
+                                               float* master, float* m, float* v) {
+  ZF_RETURN_IF_ERROR(internal::CheckAdamW16Args(h, grad_scale, w, w_dtype, rows, cols, columns,
+                                                ncols, steps, grad, master, m, v));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("SelectiveAdamW16", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  ZF_RETURN_IF_ERROR(internal::CheckSteps(steps, ncols, "SelectiveAdamW16"));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const double r = static_cast<double>(rows);
+  const double n = static_cast<double>(ncols);
+  // grad read; master, m and v read and written (compact, coalesced); W's
+  // sectors written (a partial-sector write is a read-modify-write); the
+  // indices and update counts.
+  const double bytes =
+      r * n * (4.0 + 24.0) +
+      2.0 * r * static_cast<double>(internal::ColumnSectorsPerRow(columns, ncols, 2)) * kSector +
+      n * 12.0;
+  Enqueue(KernelCostSeconds(profile_, bytes));
+  return absl::OkStatus();
+}
+
+absl::Status EmulatedBackend::Convert(const void* src, PackDType src_dtype, void* dst,
+                                      PackDType dst_dtype, int64_t n) {
+  ZF_RETURN_IF_ERROR(internal::CheckConvertArgs(src, src_dtype, dst, dst_dtype, n));
+  if (n == 0) return absl::OkStatus();
+  Enqueue(KernelCostSeconds(profile_, static_cast<double>(n) *
+                                          static_cast<double>(PackDTypeSize(src_dtype) +
+                                                              PackDTypeSize(dst_dtype))));
   return absl::OkStatus();
 }
 

@@ -28,8 +28,10 @@
 //   time they write a given destination address (so staging buffers hold
 //   shard bytes made once from the synthetic gradients) and afterwards only
 //   advance the clock.
-// - ApplyColumns, SelectiveAdamW and SquaredNorm do no host arithmetic
-//   (SquaredNorm reports 0). Deltas are left in the receive buffers.
+// - ApplyColumns, SelectiveAdamW, their 16-bit forms, Convert and
+//   SquaredNorm do no host arithmetic (SquaredNorm reports 0). Deltas are
+//   left in the receive buffers. The 16-bit forms cost what they move: 2-byte
+//   parameter elements (16 columns per sector) beside fp32 master, m, v.
 // - ColumnImportance writes a fixed pseudo-random score per column (a hash
 //   of the column index and the tensor shape), NOT the gradient's norm, so
 //   selection and hand-off run deterministically; TopK ranks those scores
@@ -135,6 +137,15 @@ class EmulatedBackend : public Backend {
                               const int64_t* steps, const float* grad, float* m,
                               float* v) override;
   absl::Status SquaredNorm(const float* x, int64_t n, double* host_out) override;
+  absl::Status ApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                              const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                              const void* src) override;
+  absl::Status SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDType w_dtype,
+                                int64_t rows, int64_t cols, const int32_t* columns, int64_t ncols,
+                                const int64_t* steps, const float* grad, float* master, float* m,
+                                float* v) override;
+  absl::Status Convert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype,
+                       int64_t n) override;
 
  private:
   // Puts an operation of `seconds` on the stream.
@@ -158,9 +169,10 @@ class EmulatedBackend : public Backend {
 absl::StatusOr<std::unique_ptr<EmulatedBackend>> MakeEmulatedBackend(const std::string& profile);
 
 namespace internal {
-// Distinct 32-byte sectors a row of a row-major fp32 tensor touches when
-// `columns` of it are read or written (the strided side of a column kernel).
-int64_t ColumnSectorsPerRow(const int32_t* columns, int64_t ncols);
+// Distinct 32-byte sectors a row of a row-major tensor of `elem_bytes`
+// (4: fp32, 2: bf16 / fp16) touches when `columns` of it are read or
+// written (the strided side of a column kernel).
+int64_t ColumnSectorsPerRow(const int32_t* columns, int64_t ncols, int64_t elem_bytes = 4);
 }  // namespace internal
 
 }  // namespace zenflow::worker

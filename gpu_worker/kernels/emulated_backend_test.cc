@@ -131,6 +131,38 @@ TEST_F(EmulatedBackendTest, PackColumnsCostsTheSectorsItReadsAndTheBytesItWrites
   be_->Free(*idx);
 }
 
+TEST_F(EmulatedBackendTest, SixteenBitAdamWCostsTwoByteSectorsAndAnFp32Master) {
+  const int64_t rows = 64, cols = 64, ncols = 16;
+  std::vector<void*> bufs;
+  for (size_t bytes : {size_t{rows * cols * 2}, size_t{ncols * 4}, size_t{ncols * 8},
+                       size_t{rows * ncols * 4}, size_t{rows * ncols * 4},
+                       size_t{rows * ncols * 4}, size_t{rows * ncols * 4}}) {
+    absl::StatusOr<void*> p = be_->Alloc(bytes);
+    ASSERT_TRUE(p.ok());
+    bufs.push_back(*p);
+  }
+  std::vector<int32_t> columns(ncols);
+  std::iota(columns.begin(), columns.end(), 0);  // one 32-byte sector of each bf16 row
+  std::memcpy(bufs[1], columns.data(), ncols * 4);
+  const std::vector<int64_t> steps(ncols, 1);
+  std::memcpy(bufs[2], steps.data(), ncols * 8);
+  auto f = [&](int i) { return static_cast<float*>(bufs[i]); };
+  ASSERT_TRUE(be_->SelectiveAdamW16(AdamWHyper(), 1.0f, bufs[0], PackDType::kBF16, rows, cols,
+                                    static_cast<int32_t*>(bufs[1]), ncols,
+                                    static_cast<int64_t*>(bufs[2]), f(3), f(4), f(5), f(6))
+                  .ok());
+  // grad read, master / m / v read and written: 28 B per element; W's
+  // sector written as a read-modify-write; indices and counts.
+  const double bytes = 64 * 16 * 28 + 2 * 64 * 1 * 32 + 16 * 12;
+  EXPECT_DOUBLE_EQ(be_->device_busy_until(), 100.0 + kLaunch + bytes / kHbm);
+  EXPECT_EQ(be_->SelectiveAdamW16(AdamWHyper(), 1.0f, bufs[0], PackDType::kF32, rows, cols,
+                                  static_cast<int32_t*>(bufs[1]), ncols,
+                                  static_cast<int64_t*>(bufs[2]), f(3), f(4), f(5), f(6))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  for (void* p : bufs) be_->Free(p);
+}
+
 TEST(ColumnSectorsTest, CountsDistinctSectorsSortedOrNot) {
   const std::vector<int32_t> one = {0, 1, 2, 3, 4, 5, 6, 7};
   EXPECT_EQ(internal::ColumnSectorsPerRow(one.data(), 8), 1);
@@ -139,6 +171,8 @@ TEST(ColumnSectorsTest, CountsDistinctSectorsSortedOrNot) {
   const std::vector<int32_t> unsorted = {9, 1, 15};
   EXPECT_EQ(internal::ColumnSectorsPerRow(unsorted.data(), 3), 2);
   EXPECT_EQ(internal::ColumnSectorsPerRow(nullptr, 0), 0);
+  // Two-byte elements: 16 columns to a sector.
+  EXPECT_EQ(internal::ColumnSectorsPerRow(spread.data(), 3, 2), 2);
 }
 
 TEST_F(EmulatedBackendTest, SmallCopiesMoveBytesLargeOnesOnlyTheFirstTime) {

@@ -33,6 +33,16 @@ float EncodedToFloat(PackDType dtype, const void* src, int64_t i, float scale) {
   return 0.0f;
 }
 
+// Stores x as element i of a kF32, kBF16 or kF16 array.
+void StoreFloat(PackDType dtype, void* dst, int64_t i, float x) {
+  if (dtype == PackDType::kF32) {
+    std::memcpy(static_cast<char*>(dst) + 4 * i, &x, 4);
+    return;
+  }
+  const uint16_t bits = dtype == PackDType::kBF16 ? FloatToBf16(x) : FloatToF16(x);
+  std::memcpy(static_cast<char*>(dst) + 2 * i, &bits, 2);
+}
+
 int8_t RefQuantize(float x, float scale) {
   if (scale == 0.0f) return 0;
   const float y = x / scale;
@@ -154,6 +164,37 @@ void RefSelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w, int64_t 
       p = p - lr_over_bc1 * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + h.eps);
     }
   }
+}
+
+void RefApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                       const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                       const void* src) {
+  for (int64_t c = 0; c < ncols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float x = EncodedToFloat(src_dtype, src, c * rows + r, 0.0f);
+      StoreFloat(w_dtype, w, r * cols + columns[c], x);
+    }
+  }
+}
+
+void RefSelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDType w_dtype,
+                         int64_t rows, int64_t cols, const int32_t* columns, int64_t ncols,
+                         const int64_t* steps, const float* grad, float* master, float* m,
+                         float* v) {
+  // Master column c (rows contiguous values) is a row-major [rows][1]
+  // tensor whose one column is updated with grad, m, v column c: the fp32
+  // reference's step, unchanged.
+  for (int64_t c = 0; c < ncols; ++c) {
+    const int32_t zero = 0;
+    const int64_t off = c * rows;
+    RefSelectiveAdamW(h, grad_scale, master + off, rows, 1, &zero, 1, steps + c, grad + off,
+                      m + off, v + off);
+    for (int64_t r = 0; r < rows; ++r) StoreFloat(w_dtype, w, r * cols + columns[c], master[off + r]);
+  }
+}
+
+void RefConvert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) StoreFloat(dst_dtype, dst, i, EncodedToFloat(src_dtype, src, i, 0.0f));
 }
 
 double RefSquaredNorm(const float* x, int64_t n) {

@@ -42,6 +42,21 @@ void RefSelectiveAdamW(const AdamWHyper& h, float grad_scale, float* w, int64_t 
                        const int32_t* columns, int64_t ncols, const int64_t* steps,
                        const float* grad, float* m, float* v);
 
+// W (row-major, bf16 or fp16)[:, columns[i]] = round(decode(src column i)).
+void RefApplyColumns16(void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                       const int32_t* columns, int64_t ncols, PackDType src_dtype,
+                       const void* src);
+
+// RefSelectiveAdamW's step on the compact master, then W[:, columns[i]] =
+// round(master column i).
+void RefSelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDType w_dtype,
+                         int64_t rows, int64_t cols, const int32_t* columns, int64_t ncols,
+                         const int64_t* steps, const float* grad, float* master, float* m,
+                         float* v);
+
+// dst[i] = convert(src[i]).
+void RefConvert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype, int64_t n);
+
 // sum of (double)x[i]^2 in index order.
 double RefSquaredNorm(const float* x, int64_t n);
 

@@ -490,6 +490,145 @@ TEST_P(BackendTest, SelectiveAdamWMatchesReference) {
 }
 
 // ---------------------------------------------------------------------------
+// 16-bit parameters: ApplyColumns16, SelectiveAdamW16, Convert.
+// ---------------------------------------------------------------------------
+
+constexpr PackDType k16BitDTypes[] = {PackDType::kBF16, PackDType::kF16};
+
+// Random 16-bit parameter bits of finite values in [-2, 2].
+std::vector<uint16_t> Param16(PackDType dtype, size_t n, Data* d) {
+  std::vector<uint16_t> out(n);
+  for (uint16_t& x : out) {
+    const float f = d->Uniform(-2, 2);
+    x = dtype == PackDType::kBF16 ? FloatToBf16(f) : FloatToF16(f);
+  }
+  return out;
+}
+
+TEST_P(BackendTest, ApplyColumns16MatchesReferenceBitForBit) {
+  Data d(11);
+  for (const ColumnShape& s : kColumnShapes) {
+    const std::vector<int32_t> columns = MakeColumns(s.style, s.cols, s.want, &d);  // Distinct.
+    const int64_t ncols = static_cast<int64_t>(columns.size());
+    const size_t n = static_cast<size_t>(s.rows * ncols);
+    const int32_t* dc = Upload(columns);
+    for (PackDType w_dtype : k16BitDTypes) {
+      const std::vector<uint16_t> w0 = Param16(w_dtype, static_cast<size_t>(s.rows * s.cols), &d);
+      // fp32 sources with the encoders' special values (rounding ties,
+      // fp16 overflow, NaNs), and sources already in the parameter's dtype.
+      const std::vector<float> f32 = d.Floats(n, -3, 3, /*specials=*/true);
+      const std::vector<uint16_t> own = Param16(w_dtype, n, &d);
+      for (PackDType src_dtype : {PackDType::kF32, w_dtype}) {
+        SCOPED_TRACE(absl::StrCat(s.rows, "x", s.cols, " ncols=", ncols, " w=",
+                                  internal::PackDTypeName(w_dtype),
+                                  " src=", internal::PackDTypeName(src_dtype)));
+        const void* src = src_dtype == PackDType::kF32 ? static_cast<const void*>(f32.data())
+                                                       : static_cast<const void*>(own.data());
+        std::vector<uint16_t> want = w0;
+        RefApplyColumns16(want.data(), w_dtype, s.rows, s.cols, columns.data(), ncols, src_dtype,
+                          src);
+        uint16_t* dw = Upload(w0);
+        const void* dsrc =
+            src_dtype == PackDType::kF32 ? static_cast<void*>(Upload(f32)) : Upload(own);
+        ASSERT_TRUE(
+            be_->ApplyColumns16(dw, w_dtype, s.rows, s.cols, dc, ncols, src_dtype, dsrc).ok());
+        EXPECT_TRUE(Download(dw, w0.size()) == want) << "parameters differ";
+      }
+    }
+  }
+}
+
+TEST_P(BackendTest, SelectiveAdamW16MatchesReference) {
+  struct Shape {
+    int64_t rows, cols;
+    ColStyle style;
+    int64_t want;
+  };
+  const Shape shapes[] = {{0, 4, ColStyle::kAll, 0},
+                          {1, 1, ColStyle::kAll, 0},
+                          {37, 50, ColStyle::kRandomUnsorted, 20},
+                          {130, 64, ColStyle::kRandomSorted, 40},
+                          {600, 20, ColStyle::kAll, 0}};
+  const int64_t kSteps[] = {1, 2, 3, 10, 1000, 1000000};
+  Data d(12);
+  AdamWHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  for (PackDType w_dtype : k16BitDTypes) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(absl::StrCat(s.rows, "x", s.cols, " ", internal::PackDTypeName(w_dtype)));
+      const std::vector<int32_t> columns = MakeColumns(s.style, s.cols, s.want, &d);
+      const int64_t ncols = static_cast<int64_t>(columns.size());
+      const size_t n = static_cast<size_t>(s.rows * ncols);
+      const std::vector<uint16_t> w0 = Param16(w_dtype, static_cast<size_t>(s.rows * s.cols), &d);
+      std::vector<float> master = d.Floats(n, -1, 1);
+      std::vector<float> grad = d.Floats(n, -1, 1);
+      std::vector<float> m = d.Floats(n, -0.1f, 0.1f);
+      std::vector<float> v = d.Floats(n, 0.01f, 0.02f);
+      std::vector<int64_t> steps(static_cast<size_t>(ncols));
+      for (size_t i = 0; i < steps.size(); ++i) steps[i] = kSteps[i % std::size(kSteps)];
+      uint16_t* dw = Upload(w0);
+      float* dmaster = Upload(master);
+      float* dm = Upload(m);
+      float* dv = Upload(v);
+      ASSERT_TRUE(be_->SelectiveAdamW16(h, 0.5f, dw, w_dtype, s.rows, s.cols, Upload(columns),
+                                        ncols, Upload(steps), Upload(grad), dmaster, dm, dv)
+                      .ok());
+      std::vector<uint16_t> want_w = w0;
+      RefSelectiveAdamW16(h, 0.5f, want_w.data(), w_dtype, s.rows, s.cols, columns.data(), ncols,
+                          steps.data(), grad.data(), master.data(), m.data(), v.data());
+      const std::vector<float> got_master = Download(dmaster, n);
+      EXPECT_TRUE(Near(got_master, master, 1e-6, 1e-6)) << "master";
+      EXPECT_TRUE(Near(Download(dm, n), m, 1e-6, 1e-6)) << "m";
+      EXPECT_TRUE(Near(Download(dv, n), v, 1e-6, 1e-6)) << "v";
+      // W holds exactly the backend's own master, rounded (the master may
+      // differ from the reference's in its last fp32 bit, which can move a
+      // rounding: compare against what this backend computed), and the
+      // other columns are untouched.
+      std::vector<uint16_t> expect_w = w0;
+      for (int64_t c = 0; c < ncols; ++c) {
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const float x = got_master[static_cast<size_t>(c * s.rows + r)];
+          expect_w[static_cast<size_t>(r * s.cols + columns[static_cast<size_t>(c)])] =
+              w_dtype == PackDType::kBF16 ? FloatToBf16(x) : FloatToF16(x);
+        }
+      }
+      const std::vector<uint16_t> got_w = Download(dw, w0.size());
+      EXPECT_TRUE(got_w == expect_w) << "W is not the rounded master";
+      // And against the reference: at most one unit in the last place apart.
+      for (size_t i = 0; i < got_w.size(); ++i) {
+        const int diff = std::abs(static_cast<int>(got_w[i]) - static_cast<int>(want_w[i]));
+        ASSERT_LE(diff, 1) << "W element " << i;
+      }
+    }
+  }
+}
+
+TEST_P(BackendTest, ConvertMatchesReferenceBitForBit) {
+  Data d(13);
+  const PackDType kFloatTypes[] = {PackDType::kF32, PackDType::kBF16, PackDType::kF16};
+  for (int64_t n : {0, 1, 7, 1000, 70000}) {
+    const std::vector<float> f32 = d.Floats(static_cast<size_t>(n), -70000, 70000, true);
+    for (PackDType from : kFloatTypes) {
+      // The source: fp32 values with specials, or their reference encoding.
+      std::vector<char> src(static_cast<size_t>(n) * PackDTypeSize(from));
+      RefConvert(f32.data(), PackDType::kF32, src.data(), from, n);
+      const char* dsrc = Upload(src);
+      for (PackDType to : kFloatTypes) {
+        SCOPED_TRACE(absl::StrCat("n=", n, " ", internal::PackDTypeName(from), " -> ",
+                                  internal::PackDTypeName(to)));
+        const size_t bytes = static_cast<size_t>(n) * PackDTypeSize(to);
+        std::vector<char> want(bytes);
+        RefConvert(src.data(), from, want.data(), to, n);
+        char* dst = static_cast<char*>(Raw(bytes));
+        ASSERT_TRUE(be_->Convert(dsrc, from, dst, to, n).ok());
+        EXPECT_TRUE(Download(dst, bytes) == want) << "converted bytes differ";
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // SquaredNorm.
 // ---------------------------------------------------------------------------
 
@@ -558,6 +697,30 @@ TEST_P(BackendTest, RejectsBadArguments) {
       be_->SelectiveAdamW(h, 1.0f, f, 4, 4, cols2, 2, Upload(zero_step), f + 16, f + 32, f + 48));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("step"));
+
+  // The 16-bit kernels: the parameter dtype, the source dtype, overlap.
+  s = be_->ApplyColumns16(f, PackDType::kF32, 4, 4, cols2, 2, PackDType::kF32, f + 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("parameter dtype must be kBF16 or kF16"));
+  s = be_->ApplyColumns16(f, PackDType::kBF16, 4, 4, cols2, 2, PackDType::kF16, f + 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("source dtype must be f32 or"));
+  s = Outcome(be_->ApplyColumns16(f, PackDType::kBF16, 4, 4, Upload(repeated), 3,
+                                  PackDType::kF32, f + 16));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ApplyColumns16"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("more than once"));
+  s = Outcome(be_->SelectiveAdamW16(h, 1.0f, f, PackDType::kBF16, 4, 4, cols2, 2,
+                                    Upload(zero_step), f + 16, f + 24, f + 32, f + 40));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("SelectiveAdamW16"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("step"));
+  s = be_->Convert(f, PackDType::kF32, f + 2, PackDType::kBF16, 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("overlap"));
+  s = be_->Convert(f, PackDType::kInt8, f + 32, PackDType::kF32, 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(be_->Synchronize().ok());
 
   h.beta1 = 1.0f;
   const std::vector<int64_t> ones = {1, 1};

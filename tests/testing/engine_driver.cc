@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/codec.h"
+#include "common/dtype_proto.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -14,6 +16,18 @@
 
 namespace zenflow::testing {
 namespace {
+
+DType ParamDType(const SimConfig& cfg) {
+  switch (cfg.param_dtype) {
+    case SimParamDType::kBF16:
+      return DType::kBF16;
+    case SimParamDType::kF16:
+      return DType::kF16;
+    case SimParamDType::kF32:
+      break;
+  }
+  return DType::kF32;
+}
 
 float Noise(int rank, int64_t step, size_t ti, size_t i) {
   const double x = 12.9898 * (i + 1) + 78.233 * (step + 1) + 37.719 * (rank + 1) + 3.7 * ti;
@@ -65,6 +79,7 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   for (const SimTensor& t : EngineModel()) {
     v1::TensorSpec* ts = spec.add_tensors();
     ts->set_name(t.name);
+    ts->set_dtype(ToProto(ParamDType(job.cfg)));
     if (t.one_d) {
       ts->add_shape(t.cols);
     } else {
@@ -96,22 +111,30 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   return spec;
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank) {
+absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank,
+                                                              OptimizerTotals* totals) {
   std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(1);
   std::vector<SimTensor> model = EngineModel();
   std::vector<std::unique_ptr<worker::DeviceBuffer>> params, grads;
   std::vector<ParamSpec> specs;
+  // bf16 / fp16 parameters hold the initial values rounded (the codec's
+  // rounding; the simulator rounds with its own).
+  const DType dtype = ParamDType(job.cfg);
+  const size_t esize = DTypeSize(dtype);
   for (const SimTensor& t : model) {
     auto p = std::make_unique<worker::DeviceBuffer>();
     auto g = std::make_unique<worker::DeviceBuffer>();
-    ZF_RETURN_IF_ERROR(p->Reserve(backend.get(), t.w.size() * 4));
+    ZF_RETURN_IF_ERROR(p->Reserve(backend.get(), t.w.size() * esize));
     ZF_RETURN_IF_ERROR(g->Reserve(backend.get(), t.w.size() * 4));
-    ZF_RETURN_IF_ERROR(backend->CopyToDevice(p->p(), t.w.data(), t.w.size() * 4));
+    std::vector<char> init(t.w.size() * esize);
+    Encode(dtype, t.w.data(), t.w.size(), init.data());
+    ZF_RETURN_IF_ERROR(backend->CopyToDevice(p->p(), init.data(), init.size()));
     ParamSpec ps;
     ps.name = t.name;
     ps.shape = t.one_d ? std::vector<int64_t>{t.cols} : std::vector<int64_t>{t.rows, t.cols};
-    ps.param = p->f32();
+    ps.param = p->p();
     ps.grad = g->f32();
+    ps.dtype = dtype;
     specs.push_back(ps);
     params.push_back(std::move(p));
     grads.push_back(std::move(g));
@@ -124,11 +147,17 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
                       ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs));
   std::vector<std::vector<float>> w(model.size());
+  std::vector<char> raw;
+  // The parameters as fp32 (what the model computes with).
+  auto read = [&](size_t ti) -> absl::Status {
+    w[ti].resize(model[ti].w.size());
+    raw.resize(w[ti].size() * esize);
+    ZF_RETURN_IF_ERROR(backend->CopyToHost(raw.data(), params[ti]->p(), raw.size()));
+    Decode(dtype, raw.data(), w[ti].size(), w[ti].data());
+    return absl::OkStatus();
+  };
   for (int64_t t = 0; t < job.steps; ++t) {
-    for (size_t ti = 0; ti < model.size(); ++ti) {
-      w[ti].resize(model[ti].w.size());
-      ZF_RETURN_IF_ERROR(backend->CopyToHost(w[ti].data(), params[ti]->p(), w[ti].size() * 4));
-    }
+    for (size_t ti = 0; ti < model.size(); ++ti) ZF_RETURN_IF_ERROR(read(ti));
     std::vector<std::vector<float>> g = EngineGrad(w, rank, t, job.cfg.R);
     for (size_t ti = 0; ti < model.size(); ++ti) {
       ZF_RETURN_IF_ERROR(backend->CopyToDevice(grads[ti]->p(), g[ti].data(), g[ti].size() * 4));
@@ -136,9 +165,8 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
     ZF_RETURN_IF_ERROR(opt->Step(t, EngineLr(t)));
   }
   ZF_RETURN_IF_ERROR(opt->Finish());
-  for (size_t ti = 0; ti < model.size(); ++ti) {
-    ZF_RETURN_IF_ERROR(backend->CopyToHost(w[ti].data(), params[ti]->p(), w[ti].size() * 4));
-  }
+  if (totals != nullptr) *totals = opt->totals();
+  for (size_t ti = 0; ti < model.size(); ++ti) ZF_RETURN_IF_ERROR(read(ti));
   return w;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gpu_worker/zenflow_optimizer.h"
 #include "tests/testing/zenflow_sim.h"
 #include "zenflow/v1/zenflow.pb.h"
 
@@ -29,8 +30,12 @@ std::vector<std::vector<float>> EngineGrad(const std::vector<std::vector<float>>
 float EngineLr(int64_t step);
 v1::JobSpec EngineSpec(const EngineJob& job);
 
-// Runs rank `rank` to the end; returns its final parameters per tensor.
-absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank);
+// Runs rank `rank` to the end; returns its final parameters per tensor (as
+// fp32; with cfg.param_dtype bf16 / fp16 the parameters are held, uploaded
+// and updated in that dtype).
+// `totals`, if not null, receives the engine's totals (bytes up and down).
+absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank,
+                                                              OptimizerTotals* totals = nullptr);
 // Runs every rank, each in its own thread with its own connection.
 absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(const EngineJob& job);
 // The simulator's final parameters for the same job.

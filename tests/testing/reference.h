@@ -27,6 +27,10 @@ inline float RoundToBf16(float x) {
   return y;
 }
 
+// Rounds to IEEE binary16 (nearest, ties to even; overflow to +-Inf) and
+// back, through the compiler's _Float16, not the codec.
+inline float RoundToF16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+
 struct RefHyper {
   float beta1 = 0.9f;
   float beta2 = 0.999f;

@@ -19,6 +19,11 @@
 
 namespace zenflow::testing {
 
+// The workers' parameter dtype. With kBF16 / kF16 the workers hold rounded
+// parameters and an fp32 master of their important columns (DESIGN rule 4);
+// the daemon's master is fp32 and its updates arrive rounded.
+enum class SimParamDType { kF32, kBF16, kF16 };
+
 struct SimConfig {
   int world = 1;
   int S = 4;              // update_interval
@@ -29,6 +34,7 @@ struct SimConfig {
   bool zero_offload = false;
   bool bf16_wire = false;
   bool int8_wire = false;  // per column and step: scale = max|g|/127, q = rint(g/scale)
+  SimParamDType param_dtype = SimParamDType::kF32;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
 };
 
@@ -44,8 +50,12 @@ class ZenFlowSim {
   ZenFlowSim(SimConfig cfg, std::vector<SimTensor> tensors) : cfg_(cfg), t_(std::move(tensors)) {
     for (SimTensor& t : t_) {
       const size_t n = t.rows * t.cols;
+      // The model starts from its initial values in the parameter dtype; the
+      // daemon's master is their exact fp32 value (the upload).
+      for (float& x : t.w) x = Round(x);
       State s;
       s.master = t.w;
+      s.ww = t.w;
       s.mw.assign(n, 0);
       s.vw.assign(n, 0);
       s.md.assign(n, 0);
@@ -58,6 +68,7 @@ class ZenFlowSim {
     }
   }
 
+  // The workers' parameters (rounded to the parameter dtype, held as fp32).
   const std::vector<float>& params(size_t ti) const { return t_[ti].w; }
   int reselections() const { return reselections_; }
   std::vector<int32_t> important(size_t ti) const {
@@ -91,7 +102,9 @@ class ZenFlowSim {
             float g = 0;
             for (int k = 0; k < cfg_.world; ++k) g += grads[k][ti][i];
             g *= inv_world;
-            Adam(&x.w[i], &s.mw[i], &s.vw[i], g, lr, s.cw[c]);
+            // On the worker's fp32 master; the parameter is its rounding.
+            Adam(&s.ww[i], &s.mw[i], &s.vw[i], g, lr, s.cw[c]);
+            x.w[i] = Round(s.ww[i]);
           }
         } else if (cfg_.int8_wire) {
           for (int k = 0; k < cfg_.world; ++k) {
@@ -150,7 +163,9 @@ class ZenFlowSim {
 
  private:
   struct State {
-    std::vector<float> master, mw, vw, md, vd, acc;
+    // master: the daemon's fp32 master; ww: the worker's fp32 master (its
+    // important columns'; for fp32 parameters ww of those columns equals w).
+    std::vector<float> master, ww, mw, vw, md, vd, acc;
     std::vector<int64_t> cw, cd;
     std::vector<bool> important;
   };
@@ -158,6 +173,18 @@ class ZenFlowSim {
     int64_t due;
     std::vector<std::vector<std::pair<int32_t, std::vector<float>>>> cols;  // per tensor
   };
+
+  float Round(float x) const {
+    switch (cfg_.param_dtype) {
+      case SimParamDType::kBF16:
+        return RoundToBf16(x);
+      case SimParamDType::kF16:
+        return RoundToF16(x);
+      case SimParamDType::kF32:
+        break;
+    }
+    return x;
+  }
 
   void Adam(float* p, float* m, float* v, float g, float lr, int64_t step) const {
     const double bc1 = 1.0 - std::pow(static_cast<double>(cfg_.beta1), static_cast<double>(step));
@@ -175,7 +202,7 @@ class ZenFlowSim {
     Pending& p = pending_.front();
     for (size_t ti = 0; ti < t_.size(); ++ti) {
       for (auto& [c, col] : p.cols[ti]) {
-        for (int64_t r = 0; r < t_[ti].rows; ++r) t_[ti].w[r * t_[ti].cols + c] = col[r];
+        for (int64_t r = 0; r < t_[ti].rows; ++r) t_[ti].w[r * t_[ti].cols + c] = Round(col[r]);
       }
     }
     pending_.erase(pending_.begin());
@@ -208,7 +235,7 @@ class ZenFlowSim {
         if (s.important[c] && !now[c]) {  // leaving: worker state to the daemon
           for (int64_t r = 0; r < x.rows; ++r) {
             const size_t i = r * x.cols + c;
-            s.master[i] = x.w[i];
+            s.master[i] = s.ww[i];  // the fp32 master, not its rounding
             s.md[i] = s.mw[i];
             s.vd[i] = s.vw[i];
           }
@@ -216,7 +243,8 @@ class ZenFlowSim {
         } else if (!s.important[c] && now[c]) {  // joining: daemon state to the worker
           for (int64_t r = 0; r < x.rows; ++r) {
             const size_t i = r * x.cols + c;
-            x.w[i] = s.master[i];
+            s.ww[i] = s.master[i];
+            x.w[i] = Round(s.master[i]);
             s.mw[i] = s.md[i];
             s.vw[i] = s.vd[i];
           }

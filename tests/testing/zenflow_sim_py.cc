@@ -39,6 +39,13 @@ ZenFlowSim* Make(const py::dict& cfg, const std::vector<PyTensor>& tensors) {
     else if (key == "k") c.k = v.cast<float>();
     else if (key == "zero_offload") c.zero_offload = v.cast<bool>();
     else if (key == "bf16_wire") c.bf16_wire = v.cast<bool>();
+    else if (key == "param_dtype") {
+      const std::string d = v.cast<std::string>();
+      if (d == "fp32") c.param_dtype = zenflow::testing::SimParamDType::kF32;
+      else if (d == "bf16") c.param_dtype = zenflow::testing::SimParamDType::kBF16;
+      else if (d == "fp16") c.param_dtype = zenflow::testing::SimParamDType::kF16;
+      else throw py::value_error("param_dtype must be fp32, bf16 or fp16, got '" + d + "'");
+    }
     else if (key == "beta1") c.beta1 = v.cast<float>();
     else if (key == "beta2") c.beta2 = v.cast<float>();
     else if (key == "eps") c.eps = v.cast<float>();

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# bench_scale.sh: builds scale_bench, adam_bench and zenflowd; measures the
+# host's bf16 accumulate rate with adam_bench (./zf bench adam's settings:
+# the ceiling the results are quoted against), starts zenflowd on a free
+# loopback port, runs the scale benchmark against it (1, 2, 4, 8 EMULATED
+# ranks on one job and over 2 jobs, per-rank vs shared sums; see
+# gpu_worker/scale_bench.cc), stops the daemon and exits with the
+# benchmark's status. Arguments go to scale_bench, e.g.
+#   tools/bench_scale.sh --out=/tmp/scale.json --ranks=1,2 --steps=24
+# An --accumulate_ceiling_bytes_per_s argument skips the adam_bench run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+log() { printf '\033[1mbench_scale:\033[0m %s\n' "$*" >&2; }
+
+log "building (bazel build -c opt //gpu_worker:scale_bench //server:adam_bench //server:zenflowd)"
+bazel build -c opt //gpu_worker:scale_bench //server:adam_bench //server:zenflowd
+# The opt outputs, wherever the bazel-bin link points after other builds.
+BIN=$(bazel info -c opt bazel-bin)
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/bench_scale.XXXXXX")
+pid=""
+stop_daemon() {
+  if [ -n "$pid" ]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=""
+  fi
+}
+cleanup() {
+  stop_daemon
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The ceiling, before the daemon starts (an idle host).
+ceiling_args=()
+case " $* " in
+  *" --accumulate_ceiling_bytes_per_s="*) ;;
+  *)
+    log "ceiling: adam_bench (64M params, 2 threads, as ./zf bench adam)"
+    "$BIN/server/adam_bench" --out="$dir/adam.json" >&2
+    ceiling=$("$ROOT/tools/json_get" "$dir/adam.json" accumulate_bytes_per_s)
+    ceiling_args=(--accumulate_ceiling_bytes_per_s="$ceiling"
+                  --accumulate_ceiling_source="adam_bench accumulate_bytes_per_s (DecodeAdd of bf16 into fp32, 64M params, 2 threads), measured at the start of this run")
+    ;;
+esac
+
+"$BIN/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port" 2>"$dir/log" &
+pid=$!
+for _ in $(seq 1 300); do
+  [ -s "$dir/port" ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ ! -s "$dir/port" ]; then
+  log "zenflowd did not start; its log:"
+  sed 's/^/  | /' "$dir/log" >&2
+  exit 1
+fi
+target="127.0.0.1:$(cat "$dir/port")"
+log "zenflowd (pid $pid) serving on $target"
+
+rc=0
+start=$(date +%s)
+"$BIN/gpu_worker/scale_bench" --target="$target" --daemon_pid="$pid" "${ceiling_args[@]}" "$@" || rc=$?
+log "scale_bench exited with $rc after $(( $(date +%s) - start )) s"
+
+stop_daemon
+if [ "$rc" -ne 0 ]; then
+  log "zenflowd log:"
+  sed 's/^/  | /' "$dir/log" >&2
+fi
+exit "$rc"
