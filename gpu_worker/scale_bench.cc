@@ -16,6 +16,15 @@
 // device time per step is --device_ms of sleep (forward and backward) plus
 // the modelled time of Step()'s kernels and copies.
 //
+// The important columns' gradients (k of them) are reduced across a job's
+// ranks before their AdamW (DESIGN rule 4). On GPUs a device collective
+// (NCCL) does that without touching the host or the daemon, so by default
+// (--important_reduce=device) the ranks meet at an in-process rendezvous that
+// stands for it (gpu_worker/local_reducer.h, no arithmetic: emulated memory
+// holds no numerics); --important_reduce=daemon sends them through zenflowd's
+// AllReduce call instead (gRPC, host memory: 8 B per important value per
+// rank and step, up and down), the engine's default without a collective.
+//
 // Why --device_ms defaults to 1: a rank's shards are 0.9 x params x 2 bytes
 // per step (k = 0.1, bf16), 15 MB at the default 2^23 parameters, and their
 // modelled device-to-host copy at 50 GB/s (h100-sxm) takes 0.3 ms. With 1 ms
@@ -29,7 +38,7 @@
 // Why --params defaults to 2^23 per job: 8 ranks then hold 8 x 8 B/param of
 // model and gradient (emulated device memory is host memory) and the daemon
 // 20 B/param per job plus 8 B/param per extra rank with rank_ordered sums,
-// about 1.5 GB at most; the whole matrix (14 runs of 64 steps) takes a few
+// about 1.5 GB at most; the whole matrix (14 runs of 128 steps) takes a few
 // minutes here, with 14 rounds per job in each measured window.
 //
 // Per configuration (the measured window is the same for every rank: all
@@ -90,6 +99,7 @@
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "gpu_worker/kernels/emulated_backend.h"
+#include "gpu_worker/local_reducer.h"
 #include "gpu_worker/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
@@ -107,7 +117,7 @@ ABSL_FLAG(int, device_ms, 1,
 ABSL_FLAG(int64_t, params, int64_t{1} << 23,
           "parameters per job in the 2-D tensors (plus a 4096-value 1-D tensor)");
 ABSL_FLAG(int, tensors, 4, "2-D tensors the parameters are split over");
-ABSL_FLAG(int, steps, 64, "steps per configuration, warm-up (2 x S) included");
+ABSL_FLAG(int, steps, 128, "steps per configuration, warm-up (2 x S) included");
 ABSL_FLAG(double, topk, 0.1, "k, fraction of columns updated on the worker");
 ABSL_FLAG(int, interval, 4, "update_interval S");
 ABSL_FLAG(double, lr, 1e-3, "learning rate (constant)");
@@ -123,6 +133,11 @@ ABSL_FLAG(double, accumulate_ceiling_bytes_per_s, 0,
           "accumulate_bytes_per_s); 0: none");
 ABSL_FLAG(std::string, accumulate_ceiling_source, "",
           "where --accumulate_ceiling_bytes_per_s comes from, in words");
+ABSL_FLAG(std::string, important_reduce, "device",
+          "how a job's ranks reduce their important columns' gradients: device (an in-process "
+          "rendezvous standing for a device collective such as NCCL, whose bytes never touch "
+          "the host: gpu_worker/local_reducer.h without arithmetic) or daemon (zenflowd's "
+          "AllReduce call over gRPC, through host memory)");
 ABSL_FLAG(std::string, job_prefix, "scale-bench", "job ids are <prefix>-<config>-<job>-<pid>");
 ABSL_FLAG(std::string, out, "bench-results/scale.json", "JSON result file");
 
@@ -320,12 +335,17 @@ class ConfigRun {
         grad_pattern_(grad_pattern),
         barrier_(cfg.ranks),
         rank0_clients_(cfg.jobs, nullptr),
+        reducers_(cfg.jobs),
         job_ids_(cfg.jobs),
         ranks_(cfg.ranks) {
     for (int j = 0; j < cfg.jobs; ++j) {
       job_ids_[j] = absl::StrCat(absl::GetFlag(FLAGS_job_prefix), "-", cfg.label(), "-", j, "-",
                                  getpid());
       tokens_.push_back(NewToken());  // the job's, shared by its ranks
+      if (absl::GetFlag(FLAGS_important_reduce) == "device") {
+        reducers_[j] = std::make_unique<LocalReducer>(cfg.ranks / cfg.jobs,
+                                                      LocalReducer::Arithmetic::kNone);
+      }
     }
   }
 
@@ -434,6 +454,7 @@ class ConfigRun {
                         JoinOrCreateJob(client.get(), want, rank, be.get(), specs));
     ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
                         ZenFlowOptimizer::Create(be.get(), client.get(), spec, rank, specs));
+    if (reducers_[job] != nullptr) opt->set_gradient_reducer(reducers_[job]->ForRank(rank));
     res.setup_s = Now() - t_setup;
     if (rank == 0) {
       MutexLock lock(&mu_);
@@ -551,6 +572,8 @@ class ConfigRun {
   Mutex mu_;
   // Each job's rank 0 client, for GetStats (set before the first barrier).
   std::vector<Client*> rank0_clients_ ABSL_GUARDED_BY(mu_);
+  // Per job with --important_reduce=device: its ranks' reduce rendezvous.
+  std::vector<std::unique_ptr<LocalReducer>> reducers_;
   int interval_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<std::string> job_ids_;
   std::vector<std::string> tokens_;
@@ -639,6 +662,11 @@ absl::Status Run() {
   ZF_ASSIGN_OR_RETURN(worker::DeviceProfile profile,
                       worker::FindDeviceProfile(absl::GetFlag(FLAGS_device_profile)));
   ZF_RETURN_IF_ERROR(ParseTransport(absl::GetFlag(FLAGS_transport)).status());
+  const std::string reduce = absl::GetFlag(FLAGS_important_reduce);
+  if (reduce != "device" && reduce != "daemon") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--important_reduce must be device or daemon, not '", reduce, "'"));
+  }
   const int pid = absl::GetFlag(FLAGS_daemon_pid);
   if (pid > 0) ZF_RETURN_IF_ERROR(ProcessCpuSeconds(pid).status());
   const int64_t params = ntensors * kRows * cols + kVector;
@@ -705,6 +733,7 @@ absl::Status Run() {
   json.BeginObject();
   json.Key("device_profile").String(profile.name);
   json.Key("transport").String(absl::GetFlag(FLAGS_transport));
+  json.Key("important_reduce").String(absl::GetFlag(FLAGS_important_reduce));
   json.Key("params_per_job").Int(params);
   if (absl::GetFlag(FLAGS_transport) == "ucx") {
     json.Key("ucx_tls").String(absl::GetFlag(FLAGS_ucx_tls));

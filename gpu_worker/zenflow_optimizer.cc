@@ -474,7 +474,17 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
                                              static_cast<int64_t>(t->important.size()),
                                              PackDType::kF32, t->gbuf.p(), nullptr));
   }
-  if (spec_.world_size() > 1) {
+  if (spec_.world_size() > 1 && reducer_) {
+    // Important gradients are reduced across ranks first (rule 4), here by
+    // the caller's collective, device to device.
+    std::vector<ReducePart> parts;
+    for (Tensor* t : active) {
+      parts.push_back({t->name, t->gbuf.f32(),
+                       static_cast<int64_t>(t->important.size()) * t->rows});
+    }
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());  // the packed gradients are there
+    ZF_RETURN_IF_ERROR(reducer_(step, parts));
+  } else if (spec_.world_size() > 1) {
     // Important gradients are reduced across ranks first (rule 4).
     std::vector<std::vector<float>> host(active.size());
     for (size_t i = 0; i < active.size(); ++i) {

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,20 @@ absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& w
                                             worker::Backend* backend,
                                             const std::vector<ParamSpec>& params);
 
+// One tensor's packed important-column gradients in backend memory: fp32,
+// column-major [ncols][rows], `n` values.
+struct ReducePart {
+  std::string tensor;
+  float* device = nullptr;
+  int64_t n = 0;
+};
+// Replaces every part, in place, with its mean over the job's ranks, the
+// same on every rank (DESIGN rule 4: the important columns' gradients are
+// reduced across ranks before their AdamW). Called with the same parts on
+// every rank at every step; a status other than OK fails the step.
+using GradientReducer =
+    std::function<absl::Status(int64_t step, const std::vector<ReducePart>& parts)>;
+
 // Thread-compatible: one training thread calls it.
 class ZenFlowOptimizer {
  public:
@@ -97,6 +112,14 @@ class ZenFlowOptimizer {
   ~ZenFlowOptimizer();
   ZenFlowOptimizer(const ZenFlowOptimizer&) = delete;
   ZenFlowOptimizer& operator=(const ZenFlowOptimizer&) = delete;
+
+  // How ranks reduce the important columns' gradients (world_size > 1).
+  // Default: the daemon's AllReduce call (through host memory, summed in
+  // rank order: bit-identical everywhere). On GPUs a collective library
+  // does it device to device (e.g. an NCCL all-reduce and a scale by
+  // 1/world), keeping these bytes off the host and the daemon. Set before
+  // the first Step().
+  void set_gradient_reducer(GradientReducer reducer) { reducer_ = std::move(reducer); }
 
   // Runs the optimizer for step `step` (0, 1, 2, ... in order) with the
   // gradients now in the ParamSpec grad buffers and learning rate `lr`.
@@ -150,6 +173,7 @@ class ZenFlowOptimizer {
 
   worker::Backend* const backend_;
   Client* const client_;
+  GradientReducer reducer_;  // empty: the daemon's AllReduce
   const v1::JobSpec spec_;
   const int32_t rank_;
   const int64_t interval_;  // S

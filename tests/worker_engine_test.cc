@@ -213,6 +213,37 @@ TEST_F(WorkerEngineTest, ZenFlowSyncMatchesSimulatorAcrossReselections) {
   ExpectMatchesSim(j);
 }
 
+// The important gradients reduced by an in-process collective (as ranks on
+// GPUs would with NCCL) instead of the daemon's AllReduce: the same rank-order
+// mean, so the same bits.
+TEST_F(WorkerEngineTest, ALocalReducerGivesTheDaemonAllReducesBits) {
+  EngineJob j = Job("reduce-daemon");
+  j.cfg.world = 2;
+  j.cfg.S = 2;
+  j.cfg.R = 4;
+  j.cfg.delay = 1;
+  j.steps = 12;
+  j.rank_ordered_sums = true;  // or the daemon's sums would depend on arrival order
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> daemon = RunEngineRanks(j);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  LocalReducer group(2);
+  j.job_id = "reduce-local";
+  j.reducer = &group;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> local = RunEngineRanks(j);
+  ASSERT_TRUE(local.ok()) << local.status();
+  for (int r = 0; r < 2; ++r) {
+    for (size_t t = 0; t < (*daemon)[0].size(); ++t) {
+      ASSERT_EQ((*local)[r][t].size(), (*daemon)[r][t].size());
+      EXPECT_EQ(std::memcmp((*local)[r][t].data(), (*daemon)[r][t].data(),
+                            (*daemon)[r][t].size() * 4), 0)
+          << "rank " << r << " tensor " << t;
+    }
+  }
+  // Every step reduced its important columns here (none are empty with
+  // k = 0.25 after the first selection at step 0).
+  EXPECT_EQ(group.completed(), j.steps);
+}
+
 TEST_F(WorkerEngineTest, ZenFlowDelayOneMatchesSimulatorAcrossReselections) {
   EngineJob j = Job("sim-d1");
   j.cfg.world = 2;

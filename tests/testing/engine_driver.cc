@@ -88,6 +88,7 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
     }
   }
   spec.set_world_size(job.cfg.world);
+  spec.set_rank_ordered_sums(job.rank_ordered_sums);
   spec.set_wire_dtype(job.cfg.int8_wire   ? v1::DTYPE_INT8
                       : job.cfg.bf16_wire ? v1::DTYPE_BF16
                                           : v1::DTYPE_FP32);
@@ -146,6 +147,7 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
                       JoinOrCreateJob(client.get(), EngineSpec(job), rank, backend.get(), specs));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
                       ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs));
+  if (job.reducer != nullptr) opt->set_gradient_reducer(job.reducer->ForRank(rank));
   std::vector<std::vector<float>> w(model.size());
   std::vector<char> raw;
   // The parameters as fp32 (what the model computes with).

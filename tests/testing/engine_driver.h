@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/local_reducer.h"
 #include "tests/testing/zenflow_sim.h"
 #include "zenflow/v1/zenflow.pb.h"
 
@@ -20,6 +21,10 @@ struct EngineJob {
   SimConfig cfg;
   int64_t steps = 16;
   bool adaptive = false;  // overrides cfg.delay with adaptive
+  // Set: the ranks reduce their important gradients through it (threads of
+  // this process) instead of the daemon's AllReduce.
+  LocalReducer* reducer = nullptr;
+  bool rank_ordered_sums = false;  // JobSpec.rank_ordered_sums (reruns bit-identical)
 };
 
 // The model: tensors with fixed targets; initial values.
