@@ -110,6 +110,22 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
     ZF_RETURN_IF_ERROR(FromProto(spec->wire_dtype(), "wire_dtype").status());
   }
   if (spec->delta_kind() == v1::DELTA_UNSPECIFIED) spec->set_delta_kind(v1::DELTA_VALUES);
+  if (spec->delta_kind() != v1::DELTA_VALUES && spec->delta_kind() != v1::DELTA_ARITHMETIC) {
+    return absl::InvalidArgumentError(absl::StrCat("delta_kind ", static_cast<int>(spec->delta_kind()),
+                                                   " is unknown (DELTA_VALUES or DELTA_ARITHMETIC)"));
+  }
+  if (spec->delta_kind() == v1::DELTA_ARITHMETIC) {
+    // new - old of the fp32 master added to a rounded bf16/fp16 parameter
+    // drifts from the master by a rounding every round: values only.
+    for (const v1::TensorSpec& t : spec->tensors()) {
+      if (t.dtype() != v1::DTYPE_FP32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name(), "' is ", DTypeName(*FromProto(t.dtype(), "")),
+            ": DELTA_ARITHMETIC needs fp32 parameters; use DELTA_VALUES (the default), which "
+            "returns values in the tensor's dtype"));
+      }
+    }
+  }
   if (spec->mode() == v1::MODE_UNSPECIFIED) spec->set_mode(v1::MODE_ZENFLOW);
   if (spec->max_shard_bytes() == 0) {
     spec->set_max_shard_bytes(std::min<int64_t>(kDefaultShardBytes, max_message_bytes / 2));

@@ -222,6 +222,15 @@ TEST_F(BadInputTest, CreateJobBadSpecsAreInvalidArgument) {
   spec.mutable_zenflow()->mutable_apply_delay()->set_steps(5);
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument, "apply_delay.steps 5");
   spec.mutable_zenflow()->mutable_apply_delay()->set_overlap_step(true);
+  spec.set_delta_kind(static_cast<v1::DeltaKind>(7));
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "delta_kind 7 is unknown");
+  spec.set_delta_kind(v1::DELTA_ARITHMETIC);
+  t->set_dtype(v1::DTYPE_BF16);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "tensor 'w' is bf16: DELTA_ARITHMETIC needs fp32 parameters");
+  t->set_dtype(v1::DTYPE_FP32);
+  spec.clear_delta_kind();
   ASSERT_OK((*c)->CreateJob(spec).status());
   absl::StatusOr<v1::GetJobResponse> job = (*c)->GetJob("badspec");
   ASSERT_OK(job.status());

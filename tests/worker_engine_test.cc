@@ -504,10 +504,19 @@ TEST_F(WorkerEngineTest, Bf16ParamsRefuseArithmeticDeltasAndAnotherDType) {
   j.cfg.param_dtype = SimParamDType::kBF16;
   v1::JobSpec want = EngineSpec(j);
   want.set_delta_kind(v1::DELTA_ARITHMETIC);
+  // The daemon refuses such a job; the engine refuses such a spec too.
   absl::StatusOr<v1::JobSpec> spec = JoinOrCreateJob(client->get(), want, 0, be.get(), specs);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_NE(spec.status().message().find("DELTA_ARITHMETIC needs fp32 parameters"),
+            std::string::npos)
+      << spec.status();
+  want.set_delta_kind(v1::DELTA_VALUES);
+  spec = JoinOrCreateJob(client->get(), want, 0, be.get(), specs);
   ASSERT_OK(spec.status());
   EXPECT_EQ(spec->tensors(0).dtype(), v1::DTYPE_BF16);
-  auto bad = ZenFlowOptimizer::Create(be.get(), client->get(), *spec, 0, specs);
+  v1::JobSpec arithmetic = *spec;
+  arithmetic.set_delta_kind(v1::DELTA_ARITHMETIC);
+  auto bad = ZenFlowOptimizer::Create(be.get(), client->get(), arithmetic, 0, specs);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   EXPECT_NE(bad.status().message().find("DELTA_ARITHMETIC is for fp32 parameters only"),
             std::string::npos)
