@@ -70,7 +70,8 @@ v1::JobSpec ShardJobSpec(uint8_t config) {
   v1::JobSpec spec;
   spec.set_job_id("shard");
   AddTensor(&spec, "w", {3, 4});
-  AddTensor(&spec, "e", {2, 3}, v1::DTYPE_BF16);
+  // (Arithmetic deltas are for fp32 tensors only.)
+  AddTensor(&spec, "e", {2, 3}, (config & 64) ? v1::DTYPE_FP32 : v1::DTYPE_BF16);
   AddTensor(&spec, "b", {4});
   spec.set_world_size((config & 1) ? 2 : 1);
   spec.set_wire_dtype(kWire[(config >> 1) & 3]);

@@ -168,6 +168,7 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
     z->set_update_interval(1);
     z->set_select_interval(1);
     z->set_full_warmup_rounds(0);
+    z->set_auto_update_interval(false);
     z->mutable_apply_delay()->set_sync(true);
   } else if (spec->mode() == v1::MODE_ZENFLOW) {
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
@@ -273,6 +274,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
       ctx_(ctx),
       world_(spec.world_size()),
       interval_(spec.zenflow().update_interval()),
+      auto_interval_(spec.mode() == v1::MODE_ZENFLOW && spec.zenflow().auto_update_interval()),
       selection_(spec.world_size()),
       footprint_(footprint),
       strand_(ctx.scheduler->NewStrand()),
@@ -521,6 +523,7 @@ void Job::Stats(v1::JobStats* out) {
   out->set_params(params_);
   out->set_replays_dropped(replays_dropped_);
   out->set_durable_rounds(durable_rounds_);
+  out->set_last_round_steps(last_round_steps_);
   rejected_.Export(out->mutable_rejected());
   out->set_memory_bytes(footprint_.total());
   out->set_state_bytes(footprint_.state_bytes);
@@ -740,15 +743,34 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   if (shard.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step ", shard.step(), " is negative"));
   }
-  const int64_t round = shard.step() / interval_;
+  // With a fixed interval a step's round is step / S. With rounds of
+  // changing length (auto_update_interval) a rank's shards belong to its
+  // open round: the steps after its previous close, at most S_max of them.
+  const int64_t round =
+      auto_interval_ ? (shard.step() < rs.round_first_step    ? rs.next_round - 1
+                        : shard.step() >= rs.round_first_step + interval_ ? rs.next_round + 1
+                                                                          : rs.next_round)
+                     : shard.step() / interval_;
   if (replay && round < rs.next_round) {
     ++replays_dropped_;  // the rank closed that round before the restart
     return absl::OkStatus();
   }
-  if (selection_.submitted(rank) && round >= selection_.step() / interval_) {
+  // (The selection step is a round boundary: its round and later ones wait.)
+  if (selection_.submitted(rank) && shard.step() >= selection_.step()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
                      selection_.step(), "; wait for the selection and hand off state first"));
+  }
+  if (auto_interval_ && round != rs.next_round) {
+    return round < rs.next_round
+               ? absl::FailedPreconditionError(absl::StrCat(
+                     "step ", shard.step(), " is before rank ", rank, "'s open round ",
+                     rs.next_round, ", which starts at step ", rs.round_first_step,
+                     ": its round was already closed"))
+               : absl::OutOfRangeError(absl::StrCat(
+                     "step ", shard.step(), " is too far ahead: rank ", rank, "'s open round ",
+                     rs.next_round, " starts at step ", rs.round_first_step, " and has at most ",
+                     interval_, " steps (update_interval)"));
   }
   if (round < rs.next_round) {
     return absl::FailedPreconditionError(
@@ -864,6 +886,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   if (!checked.ok()) return checked;
   if (!finite) rounds_[round].nonfinite = true;
   for (int32_t c : shard.columns()) acc_->MarkReceived(ti, rank, shard.step(), c);
+  me.round_last_step = std::max(me.round_last_step, shard.step());
   ++shards_received_;
   shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
   ++received_[static_cast<int>(wire)].shards;
@@ -964,7 +987,8 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
                                               rank, " must close round ", rs.next_round,
                                               " first"));
   }
-  if (selection_.submitted(rank) && close.round() >= selection_.step() / interval_) {
+  if (selection_.submitted(rank) && (auto_interval_ ? rs.round_first_step >= selection_.step()
+                                                     : close.round() >= selection_.step() / interval_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " is waiting for the selection at step ", selection_.step()));
   }
@@ -978,6 +1002,28 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
     return absl::InvalidArgumentError(
         absl::StrCat("round ", close.round(), ": steps ", close.steps(), " must be in [1, ",
                      interval_, "] (0 means update_interval)"));
+  }
+  if (auto_interval_) {
+    // The round is the rank's steps [first, first + steps): none beyond it,
+    // not across a selection step, and as long on every rank.
+    const int64_t first = rs.round_first_step;
+    if (rs.round_last_step >= first + steps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", close.round(), " of rank ", rank, " has steps ", first, "..",
+          first + steps - 1, " (steps ", steps, ") but the rank sent gradients of step ",
+          rs.round_last_step));
+    }
+    if (selection_.step() > first && first + steps > selection_.step()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", close.round(), " (steps ", first, "..", first + steps - 1,
+          ") would span the selection step ", selection_.step(), "; end it before"));
+    }
+    auto other = rounds_.find(close.round());
+    if (other != rounds_.end() && other->second.closed > 0 && other->second.steps != steps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", close.round(), ": steps ", steps, " differ from the ", other->second.steps,
+          " steps other ranks closed it with (every rank chooses the same round length)"));
+    }
   }
   ZF_RETURN_IF_ERROR(CheckWorkerReport(close, steps));
   if (!(close.lr() >= 0 && std::isfinite(close.lr()))) {
@@ -1005,14 +1051,18 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
   // Apply.
   acc_->ResetRank(rank);
   rs.next_round = close.round() + 1;
+  rs.round_first_step = auto_interval_ ? rs.round_first_step + steps : rs.next_round * interval_;
+  rs.round_last_step = -1;
   AddWorkerReport(close, &rs);
   RoundState& round = rounds_[close.round()];
   round.closed += 1;
   round.steps_sum += steps;
+  round.steps = static_cast<int32_t>(steps);
   round.lr = close.lr();
   round.last_close = std::chrono::steady_clock::now();
   if (round.closed == world_) {
     rounds_closed_ = close.round() + 1;
+    last_round_steps_ = static_cast<int32_t>(steps);
     if (round.first_shard_seen) {
       accumulate_seconds_.Observe(Seconds(round.last_close - round.first_shard));
     }
@@ -1098,6 +1148,7 @@ void Job::RunUpdate(UpdateLease lease) {
   rd->set_close_to_done_seconds(Seconds(t1 - rs.last_close));
   rd->set_selection_version(version);
   rd->set_round_interval_seconds(rs.interval_seconds);
+  rd->set_steps(rs.steps);
 
   std::vector<std::function<void()>> callbacks;
   {
@@ -1145,7 +1196,7 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
       return absl::FailedPreconditionError(
           "zero_offload jobs keep every column on the daemon and have no selection");
     }
-    if (req.step() < 0 || req.step() % interval_ != 0) {
+    if (req.step() < 0 || (!auto_interval_ && req.step() % interval_ != 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("selection step ", req.step(),
                        " is not a round boundary (a multiple of update_interval ", interval_, ")"));
@@ -1156,14 +1207,26 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
       replayed_answer = SelectionLocked();
       return absl::OkStatus();
     }
-    const int64_t round = req.step() / interval_;
     // The rank's close of the previous round may still be in flight on its
     // stream: the selection then waits for it.
-    const int64_t next = ranks_[req.rank()].next_round;
-    if (next != round && next != round - 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "selection at step ", req.step(), " needs rank ", req.rank(),
-          " to have closed every round before round ", round, "; its next round is ", next));
+    const RankState& me = ranks_[req.rank()];
+    if (auto_interval_) {
+      // Rounds of changing length: the step must start the rank's open
+      // round, or the next one (the open round's close in flight).
+      if (req.step() < me.round_first_step || req.step() > me.round_first_step + interval_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "selection at step ", req.step(), " is not a round boundary of rank ", req.rank(),
+            ": its open round ", me.next_round, " starts at step ", me.round_first_step,
+            " and has at most ", interval_, " steps"));
+      }
+    } else {
+      const int64_t round = req.step() / interval_;
+      const int64_t next = me.next_round;
+      if (next != round && next != round - 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "selection at step ", req.step(), " needs rank ", req.rank(),
+            " to have closed every round before round ", round, "; its next round is ", next));
+      }
     }
     if (selection_version_ > 0 && req.step() <= selection_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1228,9 +1291,13 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
 
 std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
   if (!selection_.all_submitted()) return {};
-  const int64_t round = selection_.step() / interval_;
+  // Every rank's open round starts at the selection step (otherwise a close
+  // is still in flight).
+  const int64_t round =
+      auto_interval_ ? ranks_[0].next_round : selection_.step() / interval_;
   for (const RankState& r : ranks_) {
-    if (r.next_round != round) return {};  // a close still in flight
+    if (r.next_round != round) return {};
+    if (auto_interval_ && r.round_first_step != selection_.step()) return {};
   }
   if (rounds_updated_ != round) return {};  // drain first
   const float k = spec_.zenflow().topk_ratio();

@@ -258,11 +258,16 @@ class Job : public std::enable_shared_from_this<Job> {
     bool absence_reported = false;
     uint64_t stream_number = 0;
     bool adding = false;  // a shard of this rank is being added (outside mu_)
+    // The first step of its open round (next_round * S with a fixed
+    // interval) and the largest step it sent gradients of in that round.
+    int64_t round_first_step = 0;
+    int64_t round_last_step = -1;
   };
 
   struct RoundState {
     int32_t closed = 0;
     int64_t steps_sum = 0;
+    int32_t steps = 0;  // the round's steps (as its closes said)
     float lr = 0.0f;
     bool nonfinite = false;
     std::chrono::steady_clock::time_point last_close;
@@ -319,7 +324,8 @@ class Job : public std::enable_shared_from_this<Job> {
   const v1::JobSpec spec_;
   const JobContext ctx_;
   const int32_t world_;
-  const int64_t interval_;  // S
+  const int64_t interval_;  // S (S_max with auto_interval_)
+  const bool auto_interval_;  // rounds of 1..S steps (ZenFlowConfig.auto_update_interval)
   // The pending selection: guarded by mu_ (declared here for its
   // initialization from the spec).
   SelectionBarrier selection_ ABSL_GUARDED_BY(mu_);
@@ -376,6 +382,7 @@ class Job : public std::enable_shared_from_this<Job> {
   HistogramCounts update_seconds_ ABSL_GUARDED_BY(mu_){RoundSecondsBuckets()};
   HistogramCounts accumulate_seconds_ ABSL_GUARDED_BY(mu_){RoundSecondsBuckets()};
   int64_t rounds_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t last_round_steps_ ABSL_GUARDED_BY(mu_) = 0;  // of the last fully closed round
   // Of those, rounds whose accepted shards summed to a non-finite gradient.
   int64_t rounds_overflowed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t delta_messages_sent_ ABSL_GUARDED_BY(mu_) = 0;

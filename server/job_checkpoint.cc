@@ -17,7 +17,10 @@ namespace {
 
 // The "meta" section: little-endian int64s (lr and flags too), in the order
 // Job::Snapshot writes them. Its layout is versioned by kMetaVersion.
-constexpr int64_t kMetaVersion = 1;
+// Version 2 adds each rank's open round's first and last step and each
+// open round's steps (rounds of changing length); version 1 files are
+// read as fixed-interval jobs.
+constexpr int64_t kMetaVersion = 2;
 
 class MetaWriter {
  public:
@@ -132,6 +135,8 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
   for (const RankState& r : ranks_) {
     meta.Put(r.joined ? 1 : 0);
     meta.Put(r.next_round);
+    meta.Put(r.round_first_step);
+    meta.Put(r.round_last_step);
   }
   meta.Put(static_cast<int64_t>(rounds_.size()));
   for (const auto& [round, rs] : rounds_) {
@@ -142,6 +147,7 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     meta.Put(rs.steps_sum);
     meta.Put(lr_bits);
     meta.Put(rs.nonfinite ? 1 : 0);
+    meta.Put(rs.steps);
   }
   meta.PutAll(hand_off_.Save());
   for (const TensorState& t : tensors_) {
@@ -194,7 +200,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   const std::string* meta_bytes = section("meta");
   if (meta_bytes == nullptr) return bad("no meta section");
   MetaReader meta(*meta_bytes);
-  if (meta.Next() != kMetaVersion) return bad("unknown meta version");
+  const int64_t version = meta.Next();
+  if (version != 1 && version != kMetaVersion) return bad("unknown meta version");
   const int64_t uploaded = meta.Next();
   uploaded_ = uploaded != 0;
   selection_version_ = meta.Next();
@@ -205,6 +212,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   for (RankState& r : ranks_) {
     r.joined = meta.Next() != 0;
     r.next_round = meta.Next();
+    r.round_first_step = version >= 2 ? meta.Next() : r.next_round * interval_;
+    r.round_last_step = version >= 2 ? meta.Next() : -1;
   }
   const int64_t nrounds = meta.Next();
   if (nrounds < 0 || nrounds > 4) return bad("implausible number of open rounds");
@@ -217,6 +226,7 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     const int32_t lr_bits = static_cast<int32_t>(meta.Next());
     std::memcpy(&rs.lr, &lr_bits, sizeof(lr_bits));
     rs.nonfinite = meta.Next() != 0;
+    rs.steps = version >= 2 ? static_cast<int32_t>(meta.Next()) : 0;
     rs.last_close = std::chrono::steady_clock::now();
   }
   const std::vector<int64_t> hand_off_flat = meta.All<int64_t>(int64_t{1} << 40);
@@ -237,7 +247,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   // make a job that waits forever for an update (its next checkpoint, a
   // hand-off), never completes a round, or reads out of its buffers.
   if (uploaded != 0 && uploaded != 1) return bad("meta: uploaded is not 0 or 1");
-  if (selection_version_ < 0 || selection_step_ < 0 || selection_step_ % interval_ != 0) {
+  if (selection_version_ < 0 || selection_step_ < 0 ||
+      (!auto_interval_ && selection_step_ % interval_ != 0)) {
     return bad(absl::StrCat("meta: selection version ", selection_version_, " at step ",
                             selection_step_));
   }
@@ -247,6 +258,15 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   }
   int64_t least_next = rounds_closed_ + 2;
   for (const RankState& r : ranks_) {
+    // Its open round's steps: from a step at or after the selection's, at
+    // most S of them sent (fixed interval: exactly next_round * S).
+    if (r.round_first_step < 0 ||
+        (!auto_interval_ && r.round_first_step != r.next_round * interval_) ||
+        r.round_last_step < -1 || r.round_last_step >= r.round_first_step + interval_ ||
+        (r.round_last_step >= 0 && r.round_last_step < r.round_first_step)) {
+      return bad(absl::StrCat("meta: a rank's open round starts at step ", r.round_first_step,
+                              " with gradients up to step ", r.round_last_step));
+    }
     // A rank is at most two rounds ahead: round r + 2 reuses round r's buffers.
     if (r.next_round < rounds_closed_ || r.next_round > rounds_closed_ + 2) {
       return bad(absl::StrCat("meta: a rank's next round ", r.next_round, " with ",
@@ -269,7 +289,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   }
   for (const auto& [round, rs] : rounds_) {
     if (round < rounds_closed_ || round >= rounds_closed_ + 2 || rs.steps_sum < 0 ||
-        rs.steps_sum > rs.closed * interval_ || !(rs.lr >= 0 && std::isfinite(rs.lr))) {
+        rs.steps_sum > rs.closed * interval_ || rs.steps < 0 || rs.steps > interval_ ||
+        !(rs.lr >= 0 && std::isfinite(rs.lr))) {
       return bad(absl::StrCat("meta: open round ", round, " (", rs.closed, " closes, ",
                               rs.steps_sum, " steps, lr ", rs.lr, ") does not fit"));
     }

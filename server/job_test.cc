@@ -642,5 +642,114 @@ TEST(JobTest, ShardsOfDifferentRanksAccumulateConcurrently) {
   }
 }
 
+// Rounds of changing length (auto_update_interval, S_max = 4): every rank
+// closes a round with the same steps, its shards belong to its open round,
+// and every rejection below leaves the state as a run without them has it,
+// through a snapshot taken mid-round too.
+TEST(JobTest, AutoIntervalRoundsOfChangingLength) {
+  auto make = [](JobRegistry* registry) {
+    v1::JobSpec spec = OneTensorSpec(2, 4);
+    spec.mutable_zenflow()->set_auto_update_interval(true);
+    spec.set_rank_ordered_sums(true);
+    EXPECT_TRUE(registry->CreateJob(spec).ok());
+    std::shared_ptr<Job> job = *registry->Find("unit");
+    v1::UploadParametersRequest chunk;
+    chunk.set_tensor("w");
+    chunk.add_shape(2);
+    chunk.add_shape(3);
+    const float init[6] = {1, 2, 3, 4, 5, 6};
+    chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
+    absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+    EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(job->Join(r).ok());
+    return job;
+  };
+  auto close = [](int64_t round, int32_t steps) {
+    v1::UpMessage m;
+    m.mutable_close()->set_round(round);
+    m.mutable_close()->set_lr(0.1f);
+    m.mutable_close()->set_steps(steps);
+    return m;
+  };
+  auto push = [](Job* job, int rank, int64_t step) {
+    return job->HandleUp(rank, AllColumns(step, OrderSensitive(rank, step)), Wire::kGrpc);
+  };
+  // The good sequence: rounds of 3, 1 and 2 steps, then round 3 half-way.
+  auto good = [&](Job* job, bool with_errors) {
+    for (int rank : {0, 1}) {
+      for (int64_t step : {0, 1, 2}) ASSERT_TRUE(push(job, rank, step).ok());
+    }
+    for (int rank : {0, 1}) ASSERT_TRUE(job->HandleUp(rank, close(0, 3), Wire::kGrpc).ok());
+    for (int rank : {0, 1}) ASSERT_TRUE(push(job, rank, 3).ok());
+    ASSERT_TRUE(job->HandleUp(0, close(1, 1), Wire::kGrpc).ok());
+    if (with_errors) {
+      // Another length than rank 0's.
+      absl::Status s = job->HandleUp(1, close(1, 2), Wire::kGrpc);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("steps 2 differ from the 1 steps other ranks closed it with"),
+                absl::string_view::npos) << s;
+    }
+    ASSERT_TRUE(job->HandleUp(1, close(1, 1), Wire::kGrpc).ok());
+    if (with_errors) {
+      // Round 2 starts at step 4: step 3 is closed, step 8 beyond S_max.
+      absl::Status s = push(job, 0, 3);
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_NE(s.message().find("starts at step 4"), absl::string_view::npos) << s;
+      s = push(job, 0, 8);
+      EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+      EXPECT_NE(s.message().find("at most 4 steps"), absl::string_view::npos) << s;
+    }
+    // Round 2 reuses round 0's buffers: its update must be done (a worker's
+    // apply delay sees to that).
+    ASSERT_TRUE(job->Snapshot().ok());
+    for (int rank : {0, 1}) {
+      for (int64_t step : {4, 5}) ASSERT_TRUE(push(job, rank, step).ok());
+    }
+    if (with_errors) {
+      // One step, but gradients of two were sent.
+      absl::Status s = job->HandleUp(0, close(2, 1), Wire::kGrpc);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("sent gradients of step 5"), absl::string_view::npos) << s;
+    }
+    for (int rank : {0, 1}) ASSERT_TRUE(job->HandleUp(rank, close(2, 2), Wire::kGrpc).ok());
+    ASSERT_TRUE(job->Snapshot().ok());  // round 1's update: round 3 reuses its buffers
+    ASSERT_TRUE(push(job, 0, 6).ok());
+  };
+  JobRegistry clean_registry(RegistryOptions{});
+  std::shared_ptr<Job> clean = make(&clean_registry);
+  good(clean.get(), false);
+  JobRegistry registry(RegistryOptions{});
+  std::shared_ptr<Job> job = make(&registry);
+  good(job.get(), true);
+  v1::JobStats stats;
+  job->Stats(&stats);
+  EXPECT_EQ(stats.last_round_steps(), 2);
+  EXPECT_EQ(stats.rounds_updated() + stats.update_queue_depth(), 3);
+
+  // Mid-round 3 (rank 0 sent step 6): a snapshot restores the open round.
+  absl::StatusOr<JobSnapshot> snap = job->Snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  std::map<std::string, const std::string*> sections;
+  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  JobRegistry second(RegistryOptions{});
+  v1::JobSpec spec;
+  ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));
+  ASSERT_TRUE(second.CreateJob(spec).ok());
+  std::shared_ptr<Job> copy = *second.Find("unit");
+  ASSERT_TRUE(copy->LoadSnapshot(sections).ok());
+  for (Job* j : {clean.get(), job.get(), copy.get()}) {
+    // Rank 0's round 3 goes on at step 7; rank 1 sends steps 6 and 7.
+    absl::Status s = push(j, 0, 6);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+    ASSERT_TRUE(push(j, 0, 7).ok());
+    ASSERT_TRUE(push(j, 1, 6).ok());
+    ASSERT_TRUE(push(j, 1, 7).ok());
+    for (int rank : {0, 1}) ASSERT_TRUE(j->HandleUp(rank, close(3, 2), Wire::kGrpc).ok());
+  }
+  const std::string want = StateAfterUpdates(clean.get());
+  EXPECT_EQ(StateAfterUpdates(job.get()), want);
+  EXPECT_EQ(StateAfterUpdates(copy.get()), want);
+}
+
 }  // namespace
 }  // namespace zenflow
