@@ -162,6 +162,7 @@ absl::StatusOr<v1::JoinJobResponse> Client::JoinJob(const std::string& job_id, i
   auto ctx = UnaryContext(options_.rpc_timeout);
   ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->JoinJob(ctx.get(), req, &resp)));
   interval_.store(std::max(1, resp.spec().zenflow().update_interval()));
+  auto_interval_.store(resp.spec().zenflow().auto_update_interval());
   ZF_RETURN_IF_ERROR(Attach(job_id, rank));
   return resp;
 }
@@ -354,6 +355,8 @@ bool Client::Recoverable(const absl::Status& s) {
 }
 
 int64_t Client::RoundOfStep(int64_t step) const {
+  // Rounds of changing length: a step belongs to the rank's open round.
+  if (auto_interval_.load()) return open_round_.load();
   const int64_t s = std::max<int64_t>(1, interval_.load());
   return step / s;
 }
@@ -528,6 +531,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
     // without joining).
     ZF_ASSIGN_OR_RETURN(v1::GetJobResponse job, GetJob(job_id));
     interval_.store(std::max(1, job.spec().zenflow().update_interval()));
+    auto_interval_.store(job.spec().zenflow().auto_update_interval());
   }
   AttachedStream::Deps deps;
   deps.stub = stub_.get();
@@ -745,7 +749,9 @@ absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps,
   close->mutable_step_reports()->Add(report.steps.begin(), report.steps.end());
   close->set_apply_delay_steps(report.apply_delay_steps);
   close->set_staleness_steps(report.staleness_steps);
-  return Enqueue(std::move(msg));
+  const absl::Status s = Enqueue(std::move(msg));
+  open_round_.store(round + 1);  // the close is in the log even if the send failed
+  return s;
 }
 
 absl::Status Client::Flush(absl::Duration timeout) {

@@ -300,6 +300,10 @@ class Client {
   RoundAssembler rounds_;
   ReplayLog log_;
   std::atomic<int64_t> interval_{0};  // the job's update_interval, for the log's rounds
+  // auto_update_interval: rounds of changing length, so the log's round of
+  // a step is the rank's open round, the one after its last close.
+  std::atomic<bool> auto_interval_{false};
+  std::atomic<int64_t> open_round_{0};
   std::atomic<int64_t> selection_round_{0};  // of the last selection, for hand-offs
   // One recovery at a time; generation_ counts those that succeeded.
   Mutex recover_mu_;

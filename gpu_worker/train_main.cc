@@ -28,6 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/tls_flags.h"
@@ -75,7 +76,13 @@ ABSL_FLAG(int, steps, 200, "optimizer steps");
 ABSL_FLAG(double, lr, 3e-3, "learning rate (constant)");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(double, topk, 0.1, "zenflow: fraction of columns updated on the worker");
-ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
+ABSL_FLAG(std::string, interval, "4",
+          "zenflow: update_interval S (steps per round), or auto: each round's S chosen from the "
+          "daemon's measured round time, 1..--max_interval (DESIGN rule 10)");
+ABSL_FLAG(int, max_interval, 4, "zenflow with --interval=auto: the longest round (S_max)");
+ABSL_FLAG(std::string, interval_schedule, "",
+          "zenflow with --interval=auto: round lengths to use instead of the measured choice, "
+          "cycled (e.g. 1,3,2,4; for tests and experiments: the same on every run)");
 ABSL_FLAG(int, select_interval, 0, "zenflow: select_interval R (0 = 25*S)");
 ABSL_FLAG(int, warmup_rounds, 0, "zenflow: full warm-up rounds");
 ABSL_FLAG(std::string, delay, "adaptive", "zenflow: apply delay: sync, 1..S, or adaptive");
@@ -341,7 +348,17 @@ absl::Status Run() {
     want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
     v1::ZenFlowConfig* z = want.mutable_zenflow();
     z->set_topk_ratio(static_cast<float>(absl::GetFlag(FLAGS_topk)));
-    z->set_update_interval(absl::GetFlag(FLAGS_interval));
+    const std::string interval = absl::GetFlag(FLAGS_interval);
+    int s_fixed = 0;
+    if (interval == "auto") {
+      z->set_auto_update_interval(true);
+      z->set_update_interval(absl::GetFlag(FLAGS_max_interval));
+    } else if (absl::SimpleAtoi(interval, &s_fixed) && s_fixed >= 1) {
+      z->set_update_interval(s_fixed);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--interval must be auto or a number of steps >= 1, not '", interval, "'"));
+    }
     if (absl::GetFlag(FLAGS_select_interval) > 0) z->set_select_interval(absl::GetFlag(FLAGS_select_interval));
     z->set_full_warmup_rounds(absl::GetFlag(FLAGS_warmup_rounds));
     const std::string delay = absl::GetFlag(FLAGS_delay);
@@ -357,6 +374,24 @@ absl::Status Run() {
     }
     ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, rank, backend.get(), specs));
     ZF_ASSIGN_OR_RETURN(opt, ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs));
+    const std::string schedule = absl::GetFlag(FLAGS_interval_schedule);
+    if (!schedule.empty()) {
+      std::vector<int32_t> lengths;
+      for (absl::string_view part : absl::StrSplit(schedule, ',')) {
+        int32_t v = 0;
+        if (!absl::SimpleAtoi(part, &v) || v < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--interval_schedule: '", part, "' is not a number of steps >= 1"));
+        }
+        lengths.push_back(v);
+      }
+      if (absl::GetFlag(FLAGS_interval) != "auto") {
+        return absl::InvalidArgumentError("--interval_schedule needs --interval=auto");
+      }
+      opt->set_interval_chooser([lengths](int64_t round, int64_t) {
+        return lengths[static_cast<size_t>(round) % lengths.size()];
+      });
+    }
   }
 
   std::FILE* log = nullptr;
@@ -491,6 +526,15 @@ absl::Status Run() {
   summary.Key("wire_bytes_per_step").Double(static_cast<double>(sum_up + sum_down) / std::max(1, steps));
   summary.Key("emulated_device_ms").Int(emulate_ms);
   summary.Key("transport").String(mode == "local" ? "none" : absl::GetFlag(FLAGS_transport));
+  if (opt != nullptr) {
+    // The update interval: fixed, or (auto) the mean of the rounds' S.
+    const OptimizerTotals& tot = opt->totals();
+    summary.Key("update_interval").String(absl::GetFlag(FLAGS_interval));
+    summary.Key("rounds_closed").Int(tot.rounds_closed);
+    summary.Key("s_mean").Double(tot.rounds_closed > 0 ? static_cast<double>(tot.round_steps) /
+                                                             static_cast<double>(tot.rounds_closed)
+                                                       : 0.0);
+  }
   if (opt != nullptr) {
     // What went to the daemon, for checks against its figures.
     const v1::WorkerStats& r = opt->reported();

@@ -117,7 +117,8 @@ ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::J
       spec_(spec),
       rank_(rank),
       interval_(std::max(1, spec.zenflow().update_interval())),
-      zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD) {}
+      zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD),
+      auto_interval_(spec.zenflow().auto_update_interval() && !zero_offload_) {}
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
   // The client may still be sending from the host buffers: wait for it to
@@ -291,6 +292,40 @@ bool ZenFlowOptimizer::IsSelectionStep(int64_t step) const {
   return step == warm_end || (step > warm_end && step % r == 0);
 }
 
+int64_t ZenFlowOptimizer::NextSelectionStep(int64_t step) const {
+  const int64_t warm_end = static_cast<int64_t>(spec_.zenflow().full_warmup_rounds()) * interval_;
+  if (step < warm_end) return warm_end;
+  const int64_t r = std::max(1, spec_.zenflow().select_interval());
+  return (step / r + 1) * r;
+}
+
+int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
+  const int32_t s_max = static_cast<int32_t>(interval_);
+  if (!auto_interval_) return s_max;
+  int32_t s = s_max;
+  if (round_ >= spec_.zenflow().full_warmup_rounds()) {
+    if (chooser_) {
+      s = std::max(1, std::min(chooser_(round_, start), s_max));
+    } else if (last_done_round_ >= 0 && last_round_interval_ > 0 && last_done_steps_ > 0) {
+      // The smallest S whose device steps cover the measured close-to-done
+      // time with a margin: the inputs of the adaptive apply delay (rule 7),
+      // from a RoundDone every rank applied by this step.
+      const double step_seconds = last_round_interval_ / static_cast<double>(last_done_steps_);
+      const double want = std::ceil(1.2 * last_close_to_done_ / step_seconds);
+      s = !(want < s_max) ? s_max : want <= 1 ? 1 : static_cast<int32_t>(want);  // NaN: S_max
+    }
+  }
+  // The previous round, if still in flight, is applied before the round
+  // after this one starts: the daemon accumulates two rounds at a time.
+  if (!pending_.empty() && pending_.back().round == round_ - 1) {
+    Pending& p = pending_.back();
+    if (p.delay < 0) p.delay = DecideDelay(p);
+    s = std::max(s, p.delay);
+  }
+  // A round never spans a selection step.
+  return static_cast<int32_t>(std::min<int64_t>(s, NextSelectionStep(start) - start));
+}
+
 int32_t ZenFlowOptimizer::apply_delay(int64_t round) const {
   for (const auto& [r, d] : delays_) {
     if (r == round) return d;
@@ -298,25 +333,31 @@ int32_t ZenFlowOptimizer::apply_delay(int64_t round) const {
   return -1;
 }
 
-int32_t ZenFlowOptimizer::DecideDelay(int64_t round) {
+int32_t ZenFlowOptimizer::DecideDelay(const Pending& p) {
+  const int64_t round = p.round;
+  // The round's own steps: update_interval, but for a partial last round or
+  // with auto_update_interval.
+  const int32_t steps = p.steps > 0 ? p.steps : static_cast<int32_t>(interval_);
   int32_t d = 1;
   const v1::ApplyDelay& ad = spec_.zenflow().apply_delay();
   if (zero_offload_ || ad.kind_case() == v1::ApplyDelay::kSync) {
     d = 0;
   } else if (ad.kind_case() == v1::ApplyDelay::kSteps) {
-    d = ad.steps();
+    // At most the round's steps (the daemon holds it to update_interval,
+    // which a shorter auto round may undercut).
+    d = auto_interval_ ? std::max(1, std::min(ad.steps(), steps)) : ad.steps();
   } else if (ad.kind_case() == v1::ApplyDelay::kOverlapStep) {
-    d = static_cast<int32_t>(interval_);
+    d = steps;
   } else {
     // Adaptive, from round-1's RoundDone, which every rank has applied by
     // the time this is asked (d <= S): the same answer on every rank. Until
     // there is a measurement (the first two rounds), assume the update does
     // not fit and overlap fully (d = S).
-    d = static_cast<int32_t>(interval_);
-    if (last_done_round_ == round - 1 && last_round_interval_ > 0) {
-      const double step_seconds = last_round_interval_ / static_cast<double>(interval_);
+    d = steps;
+    if (last_done_round_ == round - 1 && last_round_interval_ > 0 && last_done_steps_ > 0) {
+      const double step_seconds = last_round_interval_ / static_cast<double>(last_done_steps_);
       d = static_cast<int32_t>(std::ceil(1.2 * last_close_to_done_ / step_seconds));
-      d = std::max<int32_t>(1, std::min<int32_t>(d, static_cast<int32_t>(interval_)));
+      d = std::max<int32_t>(1, std::min<int32_t>(d, steps));
     }
   }
   delays_.push_back({round, d});
@@ -348,14 +389,20 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
     last_.reselected = true;
     ++totals_.reselections;
   }
+  if (round_steps_ == 0) round_steps_ = ChooseInterval(step);  // the round's first step
+  last_.update_interval = round_steps_;
   const double t_imp = Now();
   ZF_RETURN_IF_ERROR(UpdateImportant(step, lr));
   last_.important_seconds = Now() - t_imp;
   ZF_RETURN_IF_ERROR(PushRemote(step));
-  const int64_t round = step / interval_;
-  if (step % interval_ == interval_ - 1) {
-    ZF_RETURN_IF_ERROR(CloseRound(round, lr, static_cast<int32_t>(interval_)));
-    pending_.push_back({round, step, -1});
+  if (step == round_start_ + round_steps_ - 1) {
+    ZF_RETURN_IF_ERROR(CloseRound(round_, lr, round_steps_));
+    pending_.push_back({round_, step, -1, round_steps_});
+    totals_.rounds_closed += 1;
+    totals_.round_steps += round_steps_;
+    round_ += 1;
+    round_start_ = step + 1;
+    round_steps_ = 0;
   }
   next_step_ = step + 1;
   last_lr_ = lr;
@@ -414,20 +461,26 @@ absl::Status ZenFlowOptimizer::CloseRound(int64_t round, float lr, int32_t steps
 }
 
 absl::Status ZenFlowOptimizer::Finish() {
-  if (next_step_ % interval_ != 0) {
+  if (next_step_ > round_start_) {
     // A partial last round: close it with the steps it has.
-    const int64_t round = next_step_ / interval_;
-    ZF_RETURN_IF_ERROR(CloseRound(round, last_lr_, static_cast<int32_t>(next_step_ % interval_)));
-    pending_.push_back({round, next_step_ - 1, 0});
+    const int32_t steps = static_cast<int32_t>(next_step_ - round_start_);
+    ZF_RETURN_IF_ERROR(CloseRound(round_, last_lr_, steps));
+    pending_.push_back({round_, next_step_ - 1, 0, steps});
+    totals_.rounds_closed += 1;
+    totals_.round_steps += steps;
+    round_ += 1;
+    round_start_ = next_step_;
+    round_steps_ = 0;
   }
   return ApplyDue(next_step_ - 1, /*drain=*/true);
 }
 
 absl::Status ZenFlowOptimizer::Drain() {
-  if (next_step_ % interval_ != 0) {
+  if (next_step_ != round_start_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "step ", next_step_, " is inside round ", next_step_ / interval_, " (update_interval ",
-        interval_, "): in-flight rounds can be applied at a round boundary only"));
+        "step ", next_step_, " is inside round ", round_, " (steps ", round_start_, "..",
+        round_start_ + round_steps_ - 1, "): in-flight rounds can be applied at a round "
+        "boundary only"));
   }
   if (next_step_ == 0) return absl::OkStatus();
   return ApplyDue(next_step_ - 1, /*drain=*/true);
@@ -582,7 +635,7 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
 absl::Status ZenFlowOptimizer::ApplyDue(int64_t step, bool drain) {
   while (!pending_.empty()) {
     Pending& p = pending_.front();
-    if (p.delay < 0) p.delay = DecideDelay(p.round);
+    if (p.delay < 0) p.delay = DecideDelay(p);
     if (!drain && step < p.close_step + p.delay) break;
     ZF_RETURN_IF_ERROR(ApplyRound(p, step));
     pending_.pop_front();
@@ -639,6 +692,7 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
   last_close_to_done_ = u.done.close_to_done_seconds();
   last_round_interval_ = u.done.round_interval_seconds();
   last_done_round_ = p.round;
+  last_done_steps_ = u.done.steps() > 0 ? u.done.steps() : p.steps;
   last_.rounds_applied += 1;
   last_.max_staleness_steps = std::max(last_.max_staleness_steps, step - p.close_step);
   return absl::OkStatus();

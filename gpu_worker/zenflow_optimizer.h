@@ -1,8 +1,9 @@
-// The worker side of ZenFlow (DESIGN rules 1-9): given the model's parameter
+// The worker side of ZenFlow (DESIGN rules 1-10): given the model's parameter
 // and gradient buffers on a Backend, it updates the important columns in
 // place every step, streams the others' gradients to zenflowd through the
 // client library, applies the returned columns after the apply delay, and
-// reselects the important columns with an exact state hand-off.
+// reselects the important columns with an exact state hand-off. With
+// ZenFlowConfig.auto_update_interval it also chooses each round's length.
 //
 //   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(&client, want, rank, backend, params));
 //   ZF_ASSIGN_OR_RETURN(auto opt, ZenFlowOptimizer::Create(backend, &client, spec, rank, params));
@@ -64,6 +65,9 @@ struct StepStats {
   int64_t rounds_applied = 0;
   int64_t max_staleness_steps = 0;  // step - close step of an applied round
   bool reselected = false;
+  // Steps of the round this step belongs to: the update interval S in use
+  // (with auto_update_interval it changes from round to round).
+  int32_t update_interval = 0;
 };
 
 struct OptimizerTotals {
@@ -75,6 +79,10 @@ struct OptimizerTotals {
   int64_t bytes_received = 0;
   int64_t rounds_applied = 0;
   int64_t reselections = 0;
+  // Rounds closed (a partial last one included) and the sum of their
+  // steps: round_steps / rounds_closed is the mean update interval.
+  int64_t rounds_closed = 0;
+  int64_t round_steps = 0;
 };
 
 // Creates the job (rank 0, with the initial parameter values read from the
@@ -100,6 +108,12 @@ struct ReducePart {
 using GradientReducer =
     std::function<absl::Status(int64_t step, const std::vector<ReducePart>& parts)>;
 
+// With auto_update_interval: the steps S(r) of round `round`, which starts
+// at step `start_step`, asked at that step. Must answer the same on every
+// rank (it depends on nothing but its arguments, or on what every rank
+// holds alike).
+using IntervalChooser = std::function<int32_t(int64_t round, int64_t start_step)>;
+
 // Thread-compatible: one training thread calls it.
 class ZenFlowOptimizer {
  public:
@@ -120,6 +134,14 @@ class ZenFlowOptimizer {
   // 1/world), keeping these bytes off the host and the daemon. Set before
   // the first Step().
   void set_gradient_reducer(GradientReducer reducer) { reducer_ = std::move(reducer); }
+  // With auto_update_interval (DESIGN rule 10), the rounds after warm-up
+  // take their length from `chooser` instead of from the daemon's measured
+  // round time (tests, or a caller's own schedule). Its answer is clamped to
+  // [1, update_interval], then adjusted as a measured choice is: raised to
+  // the previous round's apply delay while that round is in flight, and cut
+  // so that the round ends before the next selection step. Ignored without
+  // auto_update_interval. Set before the first Step().
+  void set_interval_chooser(IntervalChooser chooser) { chooser_ = std::move(chooser); }
 
   // Runs the optimizer for step `step` (0, 1, 2, ... in order) with the
   // gradients now in the ParamSpec grad buffers and learning rate `lr`.
@@ -128,7 +150,8 @@ class ZenFlowOptimizer {
   absl::Status Finish();
   // Applies every round in flight now (earlier than its apply delay says),
   // without closing a round: FAILED_PRECONDITION unless the next step
-  // starts a round (a multiple of update_interval). Training may go on.
+  // starts a round (with a fixed update_interval, a multiple of it; with
+  // auto_update_interval, the step after a round's last). Training may go on.
   absl::Status Drain();
 
   // The state of the columns this rank updates itself (the important
@@ -155,12 +178,17 @@ class ZenFlowOptimizer {
     int64_t round;
     int64_t close_step;
     int32_t delay = -1;  // decided lazily (adaptive)
+    int32_t steps = 0;   // the round's steps
   };
 
   ZenFlowOptimizer(worker::Backend* backend, Client* client, const v1::JobSpec& spec,
                    int32_t rank);
   absl::Status Init(std::vector<ParamSpec> params);
   bool IsSelectionStep(int64_t step) const;
+  // The first selection step after `step` (zenflow mode).
+  int64_t NextSelectionStep(int64_t step) const;
+  // The steps of round round_, which starts at `start` (DESIGN rule 10).
+  int32_t ChooseInterval(int64_t start);
   absl::Status Reselect(int64_t step);
   absl::Status UpdateImportant(int64_t step, float lr);
   absl::Status PushRemote(int64_t step);
@@ -168,7 +196,7 @@ class ZenFlowOptimizer {
   absl::Status CloseRound(int64_t round, float lr, int32_t steps);
   absl::Status ApplyRound(const Pending& p, int64_t step);
   absl::Status ApplyDue(int64_t step, bool drain);
-  int32_t DecideDelay(int64_t round);
+  int32_t DecideDelay(const Pending& p);
   absl::Status SetImportant(Tensor& t, std::vector<int32_t> cols);
 
   worker::Backend* const backend_;
@@ -176,18 +204,27 @@ class ZenFlowOptimizer {
   GradientReducer reducer_;  // empty: the daemon's AllReduce
   const v1::JobSpec spec_;
   const int32_t rank_;
-  const int64_t interval_;  // S
+  const int64_t interval_;  // S, or S_max with auto_interval_
   const bool zero_offload_;
+  const bool auto_interval_;  // auto_update_interval (never with zero_offload)
+  IntervalChooser chooser_;   // empty: from the measured round time
   DType wire_ = DType::kBF16;
   worker::PackDType pack_wire_ = worker::PackDType::kBF16;
   std::vector<std::unique_ptr<Tensor>> tensors_;
   int64_t next_step_ = 0;
   int64_t version_ = 0;
+  // The round in progress, or the next one before its first step: its
+  // number, first step and steps (0 until chosen at its first step).
+  int64_t round_ = 0;
+  int64_t round_start_ = 0;
+  int32_t round_steps_ = 0;
   std::deque<Pending> pending_;
-  // RoundDone of the last applied round: close-to-done and round interval.
+  // RoundDone of the last applied round: close-to-done, round interval and
+  // the round's steps.
   double last_close_to_done_ = -1;
   double last_round_interval_ = 0;
   int64_t last_done_round_ = -1;
+  int32_t last_done_steps_ = 0;
   std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent
   // Staging for packed shards: a ring of device and host buffers. The client
   // sends straight from a host buffer (UCX) and releases it when done; a

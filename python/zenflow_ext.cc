@@ -173,6 +173,7 @@ class Worker {
     d["step"] = s.step;
     d["max_staleness_steps"] = s.max_staleness_steps;
     d["reselected"] = s.reselected;
+    d["update_interval"] = s.update_interval;  // S of the step's round
     return d;
   }
 
@@ -182,6 +183,8 @@ class Worker {
     py::dict d = Times(t);
     d["steps"] = t.steps;
     d["reselections"] = t.reselections;
+    d["rounds_closed"] = t.rounds_closed;
+    d["round_steps"] = t.round_steps;  // / rounds_closed: the mean S
     d["reconnects"] = client_->stats().reconnects;
     d["selection_version"] = opt_->selection_version();
     return d;

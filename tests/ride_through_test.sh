@@ -75,13 +75,16 @@ kill_mid_run() {
 
 summary() { "$JSON" --line=ZF_SUMMARY "$1" "$2"; }
 
-for run in sync:grpc 1:grpc 1:ucx; do
-  delay=${run%%:*}
-  tr=${run##*:}
-  name="${delay}_$tr"
-  "$TRAIN" "${common[@]}" --delay=$delay --transport=$tr --job="ref_$name" --target="$T" \
+# (1:grpc:auto: rounds of changing length, --interval=auto with a fixed
+# schedule so that both runs have the same rounds.)
+for run in sync:grpc 1:grpc 1:ucx 1:grpc:auto; do
+  IFS=: read -r delay tr iv <<<"$run"
+  name="${delay}_$tr${iv:+_$iv}"
+  rounds=()
+  [ "$iv" = auto ] && rounds=(--interval=auto --interval_schedule=1,3,2,4)
+  "$TRAIN" "${common[@]}" "${rounds[@]}" --delay=$delay --transport=$tr --job="ref_$name" --target="$T" \
     --save="$dir/ref_$name.params" > "$dir/ref_$name.out"
-  "$TRAIN" "${common[@]}" --delay=$delay --transport=$tr --job="ride_$name" --target="$T" \
+  "$TRAIN" "${common[@]}" "${rounds[@]}" --delay=$delay --transport=$tr --job="ride_$name" --target="$T" \
     --daemon_wait=60s --save="$dir/ride_$name.params" > "$dir/ride_$name.out" 2> "$dir/ride_$name.err" &
   rank=$!
   kill_mid_run "ride_$name"
@@ -91,7 +94,7 @@ for run in sync:grpc 1:grpc 1:ucx; do
     echo "$name: the rank should have reconnected once"; exit 1; }
   cmp "$dir/ref_$name.params" "$dir/ride_$name.params" || {
     echo "$name: the run through a daemon restart differs from the uninterrupted run"; exit 1; }
-  echo "apply delay $delay over $tr: bit-identical after SIGKILL and restart"
+  echo "apply delay $delay over $tr${iv:+, interval $iv}: bit-identical after SIGKILL and restart"
 done
 
 # SIGKILL while a checkpoint is being written: the daemon is killed the moment

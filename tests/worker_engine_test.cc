@@ -63,16 +63,45 @@ double Mismatch(const std::vector<std::vector<float>>& a, const std::vector<std:
   return worst;
 }
 
-void ExpectMatchesSim(const EngineJob& job) {
-  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> ranks = RunEngineRanks(job);
+// The round lengths S(r) chosen from the first step on, as every step sees
+// them: each round's S repeated S times, cut at `steps`.
+std::vector<int32_t> PerStep(const std::vector<int32_t>& chosen, int64_t steps) {
+  std::vector<int32_t> out;
+  for (int32_t s : chosen) out.insert(out.end(), s, s);
+  out.resize(steps, -1);
+  return out;
+}
+
+// `chosen`, if not empty: the round lengths the job must run with (auto
+// update interval), worked out by hand; checked on every rank's steps and
+// on the simulator's rounds (a partial last round closes with the steps it
+// has).
+void ExpectMatchesSim(const EngineJob& job, const std::vector<int32_t>& chosen = {}) {
+  std::vector<std::vector<int32_t>> intervals;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> ranks =
+      RunEngineRanks(job, &intervals);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
+  if (!chosen.empty()) {
+    const std::vector<int32_t> per_step = PerStep(chosen, job.steps);
+    for (size_t r = 0; r < intervals.size(); ++r) {
+      EXPECT_EQ(intervals[r], per_step) << "rank " << r << "'s update_interval per step";
+    }
+  }
   for (size_t r = 1; r < ranks->size(); ++r) {
     for (size_t t = 0; t < (*ranks)[0].size(); ++t) {
       ASSERT_EQ(std::memcmp((*ranks)[r][t].data(), (*ranks)[0][t].data(), (*ranks)[0][t].size() * 4), 0)
           << "rank " << r << " differs from rank 0 in tensor " << t;
     }
   }
-  std::vector<std::vector<float>> sim = RunSim(job);
+  std::vector<int32_t> sim_rounds;
+  std::vector<std::vector<float>> sim = RunSim(job, &sim_rounds);
+  if (!chosen.empty()) {
+    std::vector<int32_t> closed = chosen;
+    int64_t before = 0;
+    for (size_t i = 0; i + 1 < closed.size(); ++i) before += closed[i];
+    closed.back() = static_cast<int32_t>(std::min<int64_t>(closed.back(), job.steps - before));
+    EXPECT_EQ(sim_rounds, closed) << "the simulator's rounds";
+  }
   std::string where;
   const double e = Mismatch((*ranks)[0], sim, 2e-5, 1e-4, &where);
   EXPECT_LE(e, 1.0) << "engine vs simulator: " << where;
@@ -86,6 +115,12 @@ void ExpectMatchesSim(const EngineJob& job) {
   }
   EXPECT_GT(Mismatch((*ranks)[0], RunSim(other), 2e-5, 1e-4, &where), 1.0)
       << "the engine also matches a simulation with other rules";
+  if (job.cfg.auto_interval) {  // nor with a fixed update interval
+    other = job;
+    other.cfg.auto_interval = false;
+    EXPECT_GT(Mismatch((*ranks)[0], RunSim(other), 2e-5, 1e-4, &where), 1.0)
+        << "the engine also matches a simulation with a fixed update interval";
+  }
   // And the run really moved the parameters.
   std::vector<std::vector<float>> init;
   for (const SimTensor& t : EngineModel()) init.push_back(t.w);
@@ -337,6 +372,142 @@ TEST_F(WorkerEngineTest, K1EqualsLocalAdamWBitForBit) {
     EXPECT_EQ(std::memcmp((*got)[ti].data(), w[ti].data(), w[ti].size() * 4), 0)
         << "tensor " << model[ti].name << " differs from local AdamW";
   }
+}
+
+// A chooser of round lengths that cycles through `s` by round number.
+IntervalChooser Cycle(std::vector<int32_t> s) {
+  return [s](int64_t round, int64_t) { return s[round % static_cast<int64_t>(s.size())]; };
+}
+
+// update_interval auto (DESIGN rule 10) with rounds of changing length: the
+// chooser's 1, 3, 2, 4, 1, ... (S_max = 4), each round cut to end before
+// the next selection step (8, 16, 24).
+TEST_F(WorkerEngineTest, AutoIntervalSyncMatchesSimulatorAcrossReselections) {
+  EngineJob j = Job("auto-sync");
+  j.cfg.world = 2;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.delay = 0;
+  j.cfg.auto_interval = true;
+  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
+  j.steps = 32;
+  ExpectMatchesSim(j, {1, 3, 2, 2, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1});
+}
+
+// d = 1, and a partial last round (step 29 only, of the 2 chosen) that
+// Finish() closes with the one step it has.
+TEST_F(WorkerEngineTest, AutoIntervalDelayOneMatchesSimulatorWithAPartialLastRound) {
+  EngineJob j = Job("auto-d1");
+  j.cfg.world = 2;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.delay = 1;
+  j.cfg.auto_interval = true;
+  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
+  j.steps = 30;
+  ExpectMatchesSim(j, {1, 3, 2, 2, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1, 1, 1, 3, 2});
+}
+
+// d = 2: a round the chooser makes shorter than the previous round's apply
+// delay is raised to it, so that round is applied before the next starts
+// (the daemon accumulates two rounds at a time). The chooser's 4, 1, 1
+// become 4, 2, 2.
+TEST_F(WorkerEngineTest, AutoIntervalRaisesShortRoundsToTheApplyDelay) {
+  EngineJob j = Job("auto-d2");
+  j.cfg.world = 2;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.delay = 2;
+  j.cfg.auto_interval = true;
+  j.cfg.interval_chooser = Cycle({4, 1, 1});
+  j.steps = 24;
+  ExpectMatchesSim(j, {4, 2, 2, 4, 2, 2, 4, 2, 2});
+}
+
+// Warm-up rounds have S_max steps (warm-up ends at step 4, a selection);
+// the chooser takes over from round 1.
+TEST_F(WorkerEngineTest, AutoIntervalWithWarmupMatchesSimulator) {
+  EngineJob j = Job("auto-warm");
+  j.cfg.world = 2;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.warmup_rounds = 1;  // selections at 4, 8, 16
+  j.cfg.delay = 1;
+  j.cfg.auto_interval = true;
+  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
+  j.steps = 24;
+  ExpectMatchesSim(j, {4, 3, 1, 4, 1, 1, 2, 2, 4, 1, 1});
+}
+
+// A chooser's answer outside [1, S_max] is clamped to it (0 and -3 to 1, 9
+// and 100 to 4), not refused: training goes on with the nearest length.
+TEST_F(WorkerEngineTest, AutoIntervalClampsTheChoosersAnswer) {
+  EngineJob j = Job("auto-clamp");
+  j.cfg.world = 2;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.delay = 0;
+  j.cfg.auto_interval = true;
+  j.cfg.interval_chooser = Cycle({0, 9, -3, 4, 100});
+  j.steps = 16;
+  ExpectMatchesSim(j, {1, 4, 1, 2, 4, 1, 3});
+}
+
+// The totals count closed rounds and their steps (S_mean = round_steps /
+// rounds_closed), the partial last one included.
+TEST_F(WorkerEngineTest, AutoIntervalTotalsCountRoundsAndSteps) {
+  EngineJob j = Job("auto-totals");
+  j.cfg.world = 1;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.delay = 1;
+  j.cfg.auto_interval = true;
+  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
+  j.steps = 30;
+  OptimizerTotals totals;
+  std::vector<int32_t> intervals;
+  ASSERT_OK(RunEngineRank(j, 0, &totals, &intervals).status());
+  EXPECT_EQ(totals.rounds_closed, 18);
+  EXPECT_EQ(totals.round_steps, 30);
+  EXPECT_EQ(intervals, PerStep({1, 3, 2, 2, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1, 1, 1, 3, 2}, 30));
+  // A fixed update interval: every step reports it.
+  j.job_id = "fixed-totals";
+  j.cfg.auto_interval = false;
+  ASSERT_OK(RunEngineRank(j, 0, &totals, &intervals).status());
+  EXPECT_EQ(totals.rounds_closed, 8);  // 7 of 4 steps, the last of 2
+  EXPECT_EQ(totals.round_steps, 30);
+  EXPECT_EQ(intervals, std::vector<int32_t>(30, 4));
+}
+
+// Without a chooser the ranks choose S from the daemon's measured round
+// time (timing-dependent), the same on every rank: parameters and the
+// lengths chosen are identical, each in [1, S_max], and S_max until a
+// measurement exists.
+TEST_F(WorkerEngineTest, AutoIntervalFromMeasuredRoundTimeIsIdenticalOnAllRanks) {
+  EngineJob j = Job("auto-measured");
+  j.cfg.world = 2;
+  j.cfg.S = 4;
+  j.cfg.R = 8;
+  j.cfg.auto_interval = true;
+  j.adaptive = true;
+  j.steps = 32;
+  std::vector<std::vector<int32_t>> intervals;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> ranks =
+      RunEngineRanks(j, &intervals);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  for (size_t t = 0; t < (*ranks)[0].size(); ++t) {
+    EXPECT_EQ(std::memcmp((*ranks)[1][t].data(), (*ranks)[0][t].data(), (*ranks)[0][t].size() * 4), 0);
+  }
+  ASSERT_EQ(intervals.size(), 2u);
+  EXPECT_EQ(intervals[0], intervals[1]);
+  ASSERT_EQ(intervals[0].size(), 32u);
+  for (int32_t s : intervals[0]) {
+    EXPECT_GE(s, 1);
+    EXPECT_LE(s, 4);
+  }
+  // Round 0 and round 1 (no measurement before round 1's update is applied
+  // at the earliest during round 2).
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(intervals[0][t], 4) << "step " << t;
 }
 
 TEST_F(WorkerEngineTest, AdaptiveDelayIsIdenticalOnAllRanks) {

@@ -19,7 +19,8 @@ usage: ./zf demo [options]
   --batch=N              sequences per rank per step (default 8)
   --lr=X                 learning rate (default 3e-3)
   --topk=X               zenflow: fraction of columns on the worker (default 0.1)
-  --interval=N           zenflow: update_interval S (default 4)
+  --interval=N|auto      zenflow: update_interval S (default 4); auto: each round's S
+                         chosen from zenflowd's measured round time, 1..4 (DESIGN rule 10)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
   --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
   --param_dtype=fp32|bf16|fp16
@@ -70,6 +71,9 @@ for a in "$@"; do
 done
 case "$transport" in ucx|grpc) ;; *) echo "--transport must be ucx or grpc" >&2; exit 2 ;; esac
 case "$param_dtype" in fp32|bf16|fp16) ;; *) echo "--param_dtype must be fp32, bf16 or fp16" >&2; exit 2 ;; esac
+if [ "$interval" != auto ] && { ! [[ "$interval" =~ ^[0-9]+$ ]] || [ "$interval" -lt 1 ]; }; then
+  echo "--interval must be auto or a number of steps >= 1" >&2; exit 2
+fi
 if [ -n "$kill_at" ]; then
   if ! [[ "$kill_at" =~ ^[0-9]+$ ]] || [ "$kill_at" -lt 1 ] || [ "$kill_at" -ge "$steps" ]; then
     echo "--kill-daemon-at must be a step in [1, --steps) (--steps is $steps)" >&2; exit 2
@@ -126,14 +130,18 @@ fi
 # kill_daemon_when JOB: once JOB's rounds cover --kill-daemon-at steps,
 # SIGKILLs zenflowd and starts another on the same port and state directory.
 kill_daemon_when() {
-  local job=$1 r=0 want=$(( (kill_at + interval - 1) / interval ))
+  # (With --interval=auto rounds have 1..4 steps: count them as 4, which
+  # kills at or before the step asked for.)
+  local iv=$interval
+  [ "$iv" = auto ] && iv=4
+  local job=$1 r=0 want=$(( (kill_at + iv - 1) / iv ))
   while [ "$r" -lt "$want" ]; do
     sleep 0.05
     r=$("$STATS" --target="$target" --job="$job" --json --timeout_s=2 2>/dev/null |
         "$ROOT/tools/json_get" - jobs.0.rounds_updated 2>/dev/null) || r=0
   done
   kill -KILL "$(cat "$pidfile")"
-  echo "== zenflowd KILLED (SIGKILL) after round $r (step $((r * interval))); starting it again on $target"
+  echo "== zenflowd KILLED (SIGKILL) after round $r; starting it again on $target"
   start_daemon "${target##*:}"
   echo "== zenflowd (pid $(cat "$pidfile")) is back: it restored the job from its newest checkpoint"
 }
@@ -198,6 +206,8 @@ for m in zenflow zero_offload local; do
       'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
 done
 awk -v a="$zf_val" -v b="$lo_val" 'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
+zf_s=$(summary zenflow s_mean)
+awk -v i="$interval" -v s="$zf_s" 'BEGIN { printf "zenflow update interval: %s (mean S over its rounds: %.2f)\n", i, s }'
 if [ "$param_dtype" != fp32 ]; then
   echo "parameters: $param_dtype in every mode, AdamW on fp32 masters (zenflowd's come back as $param_dtype)"
 fi

@@ -149,11 +149,30 @@ def test_zenflow_mode_trains_and_reports_stats(daemon):
     assert loss_of(m, 0).item() < first
 
 
+def test_update_interval_auto_trains_with_rounds_of_changing_length(daemon):
+    m = model()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen-auto", lr=1e-2,
+                                        topk_ratio=0.25, update_interval="auto",
+                                        select_interval=8) as opt:
+        assert opt.spec["zenflow"]["auto_update_interval"] is True
+        assert opt.spec["zenflow"]["update_interval"] == 4  # S_max, the daemon's default
+        first = loss_of(m, 0).item()
+        for t in range(24):
+            opt.zero_grad()
+            loss_of(m, t % 4).backward()
+            opt.step()
+        s = opt.stats()
+    assert s["totals"]["steps"] == 24
+    assert 1 <= s["last_step"]["update_interval"] <= 4
+    assert loss_of(m, 0).item() < first
+
+
 def test_config_file_and_unknown_keys():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"zenflow": {"topk_ratio": 0.1, "update_interval": "auto"},
                    "zenflowd": {"wire_dtype": "int8", "apply_delay": 2}}, f)
-    assert zenflow.config.load(f.name) == {"topk_ratio": 0.1, "wire": "int8", "apply_delay": 2}
+    assert zenflow.config.load(f.name) == {"topk_ratio": 0.1, "update_interval": "auto",
+                                           "wire": "int8", "apply_delay": 2}
     with pytest.raises(ValueError, match="unknown key 'topk' in zero_optimization.zenflow"):
         zenflow.config.load({"zero_optimization": {"zenflow": {"topk": 0.1}}})
     with pytest.raises(ValueError, match="unknown key 'port' in zenflowd"):

@@ -117,6 +117,10 @@ def load(config):
                 v = _positive_int(zen[key], key)
                 if v is not None:
                     out[key] = v
+                elif key == "update_interval":
+                    # "auto": each round's length chosen from the daemon's
+                    # measured round time, up to the daemon's default S_max.
+                    out[key] = "auto"
         if "full_warm_up_rounds" in zen:
             v = zen["full_warm_up_rounds"]
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -68,7 +68,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     weight_decay, mode ("zenflow" or "zero_offload"), wire ("fp32", "bf16",
     "int8"; "fp16" too), config (a DeepSpeed-style dict or JSON file: see
     zenflow.config). Further keywords: transport ("grpc" or "ucx"),
-    topk_ratio, update_interval, select_interval, full_warm_up_rounds,
+    topk_ratio, update_interval (steps, or "auto"), select_interval, full_warm_up_rounds,
     apply_delay ("sync", "adaptive", "overlap_step" or steps), daemon_wait
     (seconds to ride through a daemon restart; 0 fails at once),
     connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
@@ -163,6 +163,10 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                            ("full_warm_up_rounds", "fullWarmupRounds")):
             if key in s:
                 zen[proto] = s[key]
+        if zen.get("updateInterval") == "auto":
+            # Rounds of 1..S_max steps (the daemon's default S_max), DESIGN rule 10.
+            del zen["updateInterval"]
+            zen["autoUpdateInterval"] = True
         spec = {
             "jobId": s.get("job", "torch"),
             "tensors": [{"name": n, "shape": shape} for n, shape, _, _ in tensors],

@@ -102,6 +102,7 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   z->set_update_interval(job.cfg.S);
   z->set_select_interval(job.cfg.R);
   z->set_full_warmup_rounds(job.cfg.warmup_rounds);
+  z->set_auto_update_interval(job.cfg.auto_interval);
   if (job.adaptive) {
     z->mutable_apply_delay()->set_adaptive(true);
   } else if (job.cfg.delay == 0) {
@@ -113,7 +114,8 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank,
-                                                              OptimizerTotals* totals) {
+                                                              OptimizerTotals* totals,
+                                                              std::vector<int32_t>* intervals) {
   std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend(1);
   std::vector<SimTensor> model = EngineModel();
   std::vector<std::unique_ptr<worker::DeviceBuffer>> params, grads;
@@ -148,6 +150,8 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
                       ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs));
   if (job.reducer != nullptr) opt->set_gradient_reducer(job.reducer->ForRank(rank));
+  if (job.cfg.interval_chooser) opt->set_interval_chooser(job.cfg.interval_chooser);
+  if (intervals != nullptr) intervals->clear();
   std::vector<std::vector<float>> w(model.size());
   std::vector<char> raw;
   // The parameters as fp32 (what the model computes with).
@@ -165,6 +169,7 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
       ZF_RETURN_IF_ERROR(backend->CopyToDevice(grads[ti]->p(), g[ti].data(), g[ti].size() * 4));
     }
     ZF_RETURN_IF_ERROR(opt->Step(t, EngineLr(t)));
+    if (intervals != nullptr) intervals->push_back(opt->last_step().update_interval);
   }
   ZF_RETURN_IF_ERROR(opt->Finish());
   if (totals != nullptr) *totals = opt->totals();
@@ -172,12 +177,14 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
   return w;
 }
 
-absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(const EngineJob& job) {
+absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
+    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals) {
   std::vector<absl::StatusOr<std::vector<std::vector<float>>>> out(
       job.cfg.world, absl::UnknownError("not run"));
+  std::vector<std::vector<int32_t>> steps(job.cfg.world);
   std::vector<std::thread> threads;
   for (int r = 0; r < job.cfg.world; ++r) {
-    threads.emplace_back([&, r] { out[r] = RunEngineRank(job, r); });
+    threads.emplace_back([&, r] { out[r] = RunEngineRank(job, r, nullptr, &steps[r]); });
   }
   for (auto& t : threads) t.join();
   std::vector<std::vector<std::vector<float>>> result;
@@ -187,10 +194,11 @@ absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(cons
     }
     result.push_back(*std::move(out[r]));
   }
+  if (intervals != nullptr) *intervals = std::move(steps);
   return result;
 }
 
-std::vector<std::vector<float>> RunSim(const EngineJob& job) {
+std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t>* round_steps) {
   ZenFlowSim sim(job.cfg, EngineModel());
   const size_t nt = EngineModel().size();
   for (int64_t t = 0; t < job.steps; ++t) {
@@ -201,6 +209,7 @@ std::vector<std::vector<float>> RunSim(const EngineJob& job) {
     sim.Step(t, EngineLr(t), grads);
   }
   sim.Finish();
+  if (round_steps != nullptr) *round_steps = sim.round_steps();
   std::vector<std::vector<float>> out(nt);
   for (size_t ti = 0; ti < nt; ++ti) out[ti] = sim.params(ti);
   return out;

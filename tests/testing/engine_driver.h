@@ -4,6 +4,7 @@
 #ifndef ZENFLOW_TESTS_TESTING_ENGINE_DRIVER_H_
 #define ZENFLOW_TESTS_TESTING_ENGINE_DRIVER_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -38,13 +39,21 @@ v1::JobSpec EngineSpec(const EngineJob& job);
 // Runs rank `rank` to the end; returns its final parameters per tensor (as
 // fp32; with cfg.param_dtype bf16 / fp16 the parameters are held, uploaded
 // and updated in that dtype).
-// `totals`, if not null, receives the engine's totals (bytes up and down).
-absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& job, int rank,
-                                                              OptimizerTotals* totals = nullptr);
-// Runs every rank, each in its own thread with its own connection.
-absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(const EngineJob& job);
-// The simulator's final parameters for the same job.
-std::vector<std::vector<float>> RunSim(const EngineJob& job);
+// `totals`, if not null, receives the engine's totals (bytes up and down);
+// `intervals`, if not null, every step's StepStats.update_interval. With
+// cfg.auto_interval the engine takes its round lengths from
+// cfg.interval_chooser, as the simulator does.
+absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(
+    const EngineJob& job, int rank, OptimizerTotals* totals = nullptr,
+    std::vector<int32_t>* intervals = nullptr);
+// Runs every rank, each in its own thread with its own connection;
+// `intervals`, if not null, receives each rank's per-step update_interval.
+absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
+    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals = nullptr);
+// The simulator's final parameters for the same job; `round_steps`, if not
+// null, receives the steps of each of its rounds.
+std::vector<std::vector<float>> RunSim(const EngineJob& job,
+                                       std::vector<int32_t>* round_steps = nullptr);
 
 }  // namespace zenflow::testing
 

@@ -1,4 +1,4 @@
-// Test support: an independent simulation of DESIGN rules 1-9 in plain loops
+// Test support: an independent simulation of DESIGN rules 1-10 in plain loops
 // (worker and daemon together, every rank), to compare the real worker
 // engine + daemon against. Shares no code with gpu_worker/ or server/.
 //
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <string>
@@ -36,6 +37,14 @@ struct SimConfig {
   bool int8_wire = false;  // per column and step: scale = max|g|/127, q = rint(g/scale)
   SimParamDType param_dtype = SimParamDType::kF32;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+  // update_interval auto (rule 10): S is S_max; warm-up rounds have S steps,
+  // later rounds interval_chooser(round, first step)'s (the simulation has
+  // no timing to measure), clamped to [1, S], raised to the previous
+  // round's apply delay while that round is in flight and cut to end before
+  // the next selection step. A delay d >= 1 is then min(d, the round's
+  // steps). Without a chooser every round has S steps.
+  bool auto_interval = false;
+  std::function<int32_t(int64_t round, int64_t start_step)> interval_chooser;
 };
 
 struct SimTensor {
@@ -71,6 +80,8 @@ class ZenFlowSim {
   // The workers' parameters (rounded to the parameter dtype, held as fp32).
   const std::vector<float>& params(size_t ti) const { return t_[ti].w; }
   int reselections() const { return reselections_; }
+  // The steps of every round closed so far, in order.
+  const std::vector<int32_t>& round_steps() const { return round_steps_; }
   std::vector<int32_t> important(size_t ti) const {
     std::vector<int32_t> out;
     for (int64_t c = 0; c < t_[ti].cols; ++c) {
@@ -82,13 +93,26 @@ class ZenFlowSim {
   // grads[rank][tensor]: row-major gradients of step t on every rank.
   void Step(int64_t t, float lr, const std::vector<std::vector<std::vector<float>>>& grads) {
     const int S = cfg_.zero_offload ? 1 : cfg_.S;
-    const int d = cfg_.zero_offload ? 0 : cfg_.delay;
     const int64_t warm_end = static_cast<int64_t>(cfg_.warmup_rounds) * S;
     const bool select = !cfg_.zero_offload && (t == warm_end || (t > warm_end && t % cfg_.R == 0));
     if (select) {
       // Drain, then choose from this step's gradient, summed over ranks.
       while (!pending_.empty()) ApplyFront();
       Reselect(grads);
+    }
+    if (steps_ == 0) {  // the round's first step: its length
+      steps_ = S;
+      if (cfg_.auto_interval && !cfg_.zero_offload) {
+        int64_t n = S;
+        if (round_ >= cfg_.warmup_rounds && cfg_.interval_chooser) {
+          n = std::min<int64_t>(S, std::max<int64_t>(1, cfg_.interval_chooser(round_, t)));
+        }
+        if (!pending_.empty() && pending_.back().round == round_ - 1) {
+          n = std::max<int64_t>(n, pending_.back().delay);
+        }
+        const int64_t next_select = t < warm_end ? warm_end : (t / cfg_.R + 1) * cfg_.R;
+        steps_ = static_cast<int>(std::min<int64_t>(n, next_select - t));
+      }
     }
     const float inv_world = 1.0f / static_cast<float>(cfg_.world);
     for (size_t ti = 0; ti < t_.size(); ++ti) {
@@ -129,35 +153,14 @@ class ZenFlowSim {
         }
       }
     }
-    if (t % S == S - 1) {
-      // Round close: daemon AdamW on the mean of the remote columns.
-      Pending p;
-      p.due = t + d;
-      const float scale = static_cast<float>(1.0 / (static_cast<double>(cfg_.world) * S));
-      for (size_t ti = 0; ti < t_.size(); ++ti) {
-        SimTensor& x = t_[ti];
-        State& s = st_[ti];
-        std::vector<std::pair<int32_t, std::vector<float>>> cols;
-        for (int64_t c = 0; c < x.cols; ++c) {
-          if (s.important[c]) continue;
-          s.cd[c] += 1;
-          std::vector<float> col(x.rows);
-          for (int64_t r = 0; r < x.rows; ++r) {
-            const size_t i = r * x.cols + c;
-            Adam(&s.master[i], &s.md[i], &s.vd[i], s.acc[i] * scale, lr, s.cd[c]);
-            s.acc[i] = 0;
-            col[r] = s.master[i];
-          }
-          cols.push_back({static_cast<int32_t>(c), std::move(col)});
-        }
-        p.cols.push_back(std::move(cols));
-      }
-      pending_.push_back(std::move(p));
-    }
+    next_ = t + 1;
+    last_lr_ = lr;
+    if (t == start_ + steps_ - 1) Close(t, lr, Delay(steps_));
     while (!pending_.empty() && pending_.front().due <= t) ApplyFront();
   }
 
   void Finish() {
+    if (next_ > start_) Close(next_ - 1, last_lr_, 0);  // a partial last round
     while (!pending_.empty()) ApplyFront();
   }
 
@@ -170,9 +173,51 @@ class ZenFlowSim {
     std::vector<bool> important;
   };
   struct Pending {
+    int64_t round;
+    int delay;
     int64_t due;
     std::vector<std::vector<std::pair<int32_t, std::vector<float>>>> cols;  // per tensor
   };
+
+  // The apply delay of a round of `steps` steps.
+  int Delay(int steps) const {
+    if (cfg_.zero_offload || cfg_.delay == 0) return 0;
+    return cfg_.auto_interval ? std::max(1, std::min(cfg_.delay, steps)) : cfg_.delay;
+  }
+
+  // Closes the open round (steps start_..t) with delay d: daemon AdamW on
+  // the mean of the remote columns.
+  void Close(int64_t t, float lr, int d) {
+    const int steps = static_cast<int>(t + 1 - start_);
+    Pending p;
+    p.round = round_;
+    p.delay = d;
+    p.due = t + d;
+    const float scale = static_cast<float>(1.0 / (static_cast<double>(cfg_.world) * steps));
+    for (size_t ti = 0; ti < t_.size(); ++ti) {
+      SimTensor& x = t_[ti];
+      State& s = st_[ti];
+      std::vector<std::pair<int32_t, std::vector<float>>> cols;
+      for (int64_t c = 0; c < x.cols; ++c) {
+        if (s.important[c]) continue;
+        s.cd[c] += 1;
+        std::vector<float> col(x.rows);
+        for (int64_t r = 0; r < x.rows; ++r) {
+          const size_t i = r * x.cols + c;
+          Adam(&s.master[i], &s.md[i], &s.vd[i], s.acc[i] * scale, lr, s.cd[c]);
+          s.acc[i] = 0;
+          col[r] = s.master[i];
+        }
+        cols.push_back({static_cast<int32_t>(c), std::move(col)});
+      }
+      p.cols.push_back(std::move(cols));
+    }
+    pending_.push_back(std::move(p));
+    round_steps_.push_back(steps);
+    round_ += 1;
+    start_ = t + 1;
+    steps_ = 0;
+  }
 
   float Round(float x) const {
     switch (cfg_.param_dtype) {
@@ -260,6 +305,12 @@ class ZenFlowSim {
   std::vector<State> st_;
   std::vector<Pending> pending_;
   int reselections_ = 0;
+  // The open round: its number, first step and steps (0 before its first
+  // step); the next step and the last step's lr (for a partial close).
+  int64_t round_ = 0, start_ = 0, next_ = 0;
+  int steps_ = 0;
+  float last_lr_ = 0;
+  std::vector<int32_t> round_steps_;
 };
 
 }  // namespace zenflow::testing

@@ -1,9 +1,9 @@
-// Test support: the independent simulation of DESIGN rules 1-9
+// Test support: the independent simulation of DESIGN rules 1-10
 // (tests/testing/zenflow_sim.h) as a Python module, `_zenflow_sim`, so that
 // python/tests can compare zenflow.torch.ZenFlowOptimizer with it step by
 // step. Not part of the zenflow package.
 //
-//   sim = _zenflow_sim.Sim(dict(S=2, R=4, delay=0, k=0.25),
+//   sim = _zenflow_sim.Sim(dict(S=2, R=4, delay=0, k=0.25),   # intervals=[1, 2]: auto S
 //                          [(name, rows, cols, one_d, initial_values), ...])
 //   sim.step(t, lr, grads)   # grads[rank][tensor]: row-major lists
 //   sim.params(ti)
@@ -39,6 +39,16 @@ ZenFlowSim* Make(const py::dict& cfg, const std::vector<PyTensor>& tensors) {
     else if (key == "k") c.k = v.cast<float>();
     else if (key == "zero_offload") c.zero_offload = v.cast<bool>();
     else if (key == "bf16_wire") c.bf16_wire = v.cast<bool>();
+    else if (key == "intervals") {
+      // update_interval auto with S = S_max: round r asks for
+      // intervals[r % len] steps (clamped and cut as the engine's are).
+      const std::vector<int32_t> s = v.cast<std::vector<int32_t>>();
+      if (s.empty()) throw py::value_error("intervals must not be empty");
+      c.auto_interval = true;
+      c.interval_chooser = [s](int64_t round, int64_t) {
+        return s[round % static_cast<int64_t>(s.size())];
+      };
+    }
     else if (key == "param_dtype") {
       const std::string d = v.cast<std::string>();
       if (d == "fp32") c.param_dtype = zenflow::testing::SimParamDType::kF32;
@@ -68,5 +78,6 @@ PYBIND11_MODULE(_zenflow_sim, m) {
       .def("finish", &ZenFlowSim::Finish)
       .def("params", &ZenFlowSim::params, py::arg("tensor"))
       .def("important", &ZenFlowSim::important, py::arg("tensor"))
-      .def("reselections", &ZenFlowSim::reselections);
+      .def("reselections", &ZenFlowSim::reselections)
+      .def("round_steps", &ZenFlowSim::round_steps);
 }
