@@ -92,7 +92,10 @@ ABSL_FLAG(int, tensors, 4, "2-D tensors the parameters are split over");
 ABSL_FLAG(int, steps, 24, "zenflow steps");
 ABSL_FLAG(int, zero_offload_steps, -1, "zero_offload steps (-1: the same as --steps)");
 ABSL_FLAG(double, topk, 0.1, "zenflow: k, fraction of columns updated on the worker");
-ABSL_FLAG(int, interval, 4, "zenflow: update_interval S");
+ABSL_FLAG(int, interval, 4, "zenflow: update_interval S (S_max with --auto_interval)");
+ABSL_FLAG(bool, auto_interval, false,
+          "zenflow: update_interval auto (DESIGN rule 10): each round's S chosen from the "
+          "daemon's measured round time, 1..--interval; the JSON's s_mean is their mean");
 ABSL_FLAG(int, threads, 1, "worker CPU backend threads (the daemon keeps the other cores)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the engine's kernels run: cpu (the CPU backend, --threads), cuda (GPU 0) or "
@@ -196,6 +199,7 @@ struct ModeResult {
   int64_t rounds_applied = 0;
   int64_t reselections = 0;
   int32_t interval = 1;
+  double s_mean = 0;  // steps per closed round (auto: the S chosen on average)
 };
 
 absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::Backend* be,
@@ -234,6 +238,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
     v1::ZenFlowConfig* z = want.mutable_zenflow();
     z->set_topk_ratio(static_cast<float>(absl::GetFlag(FLAGS_topk)));
     z->set_update_interval(absl::GetFlag(FLAGS_interval));
+    z->set_auto_update_interval(absl::GetFlag(FLAGS_auto_interval));
     z->mutable_apply_delay()->set_adaptive(true);
   }
 
@@ -304,6 +309,10 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   ZF_RETURN_IF_ERROR(opt->Finish());
   r.finish_ms = (Now() - t_fin) * 1e3;
   r.rounds_applied = opt->totals().rounds_applied;
+  if (opt->totals().rounds_closed > 0) {
+    r.s_mean = static_cast<double>(opt->totals().round_steps) /
+               static_cast<double>(opt->totals().rounds_closed);
+  }
   r.reselections = opt->totals().reselections;
   r.measured_steps = steps - r.warmup_steps;
   if (r.measured_steps <= 0) {
@@ -339,6 +348,7 @@ void WriteMode(const ModeResult& r, bool emulated, JsonWriter* w) {
   w->Key("warmup_steps").Int(r.warmup_steps);
   w->Key("measured_steps").Int(r.measured_steps);
   w->Key("update_interval").Int(r.interval);
+  w->Key("s_mean").Double(r.s_mean);
   w->Key("mean_optimizer_ms").Double(r.mean_optimizer_ms);
   w->Key("send_blocked_ms_per_step").Double(r.send_blocked_ms_per_step);
   w->Key("bytes_up_per_step").Double(r.bytes_up_per_step);
@@ -475,6 +485,7 @@ absl::Status Run() {
   json.Key("zenflow_config").BeginObject();
   json.Key("topk_ratio").Double(absl::GetFlag(FLAGS_topk));
   json.Key("update_interval").Int(zf.interval);
+  json.Key("auto_update_interval").Bool(absl::GetFlag(FLAGS_auto_interval));
   json.Key("apply_delay").String("adaptive");
   json.EndObject();
   json.Key("modes").BeginObject();
@@ -523,6 +534,11 @@ absl::Status Run() {
               "cpu dominates: %s\n",
               speedup, stall_fraction, wire_ratio, wire_ratio_measured,
               DTypeName(ParamDType()), cpu_dominates ? "yes" : "no");
+  std::printf("zenflow update interval: %s, mean S over its rounds %.2f\n",
+              absl::GetFlag(FLAGS_auto_interval)
+                  ? absl::StrCat("auto (1..", absl::GetFlag(FLAGS_interval), ")").c_str()
+                  : absl::StrCat(absl::GetFlag(FLAGS_interval)).c_str(),
+              zf.s_mean);
   if (emulated) {
     std::printf("EMULATED DEVICE %s: modelled device busy per step (kernels + PCIe copies of "
                 "Step()): zero_offload %.1f ms, zenflow %.1f ms\n",

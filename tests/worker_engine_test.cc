@@ -20,6 +20,7 @@
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_driver.h"
 #include "tests/testing/harness.h"
+#include "common/status_macros.h"
 #include "tests/testing/status_macros.h"
 
 namespace zenflow::testing {
@@ -600,6 +601,27 @@ TEST_F(WorkerEngineTest, TwoRanksInTwoProcessesEndBitIdentical) {
   EXPECT_LE(Mismatch(got, sim, 2e-5, 1e-4, &where), 1.0) << where;
 }
 
+// The engine model's tensors in backend buffers: parameters of `dtype` (not
+// filled), fp32 gradients; two buffers per tensor in *bufs.
+absl::Status ModelParams(worker::Backend* be, DType dtype, std::vector<worker::DeviceBuffer>* bufs,
+                         std::vector<ParamSpec>* specs) {
+  const std::vector<SimTensor> model = EngineModel();
+  *bufs = std::vector<worker::DeviceBuffer>(2 * model.size());  // (not movable: made in place)
+  for (size_t i = 0; i < model.size(); ++i) {
+    ZF_RETURN_IF_ERROR((*bufs)[2 * i].Reserve(be, model[i].w.size() * DTypeSize(dtype)));
+    ZF_RETURN_IF_ERROR((*bufs)[2 * i + 1].Reserve(be, model[i].w.size() * 4));
+    ParamSpec ps;
+    ps.name = model[i].name;
+    ps.shape = model[i].one_d ? std::vector<int64_t>{model[i].cols}
+                              : std::vector<int64_t>{model[i].rows, model[i].cols};
+    ps.param = (*bufs)[2 * i].p();
+    ps.grad = (*bufs)[2 * i + 1].f32();
+    ps.dtype = dtype;
+    specs->push_back(ps);
+  }
+  return absl::OkStatus();
+}
+
 TEST_F(WorkerEngineTest, BadCallerInputIsRejected) {
   std::unique_ptr<worker::Backend> be = worker::MakeCpuBackend(1);
   EngineJob j = Job("bad-caller");
@@ -607,20 +629,9 @@ TEST_F(WorkerEngineTest, BadCallerInputIsRejected) {
   ClientOptions co = TestClientOptions(daemon_->target());
   auto client = Client::Connect(co);
   ASSERT_OK(client.status());
-  std::vector<worker::DeviceBuffer> bufs(6);
+  std::vector<worker::DeviceBuffer> bufs;
   std::vector<ParamSpec> specs;
-  std::vector<SimTensor> model = EngineModel();
-  for (size_t i = 0; i < model.size(); ++i) {
-    ASSERT_OK(bufs[2 * i].Reserve(be.get(), model[i].w.size() * 4));
-    ASSERT_OK(bufs[2 * i + 1].Reserve(be.get(), model[i].w.size() * 4));
-    ParamSpec ps;
-    ps.name = model[i].name;
-    ps.shape = model[i].one_d ? std::vector<int64_t>{model[i].cols}
-                              : std::vector<int64_t>{model[i].rows, model[i].cols};
-    ps.param = bufs[2 * i].f32();
-    ps.grad = bufs[2 * i + 1].f32();
-    specs.push_back(ps);
-  }
+  ASSERT_OK(ModelParams(be.get(), DType::kF32, &bufs, &specs));
   absl::StatusOr<v1::JobSpec> spec = JoinOrCreateJob(client->get(), EngineSpec(j), 0, be.get(), specs);
   ASSERT_OK(spec.status());
   // Shapes that disagree with the job.
@@ -655,21 +666,9 @@ TEST_F(WorkerEngineTest, Bf16ParamsRefuseArithmeticDeltasAndAnotherDType) {
   ClientOptions co = TestClientOptions(daemon_->target());
   auto client = Client::Connect(co);
   ASSERT_OK(client.status());
-  std::vector<worker::DeviceBuffer> bufs(6);
+  std::vector<worker::DeviceBuffer> bufs;
   std::vector<ParamSpec> specs;
-  std::vector<SimTensor> model = EngineModel();
-  for (size_t i = 0; i < model.size(); ++i) {
-    ASSERT_OK(bufs[2 * i].Reserve(be.get(), model[i].w.size() * 2));
-    ASSERT_OK(bufs[2 * i + 1].Reserve(be.get(), model[i].w.size() * 4));
-    ParamSpec ps;
-    ps.name = model[i].name;
-    ps.shape = model[i].one_d ? std::vector<int64_t>{model[i].cols}
-                              : std::vector<int64_t>{model[i].rows, model[i].cols};
-    ps.param = bufs[2 * i].p();
-    ps.grad = bufs[2 * i + 1].f32();
-    ps.dtype = DType::kBF16;
-    specs.push_back(ps);
-  }
+  ASSERT_OK(ModelParams(be.get(), DType::kBF16, &bufs, &specs));
   EngineJob j = Job("bf16-arith");
   j.cfg.world = 1;
   j.cfg.param_dtype = SimParamDType::kBF16;

@@ -487,18 +487,15 @@ struct AdamConsts {
   double beta1_d, beta2_d, lr_d;
 };
 
-// AdamW on a 32 x 32 tile: p is gathered from W through shared memory so
-// both W (along columns) and grad/m/v (along rows) are read coalesced.
-__global__ void AdamWKernel(AdamConsts k, float* __restrict__ w, int64_t rows, int64_t cols,
-                            const int32_t* __restrict__ columns, int64_t ncols,
-                            const int64_t* __restrict__ steps, const float* __restrict__ grad,
-                            float* __restrict__ m, float* __restrict__ v, unsigned int* errors) {
-  __shared__ float tile[kTile][kTile + 1];
-  __shared__ float step_size[kTile];
-  __shared__ float bc2_sqrt[kTile];
-  __shared__ bool valid[kTile];
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t my_c = c0 + threadIdx.x;
+// The per-column part of both AdamW kernels: this thread's column of the
+// block's tile (-1: none or a bad index, which ColumnCheckKernel reports),
+// and per tile column its bias-corrected step size and sqrt(bc2), and
+// whether it is updated. Ends with __syncthreads (every thread calls it).
+__device__ int64_t AdamColumns(const AdamConsts& k, int64_t cols, const int32_t* columns,
+                               int64_t ncols, const int64_t* steps, unsigned int* errors,
+                               unsigned int bad_step, float* step_size, float* bc2_sqrt,
+                               bool* valid) {
+  const int64_t my_c = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
   int64_t col = -1;
   if (my_c < ncols) {
     const int32_t cidx = columns[my_c];
@@ -509,7 +506,7 @@ __global__ void AdamWKernel(AdamConsts k, float* __restrict__ w, int64_t rows, i
     if (my_c < ncols) {
       const int64_t t = steps[my_c];
       if (t < 1) {
-        if (blockIdx.y == 0) atomicOr(errors, kErrAdamStep);
+        if (blockIdx.y == 0) atomicOr(errors, bad_step);
       } else {
         const double td = static_cast<double>(t);
         const double bc1 = 1.0 - pow(k.beta1_d, td);
@@ -522,6 +519,22 @@ __global__ void AdamWKernel(AdamConsts k, float* __restrict__ w, int64_t rows, i
     valid[threadIdx.x] = ok;
   }
   __syncthreads();
+  return col;
+}
+
+// AdamW on a 32 x 32 tile: p is gathered from W through shared memory so
+// both W (along columns) and grad/m/v (along rows) are read coalesced.
+__global__ void AdamWKernel(AdamConsts k, float* __restrict__ w, int64_t rows, int64_t cols,
+                            const int32_t* __restrict__ columns, int64_t ncols,
+                            const int64_t* __restrict__ steps, const float* __restrict__ grad,
+                            float* __restrict__ m, float* __restrict__ v, unsigned int* errors) {
+  __shared__ float tile[kTile][kTile + 1];
+  __shared__ float step_size[kTile];
+  __shared__ float bc2_sqrt[kTile];
+  __shared__ bool valid[kTile];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t col = AdamColumns(k, cols, columns, ncols, steps, errors, kErrAdamStep, step_size,
+                                  bc2_sqrt, valid);
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTile;
@@ -572,30 +585,8 @@ __global__ void AdamW16Kernel(AdamConsts k, uint16_t* __restrict__ w, int64_t ro
   __shared__ float bc2_sqrt[kTile];
   __shared__ bool valid[kTile];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t my_c = c0 + threadIdx.x;
-  int64_t col = -1;
-  if (my_c < ncols) {
-    const int32_t cidx = columns[my_c];
-    if (cidx >= 0 && cidx < cols) col = cidx;  // Bad indices: see ColumnCheckKernel.
-  }
-  if (threadIdx.y == 0) {
-    bool ok = false;
-    if (my_c < ncols) {
-      const int64_t t = steps[my_c];
-      if (t < 1) {
-        if (blockIdx.y == 0) atomicOr(errors, kErrAdam16Step);
-      } else {
-        const double td = static_cast<double>(t);
-        const double bc1 = 1.0 - pow(k.beta1_d, td);
-        const double bc2 = 1.0 - pow(k.beta2_d, td);
-        step_size[threadIdx.x] = static_cast<float>(k.lr_d / bc1);
-        bc2_sqrt[threadIdx.x] = static_cast<float>(sqrt(bc2));
-        ok = col >= 0;
-      }
-    }
-    valid[threadIdx.x] = ok;
-  }
-  __syncthreads();
+  const int64_t col = AdamColumns(k, cols, columns, ncols, steps, errors, kErrAdam16Step,
+                                  step_size, bc2_sqrt, valid);
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTile;
