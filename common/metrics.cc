@@ -162,6 +162,10 @@ std::vector<MetricFamily> RenderMetrics(const v1::GetStatsResponse& s) {
                 j.round_accumulate_seconds());
     f.Gauge("zenflow_job_update_queue_depth", "Rounds closed whose update has not finished.",
             job, static_cast<double>(j.update_queue_depth()));
+    f.Gauge("zenflow_job_update_interval_steps",
+            "Steps of the last fully closed round: the update interval S in use (with "
+            "update_interval auto it changes from round to round).",
+            job, static_cast<double>(j.last_round_steps()));
     f.Gauge("zenflow_job_apply_delay_steps",
             "The apply delay the ranks report (the largest), in steps.", job, delay);
     f.Gauge("zenflow_job_staleness_steps",
