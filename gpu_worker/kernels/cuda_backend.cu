@@ -378,6 +378,15 @@ __global__ void Int8ScaleKernel(const float* __restrict__ w, int64_t rows, int64
   }
 }
 
+// The W column of this thread's entry of the block's tile of `columns`, or
+// -1 past the end or for a bad index (ColumnCheckKernel reports those).
+__device__ int64_t TileColumn(const int32_t* columns, int64_t ncols, int64_t cols) {
+  const int64_t my_c = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  if (my_c >= ncols) return -1;
+  const int32_t col = columns[my_c];
+  return col >= 0 && col < cols ? col : -1;
+}
+
 template <PackDType kDType>
 __global__ void ApplyKernel(float* __restrict__ w, int64_t rows, int64_t cols,
                             const int32_t* __restrict__ columns, int64_t ncols,
@@ -385,12 +394,7 @@ __global__ void ApplyKernel(float* __restrict__ w, int64_t rows, int64_t cols,
                             bool add) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t my_c = c0 + threadIdx.x;
-  int64_t dst_col = -1;
-  if (my_c < ncols) {
-    const int32_t col = columns[my_c];
-    if (col >= 0 && col < cols) dst_col = col;  // Bad indices: see ColumnCheckKernel.
-  }
+  const int64_t dst_col = TileColumn(columns, ncols, cols);
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTile;
@@ -425,12 +429,7 @@ __global__ void Apply16Kernel(uint16_t* __restrict__ w, int64_t rows, int64_t co
                               const void* __restrict__ src) {
   __shared__ uint16_t tile[kTile][kTile + 1];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t my_c = c0 + threadIdx.x;
-  int64_t dst_col = -1;
-  if (my_c < ncols) {
-    const int32_t col = columns[my_c];
-    if (col >= 0 && col < cols) dst_col = col;  // Bad indices: see ColumnCheckKernel.
-  }
+  const int64_t dst_col = TileColumn(columns, ncols, cols);
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTile;
@@ -496,11 +495,7 @@ __device__ int64_t AdamColumns(const AdamConsts& k, int64_t cols, const int32_t*
                                unsigned int bad_step, float* step_size, float* bc2_sqrt,
                                bool* valid) {
   const int64_t my_c = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
-  int64_t col = -1;
-  if (my_c < ncols) {
-    const int32_t cidx = columns[my_c];
-    if (cidx >= 0 && cidx < cols) col = cidx;  // Bad indices: see ColumnCheckKernel.
-  }
+  const int64_t col = TileColumn(columns, ncols, cols);
   if (threadIdx.y == 0) {
     bool ok = false;
     if (my_c < ncols) {
