@@ -534,7 +534,7 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
     auto_interval_.store(job.spec().zenflow().auto_update_interval());
   }
   AttachedStream::Deps deps;
-  deps.stub = stub_.get();
+  deps.channel = channel_.get();
   deps.window = &window_;
   deps.rounds = &rounds_;
   deps.ucx = options_.transport == Transport::kUcx ? ucx_.get() : nullptr;
@@ -696,12 +696,7 @@ absl::Status Client::PushMaybeBorrowed(int64_t step, const std::string& tensor, 
                                        const int32_t* columns, int64_t ncols, const char* payload,
                                        int64_t col_bytes, v1::DType dtype, const float* scales,
                                        std::function<void()> release) {
-  if (options_.transport != Transport::kUcx) {  // gRPC copies: release at once
-    absl::Status s = PushSplit(step, tensor, version, columns, ncols, payload, col_bytes, dtype,
-                               scales, nullptr);
-    if (release) release();
-    return s;
-  }
+  // Over either transport the payload leaves from the caller's memory.
   return PushSplit(step, tensor, version, columns, ncols, payload, col_bytes, dtype, scales,
                    std::make_shared<Releaser>(std::move(release)));
 }

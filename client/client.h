@@ -204,11 +204,12 @@ class Client {
   absl::Status PushInt8(int64_t step, const std::string& tensor, int64_t version,
                         const int32_t* columns, int64_t ncols, const int8_t* payload,
                         const float* scales, int64_t rows);
-  // The same two without copying the payload when the stream is UCX: the
+  // The same two without copying the payload (UCX and gRPC alike): the
   // client sends straight from `payload` and runs `release` once (on any
   // thread, possibly before returning) when it no longer reads it — after
-  // the last shard's send completed, or failed, or the stream broke. Over
-  // gRPC the bytes are copied and `release` runs before returning.
+  // the last shard's send completed (gRPC: gRPC let go of the bytes), or
+  // failed, or the stream broke. With ride-through (daemon_wait) the replay
+  // log keeps its own copy.
   absl::Status PushEncodedBorrowed(int64_t step, const std::string& tensor, int64_t version,
                                    const int32_t* columns, int64_t ncols, const char* payload,
                                    int64_t rows, DType dtype, std::function<void()> release);
@@ -264,7 +265,7 @@ class Client {
                          const int32_t* columns, int64_t ncols, const char* payload,
                          int64_t col_bytes, v1::DType dtype, const float* scales,
                          std::shared_ptr<void> hold);
-  // PushSplit borrowing over UCX, copying (then releasing) over gRPC.
+  // PushSplit borrowing `payload` until `release`.
   absl::Status PushMaybeBorrowed(int64_t step, const std::string& tensor, int64_t version,
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t col_bytes, v1::DType dtype, const float* scales,

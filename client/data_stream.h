@@ -62,12 +62,21 @@ class DataStream {
   virtual void Abort() = 0;
 };
 
+// The Stream call as this library drives it: up messages leave as raw
+// bytes (a shard's payload as its own slice, see common/up_wire.h), down
+// messages arrive parsed.
+using StreamCall = grpc::ClientReaderWriter<grpc::ByteBuffer, v1::DownMessage>;
+
+// Serializes `msg` for the Stream call (no payload slice).
+grpc::ByteBuffer UpBytes(const v1::UpMessage& msg);
+
 // Up messages written on the gRPC stream itself (the writer thread's
-// Write; gRPC keeps one write outstanding).
+// Write; gRPC keeps one write outstanding). A shard's payload is not
+// copied: it goes to gRPC as a slice of the caller's memory (borrowed) or
+// of the message's own string, released when gRPC has sent it.
 class GrpcDataStream final : public DataStream {
  public:
-  explicit GrpcDataStream(grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>* stream)
-      : stream_(stream) {}
+  explicit GrpcDataStream(StreamCall* stream) : stream_(stream) {}
   void PrepareAttach(v1::Attach*) override {}
   absl::Status Connect(const v1::Attached&) override { return absl::OkStatus(); }
   bool Send(Outgoing out, DoneFn done) override;
@@ -75,7 +84,7 @@ class GrpcDataStream final : public DataStream {
   void Abort() override {}  // the stream's own end ends this path
 
  private:
-  grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>* const stream_;
+  StreamCall* const stream_;
 };
 
 }  // namespace zenflow

@@ -3,14 +3,56 @@
 
 #include <utility>
 
+#include "common/up_wire.h"
+
 namespace zenflow {
+namespace {
+
+// The service's Stream method (proto/zenflow/v1/zenflow.proto), called with
+// raw up messages.
+constexpr char kStreamMethod[] = "/zenflow.v1.ZenFlow/Stream";
+
+// What keeps a payload slice's memory alive until gRPC lets go of it.
+struct SliceHold {
+  std::shared_ptr<void> hold;
+};
+
+void ReleaseSliceHold(void* p) { delete static_cast<SliceHold*>(p); }
+
+}  // namespace
+
+grpc::ByteBuffer UpBytes(const v1::UpMessage& msg) {
+  grpc::ByteBuffer out;
+  bool own = false;
+  (void)grpc::SerializationTraits<v1::UpMessage>::Serialize(msg, &out, &own);
+  return out;
+}
 
 bool GrpcDataStream::Send(Outgoing out, DoneFn done) {
-  if (!out.borrowed.empty()) {  // borrowing is a UCX feature; copied here all the same
-    out.msg.mutable_shard()->set_payload(out.borrowed.data(), out.borrowed.size());
-    out.hold.reset();
+  grpc::ByteBuffer bytes;
+  if (out.msg.kind_case() != v1::UpMessage::kShard) {
+    bytes = UpBytes(out.msg);
+  } else {
+    // The payload as its own slice: the caller's memory (borrowed, held by
+    // `out.hold`) or the message's string, moved out of it.
+    absl::string_view payload = out.borrowed;
+    std::shared_ptr<void> hold = std::move(out.hold);
+    if (payload.empty() && !out.msg.shard().payload().empty()) {
+      auto owned =
+          std::make_shared<std::string>(std::move(*out.msg.mutable_shard()->mutable_payload()));
+      out.msg.mutable_shard()->clear_payload();
+      payload = *owned;
+      hold = std::move(owned);
+    }
+    grpc::Slice slices[2] = {grpc::Slice(UpMessageHead(&out.msg, payload.size())), grpc::Slice()};
+    size_t n = 1;
+    if (!payload.empty()) {
+      slices[n++] = grpc::Slice(const_cast<char*>(payload.data()), payload.size(),
+                                &ReleaseSliceHold, new SliceHold{std::move(hold)});
+    }
+    bytes = grpc::ByteBuffer(slices, n);
   }
-  const bool ok = stream_->Write(out.msg);
+  const bool ok = stream_->Write(bytes);
   done(ok);
   return ok;  // false: the stream broke; the reader learns why
 }
@@ -23,7 +65,10 @@ absl::StatusOr<std::unique_ptr<AttachedStream>> AttachedStream::Open(const Deps&
   std::unique_ptr<AttachedStream> s(new AttachedStream(deps));
   deps.rounds->Open();
   if (!deps.token.empty()) s->ctx_.AddMetadata("authorization", "Bearer " + deps.token);
-  s->call_ = deps.stub->Stream(&s->ctx_);
+  s->call_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::DownMessage>::Create(
+      deps.channel,
+      grpc::internal::RpcMethod(kStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING),
+      &s->ctx_));
   if (deps.ucx != nullptr) {
     s->data_ = std::make_unique<UcxDataStream>(deps.ucx, static_cast<DataStreamSink*>(s.get()));
   } else {
@@ -33,7 +78,7 @@ absl::StatusOr<std::unique_ptr<AttachedStream>> AttachedStream::Open(const Deps&
   hello.mutable_attach()->set_job_id(job_id);
   hello.mutable_attach()->set_rank(rank);
   s->data_->PrepareAttach(hello.mutable_attach());
-  const bool wrote = s->call_->Write(hello);
+  const bool wrote = s->call_->Write(UpBytes(hello));
   s->reader_ = std::thread([p = s.get()] { p->ReaderLoop(); });
 
   v1::Attached greeting;

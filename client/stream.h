@@ -32,7 +32,7 @@ namespace zenflow {
 class AttachedStream final : private DataStreamSink {
  public:
   struct Deps {
-    v1::ZenFlow::Stub* stub = nullptr;
+    grpc::ChannelInterface* channel = nullptr;  // the daemon's
     SendWindow* window = nullptr;     // opened once attached; closed with the stream's status
     RoundAssembler* rounds = nullptr; // opened before the attach; closed at the end
     UcxLink* ucx = nullptr;           // set: the data travels over UCX
@@ -72,7 +72,7 @@ class AttachedStream final : private DataStreamSink {
 
   const Deps deps_;
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::UpMessage, v1::DownMessage>> call_;
+  std::unique_ptr<StreamCall> call_;
   std::unique_ptr<DataStream> data_;
   std::thread reader_, writer_;
 
