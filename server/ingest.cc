@@ -8,7 +8,8 @@
 namespace zenflow {
 
 absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Wire wire, Mailbox* box,
-                      absl::Status read, const v1::UpMessage& up) {
+                      absl::Status read, const v1::UpMessage& up,
+                      const ShardPayload* payload) {
   absl::Status s = std::move(read);
   const bool parsed = s.ok();
   if (s.ok() && up.kind_case() == v1::UpMessage::kAttach) {
@@ -16,7 +17,7 @@ absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Wire wire, 
         "this stream is already attached: attach travels over the gRPC stream, as its first "
         "message, once (never over UCX)");
   }
-  if (s.ok()) s = job->HandleUp(rank, up, wire);
+  if (s.ok()) s = job->HandleUp(rank, up, wire, payload);
   if (!s.ok()) {
     registry->CountRejection(s.code(), "stream");
     job->CountRejection(s.code());

@@ -21,9 +21,11 @@ namespace zenflow {
 
 // `read` is OK when `up` holds the message, else why its bytes could not be
 // read (too large, not an UpMessage); the answer then carries number 0.
+// `payload`: a shard's payload kept where it arrived (Job::HandleUp).
 // Returns the rejection (OK when applied). Thread-safe as Job is.
 absl::Status IngestUp(JobRegistry* registry, Job* job, int32_t rank, Wire wire, Mailbox* box,
-                      absl::Status read, const v1::UpMessage& up);
+                      absl::Status read, const v1::UpMessage& up,
+                      const ShardPayload* payload = nullptr);
 
 }  // namespace zenflow
 

@@ -709,7 +709,8 @@ void Job::SetDurableRounds(int64_t rounds) {
 
 // ---- Data ------------------------------------------------------------------
 
-absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
+absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire,
+                           const ShardPayload* payload) {
   if (rank < 0 || rank >= world_) return CheckRank(rank);  // before ranks_[rank]
   MutexLock lock(&mu_);
   // One message of a rank at a time (its shard's add may be running outside
@@ -719,7 +720,14 @@ absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire) {
   ZF_RETURN_IF_ERROR(CheckRank(rank));
   switch (up.kind_case()) {
     case v1::UpMessage::kShard:
-      return HandleShard(rank, up.shard(), wire, up.replay());
+      if (payload == nullptr) {
+        return HandleShard(rank, up.shard(), ShardPayload(up.shard().payload()), wire,
+                           up.replay());
+      }
+      if (!up.shard().payload().empty()) {
+        return absl::InternalError("a shard with its payload in two places");
+      }
+      return HandleShard(rank, up.shard(), *payload, wire, up.replay());
     case v1::UpMessage::kClose:
       return HandleClose(rank, up.close(), up.replay());
     default:
@@ -733,8 +741,8 @@ void Job::QuiesceAddsLocked() {
   --quiesce_waiters_;
 }
 
-absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire,
-                              bool replay) {
+absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
+                              const ShardPayload& payload, Wire wire, bool replay) {
   if (!uploaded_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", spec_.job_id(), "': upload the parameters before sending gradients"));
@@ -811,10 +819,10 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
         absl::StrCat("tensor '", t.name, "': shard for step ", shard.step(), " has no columns"));
   }
   const size_t expected = ncols * static_cast<size_t>(t.rows) * esize;
-  if (shard.payload().size() != expected) {
+  if (payload.size() != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor '%s': payload is %d bytes but %d columns x %d rows of %s need %d bytes",
-        t.name, shard.payload().size(), ncols, t.rows, dname, expected));
+        t.name, payload.size(), ncols, t.rows, dname, expected));
   }
   if (int8 != (shard.scales_size() > 0) ||
       (int8 && static_cast<size_t>(shard.scales_size()) != ncols)) {
@@ -879,7 +887,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   const AddPlan plan{ti, round, int8, dt, esize};
   mu_.Unlock();
   bool finite = true;
-  const absl::Status checked = AddShard(rank, shard, plan, &finite);
+  const absl::Status checked = AddShard(rank, shard, payload, plan, &finite);
   mu_.Lock();
   me.adding = false;
   --adds_in_flight_;
@@ -888,9 +896,9 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   for (int32_t c : shard.columns()) acc_->MarkReceived(ti, rank, shard.step(), c);
   me.round_last_step = std::max(me.round_last_step, shard.step());
   ++shards_received_;
-  shard_bytes_received_ += static_cast<int64_t>(shard.payload().size());
+  shard_bytes_received_ += static_cast<int64_t>(payload.size());
   ++received_[static_cast<int>(wire)].shards;
-  received_[static_cast<int>(wire)].bytes += static_cast<int64_t>(shard.payload().size());
+  received_[static_cast<int>(wire)].bytes += static_cast<int64_t>(payload.size());
   RoundState& rstate = rounds_[round];
   if (!rstate.first_shard_seen) {
     rstate.first_shard_seen = true;
@@ -899,19 +907,28 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard, Wire
   return absl::OkStatus();
 }
 
-absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard, const AddPlan& plan,
-                           bool* finite_out) {
+absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
+                           const ShardPayload& payload, const AddPlan& plan, bool* finite_out) {
   const TensorState& t = tensors_[plan.ti];  // metadata: immutable
   const size_t ncols = static_cast<size_t>(shard.columns_size());
-  const char* payload = shard.payload().data();
   const size_t col_bytes = static_cast<size_t>(t.rows) * plan.esize;
+  // Column i: in place when the payload is contiguous (UCX, protobuf's
+  // parse) or the column lies in one of gRPC's slices; else gathered into
+  // the reader's one-column scratch.
+  const char* whole = payload.contiguous() ? payload.data() : nullptr;
+  std::optional<RunReader> reader;
+  auto column = [&](size_t i) {
+    if (whole != nullptr) return whole + i * col_bytes;
+    if (i == 0) reader.emplace(payload, col_bytes);
+    return reader->Next();
+  };
   size_t bad = 0;
   bool finite = true;
   std::string why;
   if (plan.int8) {
     // value = q * scale, as decoded below: each column's largest |q| decides.
     for (size_t i = 0; i < ncols && finite; ++i) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
+      const int8_t* q = reinterpret_cast<const int8_t*>(column(i));
       int biggest = 0;
       int64_t at = 0;
       for (int64_t r = 0; r < t.rows; ++r) {
@@ -928,8 +945,14 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard, const A
         why = absl::StrCat(" (int8 ", static_cast<int>(q[at]), " x scale ", scale, ")");
       }
     }
+  } else if (whole != nullptr) {
+    finite = AllFinite(plan.dt, whole, ncols * t.rows, &bad);
   } else {
-    finite = AllFinite(plan.dt, payload, ncols * t.rows, &bad);
+    for (size_t i = 0; i < ncols && finite; ++i) {
+      size_t at = 0;
+      finite = AllFinite(plan.dt, column(i), static_cast<size_t>(t.rows), &at);
+      if (!finite) bad = i * static_cast<size_t>(t.rows) + at;
+    }
   }
   if (!finite) {
     if (!spec_.skip_nonfinite_rounds()) {
@@ -957,12 +980,13 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard, const A
           stripes_[static_cast<size_t>(plan.ti * 7919 + held) % stripes_.size()]);
     }
     float* dst = acc_->sum_of(plan.ti, rank, plan.round, c);
+    const char* values = column(i);  // (a second pass: the reader starts over at 0)
     if (plan.int8) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(payload + i * col_bytes);
+      const int8_t* q = reinterpret_cast<const int8_t*>(values);
       const float scale = shard.scales(static_cast<int>(i));
       for (int64_t r = 0; r < t.rows; ++r) dst[r] += static_cast<float>(q[r]) * scale;
     } else {
-      DecodeAdd(plan.dt, payload + i * col_bytes, t.rows, dst);
+      DecodeAdd(plan.dt, values, t.rows, dst);
     }
   }
   return absl::OkStatus();

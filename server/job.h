@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/up_wire.h"
 #include "common/mutex.h"
 #include "common/codec.h"
 #include "common/thread_pool.h"
@@ -164,7 +165,10 @@ class Job : public std::enable_shared_from_this<Job> {
   v1::DownMessage AttachedMessage(int32_t rank);
 
   // A shard or a round-close marker from `rank` (already attached).
-  absl::Status HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire);
+  // `payload`: a shard's payload where it arrived (the message's own field
+  // is then empty, see common/up_wire.h); null: the message's field.
+  absl::Status HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire,
+                        const ShardPayload* payload = nullptr);
 
   // Calls `done` (possibly on another thread, possibly before returning)
   // once every rank has submitted importance for the same step and every
@@ -286,7 +290,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // `replay`: what the job already has is dropped without an error.
   // Checks a shard under mu_, then releases mu_ while AddShard checks and
   // adds its values, and records it under mu_ again.
-  absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard, Wire wire, bool replay)
+  absl::Status HandleShard(int32_t rank, const v1::GradientShard& shard,
+                           const ShardPayload& payload, Wire wire, bool replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct AddPlan {
     int ti;
@@ -298,8 +303,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // Without mu_: INVALID_ARGUMENT for non-finite values (unless the job
   // skips such rounds: then *finite = false and nothing is added), else adds
   // the values to the round's sums.
-  absl::Status AddShard(int32_t rank, const v1::GradientShard& shard, const AddPlan& plan,
-                        bool* finite);
+  absl::Status AddShard(int32_t rank, const v1::GradientShard& shard,
+                        const ShardPayload& payload, const AddPlan& plan, bool* finite);
   // Waits until no shard is being added, and keeps new ones from starting
   // meanwhile. Whatever changes what shards are checked against (column
   // sets, hand-off versions, the upload, deletion) or reads or writes the

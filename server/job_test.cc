@@ -753,3 +753,115 @@ TEST(JobTest, AutoIntervalRoundsOfChangingLength) {
 
 }  // namespace
 }  // namespace zenflow
+
+namespace zenflow {
+namespace {
+
+// A shard's payload in pieces (gRPC's slices: columns and even values cut
+// across them) is checked and added exactly as the same bytes in one piece,
+// for every dtype; a non-finite value in a cut column is refused alike, and
+// the next good shard gives the same state.
+TEST(JobTest, PayloadInPiecesAccumulatesAsOnePiece) {
+  constexpr int kRows = 24, kCols = 40;
+  auto make = [&](JobRegistry* registry) {
+    v1::JobSpec spec;
+    spec.set_job_id("pieces");
+    auto* t = spec.add_tensors();
+    t->set_name("w");
+    t->add_shape(kRows);
+    t->add_shape(kCols);
+    spec.set_world_size(1);
+    spec.set_wire_dtype(v1::DTYPE_FP32);
+    spec.mutable_zenflow()->set_update_interval(4);
+    EXPECT_TRUE(registry->CreateJob(spec).ok());
+    std::shared_ptr<Job> job = *registry->Find("pieces");
+    std::vector<float> init(kRows * kCols, 0.5f);
+    v1::UploadParametersRequest chunk;
+    chunk.set_tensor("w");
+    chunk.add_shape(kRows);
+    chunk.add_shape(kCols);
+    chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
+    absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+    EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
+    EXPECT_TRUE(job->Join(0).ok());
+    return job;
+  };
+  // Step `step`'s shard of columns [first, first + n) in `dtype`.
+  auto shard = [&](int64_t step, int first, int n, v1::DType dtype, bool nan) {
+    v1::UpMessage m;
+    v1::GradientShard* s = m.mutable_shard();
+    s->set_step(step);
+    s->set_tensor("w");
+    s->set_dtype(dtype);
+    std::vector<float> g;
+    for (int c = first; c < first + n; ++c) {
+      s->add_columns(c);
+      for (int r = 0; r < kRows; ++r) {
+        g.push_back(0.125f * static_cast<float>((step * 5 + c * 3 + r) % 11) - 0.5f);
+      }
+    }
+    if (nan) g[g.size() / 2 + 1] = std::nanf("");
+    std::string bytes;
+    if (dtype == v1::DTYPE_INT8) {
+      for (int i = 0; i < n; ++i) s->add_scales(0.01f * static_cast<float>(i + 1));
+      for (float v : g) bytes.push_back(static_cast<char>(static_cast<int>(v * 8)));
+    } else {
+      const DType dt = dtype == v1::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
+      bytes.resize(g.size() * DTypeSize(dt));
+      Encode(dt, g.data(), g.size(), bytes.data());
+    }
+    s->set_payload(bytes);
+    return m;
+  };
+  std::vector<int32_t> all(kCols);
+  for (int c = 0; c < kCols; ++c) all[c] = c;
+  auto state = [&](Job* job) {
+    EXPECT_TRUE(job->Snapshot().ok());
+    absl::StatusOr<v1::ColumnState> st = job->ReadColumns("w", all);
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? st->SerializeAsString() : "";
+  };
+  JobRegistry one_registry(RegistryOptions{}), pieces_registry(RegistryOptions{});
+  std::shared_ptr<Job> one = make(&one_registry), cut = make(&pieces_registry);
+  uint32_t seed = 7;
+  auto both = [&](const v1::UpMessage& m) {
+    const absl::Status a = one->HandleUp(0, m, Wire::kGrpc);
+    if (!m.has_shard()) {
+      EXPECT_EQ(a, cut->HandleUp(0, m, Wire::kGrpc));
+      return a;
+    }
+    v1::UpMessage head = m;
+    const std::string bytes = head.shard().payload();
+    head.mutable_shard()->clear_payload();
+    ShardPayload payload;
+    for (size_t at = 0; at < bytes.size();) {
+      seed = seed * 1103515245u + 12345u;
+      const size_t n = std::min<size_t>(bytes.size() - at, 1 + (seed >> 16) % 61);
+      payload.Append(absl::string_view(bytes).substr(at, n));
+      at += n;
+    }
+    EXPECT_FALSE(payload.contiguous());
+    const absl::Status b = cut->HandleUp(0, head, Wire::kGrpc, &payload);
+    EXPECT_EQ(a, b);
+    return b;
+  };
+  const v1::DType dtypes[] = {v1::DTYPE_FP32, v1::DTYPE_BF16, v1::DTYPE_INT8};
+  for (int64_t step = 0; step < 4; ++step) {
+    const v1::DType dt = dtypes[step % 3];
+    ASSERT_TRUE(both(shard(step, 0, 17, dt, false)).ok());
+    if (dt != v1::DTYPE_INT8) {  // (int8 values cannot be NaN)
+      const absl::Status bad = both(shard(step, 17, 23, dt, true));
+      EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(bad.message().find("non-finite"), std::string::npos) << bad;
+    }
+    ASSERT_TRUE(both(shard(step, 17, 23, dt, false)).ok());
+  }
+  v1::UpMessage close;
+  close.mutable_close()->set_round(0);
+  close.mutable_close()->set_lr(0.1f);
+  ASSERT_TRUE(both(close).ok());
+  EXPECT_EQ(state(one.get()), state(cut.get()));
+}
+
+}  // namespace
+}  // namespace zenflow

@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/up_wire.h"
 #include "common/mutex.h"
 #include "common/quote.h"
 #include "common/stream_error.h"
@@ -572,6 +573,31 @@ absl::Status ParseRaw(grpc::ByteBuffer* buf, int64_t index, Message* out,
   return absl::OkStatus();
 }
 
+// An up message read from gRPC's slices. A shard's payload stays in them
+// (no copy, no allocation of its size): `*payload` views `*slices`, which
+// keep them, and `*split` is set; everything else is parsed as protobuf
+// would. Any other message, or a shard in another form, is parsed by
+// protobuf (ParseRaw) with its payload in the message.
+absl::Status ParseUpRaw(grpc::ByteBuffer* buf, int64_t index, v1::UpMessage* out,
+                        std::vector<grpc::Slice>* slices, ShardPayload* payload, bool* split,
+                        JobRegistry* registry) {
+  *split = false;
+  ZF_RETURN_IF_ERROR(registry->CheckMessageSize(buf->Length()));
+  slices->clear();
+  if (buf->Dump(slices).ok()) {
+    std::vector<absl::string_view> pieces;
+    pieces.reserve(slices->size());
+    for (const grpc::Slice& s : *slices) {
+      pieces.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    *split = ParseUpSplit(pieces, out, payload);
+    if (*split) return absl::OkStatus();
+  }
+  slices->clear();
+  payload->Clear();
+  return ParseRaw(buf, index, out, registry);
+}
+
 // ---- UploadParameters ---------------------------------------------------------
 
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, public IdleCall {
@@ -722,7 +748,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
     // The first message, unless the idle sweep ended the call already.
     if (job_ == nullptr && !FirstMessage()) return;
-    absl::Status s = ParseRaw(&in_, ++index_, &up_, registry_);
+    bool split = false;
+    absl::Status s = ParseUpRaw(&in_, ++index_, &up_, &slices_, &payload_, &split, registry_);
     if (job_ == nullptr) {
       if (s.ok()) s = Attach();
       if (!s.ok()) {
@@ -732,9 +759,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         return RequestFinish(s);
       }
     } else {
-      (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_);
+      (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_,
+                     split ? &payload_ : nullptr);
     }
     up_.Clear();
+    payload_.Clear();
+    slices_.clear();
     {
       MutexLock lock(&mu_);
       if (finish_requested_) return;
@@ -922,6 +952,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const bool holds_slot_;  // of the service's max_streams
   uint64_t watch_ = 0;             // ZenFlowService::Watch's
   grpc::ByteBuffer in_;   // the read in flight
+  // The read message's slices and its shard's payload in them (ParseUpRaw).
+  std::vector<grpc::Slice> slices_;
+  ShardPayload payload_;
   grpc::ByteBuffer out_;  // the write in flight (the mailbox allows one)
   int64_t index_ = 0;     // messages read (reads are serialized)
   v1::UpMessage up_;
