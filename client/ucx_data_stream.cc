@@ -48,7 +48,7 @@ uint64_t UcxLink::NewTag() {
   static std::mt19937_64 rng{std::random_device{}()};
   MutexLock lock(&rng_mu);
   uint64_t tag = 0;
-  while (tag == 0) tag = rng();
+  while (tag == 0) tag = rng() & ~UcxWorker::kReservedTagBit;
   return tag;
 }
 

@@ -86,9 +86,16 @@ class UcxWorker {
   // channel notices and calls Disconnect(force), which fails pending sends.
   absl::StatusOr<uint64_t> Connect(const std::string& peer_address);
 
+  // The top bit of a tag is the worker's own (a split message's head);
+  // callers' tags stay below it.
+  static constexpr uint64_t kReservedTagBit = uint64_t{1} << 63;
+
   // Sends the concatenation of `parts` as one tagged message. The parts must
   // stay valid until `done` runs. Sends on one endpoint are matched by the
-  // peer in the order they were made.
+  // peer in the order they were made. `tag` < kReservedTagBit. Two parts,
+  // a large one and then a small one (a frame: payload, header), travel as
+  // two contiguous UCX messages that the receiving UcxWorker joins again:
+  // UCX moves a multi-part (iov) message through bounce buffers.
   void Send(uint64_t ep, uint64_t tag, std::vector<absl::string_view> parts, DoneFn done);
 
   // Completes every send made so far on `ep` at the peer (ucp_ep_flush).

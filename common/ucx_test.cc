@@ -202,6 +202,97 @@ TEST(UcxWorker, SendOnClosedOrUnknownEndpointFails) {
   EXPECT_EQ(inbox_b.Take()[0].second, "z");
 }
 
+// A large part then a small one travel as two contiguous UCX messages
+// (the small one first, under the reserved tag bit) that the receiver joins
+// again: from several peers at once, each peer's messages arrive whole, in
+// order and under their own tag; one over the receiver's limit (counted
+// with both parts) is reported as oversize and the next still arrives.
+TEST(UcxWorker, TwoPartMessagesFromSeveralPeersArriveJoinedAndInOrder) {
+  Inbox inbox;
+  std::vector<std::pair<uint64_t, int64_t>> oversize;
+  Mutex omu;
+  UcxOptions ro;
+  ro.max_message_bytes = 7 << 20;
+  auto rx = UcxWorker::Create(ro, inbox.Fn(), [&](uint64_t tag, int64_t bytes) {
+    MutexLock lock(&omu);
+    oversize.push_back({tag, bytes});
+  });
+  ASSERT_TRUE(rx.ok()) << rx.status();
+  const std::vector<size_t> bodies = {65536, 65535, 1 << 20, 5 << 20};
+  const std::vector<size_t> tails = {1, 100, 4096, 1 << 20, (1 << 20) + 1};
+  std::vector<std::unique_ptr<UcxWorker>> peers;
+  std::vector<uint64_t> eps;
+  std::vector<std::vector<std::string>> sent(2);
+  std::vector<std::string> bufs[2][2];
+  Sends sends;
+  for (int p = 0; p < 2; ++p) {
+    auto w = UcxWorker::Create({}, [](uint64_t, std::string) {});
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto ep = (*w)->Connect((*rx)->address());
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    peers.push_back(std::move(*w));
+    eps.push_back(*ep);
+  }
+  std::vector<std::pair<std::string, std::string>> msgs[2];
+  for (int p = 0; p < 2; ++p) {
+    for (size_t i = 0; i < 20; ++i) {
+      msgs[p].push_back({Pattern(bodies[(i + p) % bodies.size()], static_cast<uint32_t>(i * 2 + p)),
+                         Pattern(tails[i % tails.size()], static_cast<uint32_t>(i * 2 + p + 99))});
+    }
+  }
+  for (size_t i = 0; i < 20; ++i) {
+    for (int p = 0; p < 2; ++p) {
+      peers[p]->Send(eps[p], 100 + p, {msgs[p][i].first, msgs[p][i].second}, sends.Fn());
+    }
+  }
+  for (const absl::Status& s : sends.WaitFor(40)) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(inbox.WaitFor(40));
+  std::vector<size_t> next(2, 0);
+  for (const auto& [tag, m] : inbox.Take()) {
+    ASSERT_TRUE(tag == 100 || tag == 101) << tag;
+    const int p = static_cast<int>(tag - 100);
+    ASSERT_LT(next[p], 20u);
+    const auto& want = msgs[p][next[p]++];
+    EXPECT_TRUE(m == want.first + want.second) << "peer " << p << " message " << next[p] - 1;
+  }
+  EXPECT_EQ(next[0], 20u);
+  EXPECT_EQ(next[1], 20u);
+
+  // Over the limit only with both parts: reported with its whole size.
+  const std::string big = Pattern((7 << 20) - 10, 1), tail = Pattern(100, 2);
+  peers[0]->Send(eps[0], 7, {big, tail}, sends.Fn());
+  peers[0]->Send(eps[0], 8, {big.substr(0, 1 << 20), tail}, sends.Fn());
+  for (const absl::Status& s : sends.WaitFor(42)) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(inbox.WaitFor(1));
+  auto got = inbox.Take();
+  EXPECT_EQ(got[0].first, 8u);
+  EXPECT_TRUE(got[0].second == big.substr(0, 1 << 20) + tail);
+  MutexLock lock(&omu);
+  ASSERT_EQ(oversize.size(), 1u);
+  EXPECT_EQ(oversize[0].first, 7u);
+  EXPECT_EQ(oversize[0].second, static_cast<int64_t>(big.size() + tail.size()));
+}
+
+TEST(UcxWorker, ReservedTagBitIsRefused) {
+  auto a = UcxWorker::Create({}, [](uint64_t, std::string) {});
+  Inbox inbox;
+  auto b = UcxWorker::Create({}, inbox.Fn());
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ep = (*a)->Connect((*b)->address());
+  ASSERT_TRUE(ep.ok());
+  Sends sends;
+  (*a)->Send(*ep, UcxWorker::kReservedTagBit | 3, {"x"}, sends.Fn());
+  (*a)->Send(*ep, 3, {"y"}, sends.Fn());
+  auto st = sends.WaitFor(2);
+  EXPECT_EQ(st[0].code(), absl::StatusCode::kInvalidArgument) << st[0];
+  EXPECT_TRUE(st[1].ok()) << st[1];
+  ASSERT_TRUE(inbox.WaitFor(1));
+  auto got = inbox.Take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].first, 3u);
+  EXPECT_EQ(got[0].second, "y");
+}
+
 TEST(UcxWorker, BadTransportNameIsRejected) {
   UcxOptions o;
   o.tls = "no_such_transport_xyz";

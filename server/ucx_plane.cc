@@ -173,6 +173,7 @@ uint64_t NewUpTag() {
       std::fprintf(stderr, "zenflowd: getrandom failed\n");
       std::abort();
     }
+    tag &= ~UcxWorker::kReservedTagBit;
   }
   return tag;
 }
@@ -182,8 +183,9 @@ uint64_t NewUpTag() {
 absl::StatusOr<std::shared_ptr<UcxDataPlane::Conn>> UcxDataPlane::Open(
     std::shared_ptr<Job> job, int32_t rank, std::shared_ptr<Mailbox> box,
     const std::string& peer_address, uint64_t down_tag, std::weak_ptr<Lifeline> lifeline) {
-  if (down_tag == 0) {
-    return absl::InvalidArgumentError("attach.ucx_tag must be nonzero (pick one at random)");
+  if (down_tag == 0 || (down_tag & UcxWorker::kReservedTagBit) != 0) {
+    return absl::InvalidArgumentError(
+        "attach.ucx_tag must be nonzero and below 2^63 (pick one at random, top bit clear)");
   }
   if (peer_address.size() < 8) {
     return absl::InvalidArgumentError(absl::StrCat(

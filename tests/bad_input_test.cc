@@ -763,6 +763,9 @@ TEST_F(BadInputTest, UcxAttachWithBadTagOrAddressIsInvalidArgument) {
   const std::string job = h->options().job_id;
   ExpectStatus(raw.Attach(StubOf(h->client(0)).get(), job, 0, /*tag=*/0, raw.address()),
                StatusCode::kInvalidArgument, "ucx_tag must be nonzero");
+  ExpectStatus(raw.Attach(StubOf(h->client(0)).get(), job, 0, /*tag=*/(uint64_t{1} << 63) | 5,
+                          raw.address()),
+               StatusCode::kInvalidArgument, "below 2^63");
   ExpectStatus(raw.Attach(StubOf(h->client(0)).get(), job, 0, 7, "abc"), StatusCode::kInvalidArgument,
                "is not a UCX worker address");
   // Junk where the address should be: refused, the same way every time, and
