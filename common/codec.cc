@@ -458,6 +458,34 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
   return true;
 }
 
+// ---- int8 (one scale per column) -------------------------------------------
+
+void DecodeAddInt8Scalar(const int8_t* q, size_t n, float scale, float* acc) {
+  for (size_t i = 0; i < n; ++i) acc[i] += static_cast<float>(q[i]) * scale;
+}
+
+ZF_TARGET_AVX2 void DecodeAddInt8Avx2(const int8_t* q, size_t n, float scale, float* acc) {
+  const __m256 s = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), v));
+  }
+  DecodeAddInt8Scalar(q + i, n - i, scale, acc + i);
+}
+
+ZF_TARGET_AVX512 void DecodeAddInt8Avx512(const int8_t* q, size_t n, float scale, float* acc) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t count = n - i < 16 ? n - i : 16;
+    const __mmask16 k = TailMask16(count);
+    const __m128i b = _mm_maskz_loadu_epi8(k, q + i);
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+    _mm512_mask_storeu_ps(acc + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), v));
+  }
+}
+
 Isa DetectIsa() {
   if (simd::HasAvx512Codec()) return Isa::kAvx512;
   if (simd::HasAvx2F16c()) return Isa::kAvx2;
@@ -556,7 +584,25 @@ bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
   return AllFiniteScalar(dtype, src, n, first_bad);
 }
 
+void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc) {
+  switch (isa) {
+    case Isa::kAvx512:
+      DecodeAddInt8Avx512(q, n, scale, acc);
+      return;
+    case Isa::kAvx2:
+      DecodeAddInt8Avx2(q, n, scale, acc);
+      return;
+    case Isa::kScalar:
+      break;
+  }
+  DecodeAddInt8Scalar(q, n, scale, acc);
+}
+
 }  // namespace codec_internal
+
+void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc) {
+  codec_internal::DecodeAddInt8With(codec_internal::ActiveIsa(), q, n, scale, acc);
+}
 
 void Encode(DType dtype, const float* src, size_t n, void* dst) {
   codec_internal::EncodeWith(codec_internal::ActiveIsa(), dtype, src, n, dst);

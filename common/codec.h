@@ -49,6 +49,10 @@ void DecodeAdd(DType dtype, const void* src, size_t n, float* acc);
 // if first_bad is non-null, stores the index of the first NaN or Inf there.
 bool AllFinite(DType dtype, const void* src, size_t n, size_t* first_bad);
 
+// acc[i] += float(q[i]) * scale for i in [0, n): the product rounded, then
+// the sum (no fused multiply-add), as the scalar expression gives.
+void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc);
+
 // SIMD level used by the functions above: "avx512", "avx2" or "scalar".
 const char* CodecSimdLevel();
 
@@ -69,6 +73,7 @@ void DecodeWith(Isa isa, DType dtype, const void* src, size_t n, float* dst);
 void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n, float* acc);
 bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
                    size_t* first_bad);
+void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc);
 
 }  // namespace codec_internal
 }  // namespace zenflow

@@ -412,3 +412,36 @@ TEST(CodecTest, F32EncodeDecodeIsCopy) {
 
 }  // namespace
 }  // namespace zenflow
+
+namespace zenflow {
+namespace {
+
+// Every ISA's int8 decode-add gives the scalar expression's bits (the
+// product rounded, then the sum), at every length and tail.
+TEST(CodecTest, DecodeAddInt8MatchesScalar) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17},
+                   size_t{33}, size_t{100}, size_t{4096 + 5}}) {
+    std::vector<int8_t> q(n);
+    for (int8_t& x : q) x = static_cast<int8_t>(rng());
+    if (n > 0) q[0] = -128;
+    std::vector<float> base(n);
+    for (float& x : base) x = u(rng);
+    for (float scale : {0.0f, 1.0f, 0.0123f, 3.7e-5f, 1.5e30f}) {
+      std::vector<float> want = base;
+      for (size_t i = 0; i < n; ++i) want[i] += static_cast<float>(q[i]) * scale;
+      for (codec_internal::Isa isa :
+           {codec_internal::Isa::kScalar, codec_internal::Isa::kAvx2, codec_internal::Isa::kAvx512}) {
+        if (!codec_internal::IsaSupported(isa)) continue;
+        std::vector<float> got = base;
+        codec_internal::DecodeAddInt8With(isa, q.data(), n, scale, got.data());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0)
+            << "isa " << static_cast<int>(isa) << " n " << n << " scale " << scale;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zenflow

@@ -108,6 +108,11 @@ ABSL_FLAG(std::string, param_dtype, "bf16",
           "the model's parameter dtype, fp32, bf16 or fp16 (models are fine-tuned in bf16: the "
           "engine keeps fp32 masters of its important columns, the daemon returns values in "
           "this dtype); gradients are fp32");
+ABSL_FLAG(int64_t, staging_mb, 32,
+          "pinned staging for shards in flight, MiB (EngineOptions::staging_bytes, whose default "
+          "is 32; the client's send window is at least as large); -1: one step's shard bytes of "
+          "the mode (its remote columns on the wire), so that all of a step's shards can travel "
+          "while the device runs the next");
 ABSL_FLAG(std::string, job_prefix, "stall-bench", "job ids are <prefix>-<mode>-<pid>");
 ABSL_FLAG(std::string, out, "bench-results/stall.json", "JSON result file");
 
@@ -192,6 +197,7 @@ struct ModeResult {
   double bytes_down_per_step = 0;
   double min_step_ms = 0, max_step_ms = 0;
   double setup_s = 0;   // create, upload, join
+  int64_t staging_bytes = 0;  // EngineOptions::staging_bytes
   // --device=emulated only: modelled stream time and PCIe bytes of Step().
   double emulated_busy_ms = 0;
   double pcie_bytes_per_step = 0;
@@ -243,7 +249,19 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   }
 
   const double t_setup = Now();
+  EngineOptions eo;
+  const int64_t staging_mb = absl::GetFlag(FLAGS_staging_mb);
+  if (staging_mb >= 0) {
+    eo.staging_bytes = static_cast<size_t>(staging_mb) << 20;
+  } else {
+    const double remote = zo ? 1.0 : 1.0 - absl::GetFlag(FLAGS_topk);
+    const double wire = want.wire_dtype() == v1::DTYPE_INT8 ? 1.0 : 2.0;
+    eo.staging_bytes = static_cast<size_t>(
+        remote * wire * static_cast<double>(absl::GetFlag(FLAGS_params)) + (8 << 20));
+  }
+  r.staging_bytes = static_cast<int64_t>(eo.staging_bytes);
   ClientOptions co;
+  co.max_inflight_bytes = std::max<int64_t>(co.max_inflight_bytes, r.staging_bytes);
   co.target = absl::GetFlag(FLAGS_target);
   ApplyTlsFlags(&co);
   ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
@@ -251,7 +269,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(client.get(), want, 0, be, specs));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
-                      ZenFlowOptimizer::Create(be, client.get(), spec, 0, specs));
+                      ZenFlowOptimizer::Create(be, client.get(), spec, 0, specs, eo));
   r.setup_s = Now() - t_setup;
   r.interval = zo ? 1 : std::max(1, spec.zenflow().update_interval());
   r.warmup_steps = std::min(steps, zo ? 1 : 2 * r.interval);
@@ -357,6 +375,7 @@ void WriteMode(const ModeResult& r, bool emulated, JsonWriter* w) {
   w->Key("max_step_ms").Double(r.max_step_ms);
   w->Key("finish_ms").Double(r.finish_ms);
   w->Key("setup_s").Double(r.setup_s);
+  w->Key("staging_bytes").Int(r.staging_bytes);
   w->Key("rounds_applied").Int(r.rounds_applied);
   w->Key("reselections").Int(r.reselections);
   if (emulated) {

@@ -150,7 +150,7 @@ ZenFlowOptimizer::~ZenFlowOptimizer() {
 
 absl::StatusOr<std::unique_ptr<ZenFlowOptimizer>> ZenFlowOptimizer::Create(
     Backend* backend, Client* client, const v1::JobSpec& spec, int32_t rank,
-    std::vector<ParamSpec> params) {
+    std::vector<ParamSpec> params, EngineOptions options) {
   if (backend == nullptr || client == nullptr) {
     return absl::InvalidArgumentError("ZenFlowOptimizer needs a backend and a client");
   }
@@ -159,6 +159,7 @@ absl::StatusOr<std::unique_ptr<ZenFlowOptimizer>> ZenFlowOptimizer::Create(
                                               spec.world_size(), ") of job '", spec.job_id(), "'"));
   }
   std::unique_ptr<ZenFlowOptimizer> opt(new ZenFlowOptimizer(backend, client, spec, rank));
+  opt->options_ = options;
   ZF_RETURN_IF_ERROR(opt->Init(std::move(params)));
   return opt;
 }
@@ -245,14 +246,17 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
   for (const auto& t : tensors_) {
     stage_bytes_ = std::max<size_t>(stage_bytes_, t->rows * 4);  // at least one column
   }
-  stage_dev_.assign(kStages, nullptr);
-  stage_host_.assign(kStages, nullptr);
-  scales_host_.resize(kStages);
+  stages_ = static_cast<int>(std::max<size_t>(
+      2, (options_.staging_bytes + stage_bytes_ - 1) / stage_bytes_));
+  stage_dev_.assign(stages_, nullptr);
+  stage_host_.assign(stages_, nullptr);
+  scales_host_.resize(stages_);
+  scales_dev_ = std::make_unique<worker::DeviceBuffer[]>(stages_);
   {
     MutexLock lock(&ring_->mu);
-    ring_->busy.assign(kStages, false);
+    ring_->busy.assign(stages_, false);
   }
-  for (int i = 0; i < kStages; ++i) {
+  for (int i = 0; i < stages_; ++i) {
     if (backend_->name() == "cpu") {
       ZF_ASSIGN_OR_RETURN(stage_host_[i], backend_->Alloc(stage_bytes_));
       stage_dev_[i] = stage_host_[i];  // host memory already: pack in place
@@ -583,7 +587,7 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
     for (int64_t first = 0; first < static_cast<int64_t>(t->remote.size()); first += per) {
       const int64_t n = std::min<int64_t>(per, static_cast<int64_t>(t->remote.size()) - first);
       const int buf = next_stage_;
-      next_stage_ = (next_stage_ + 1) % kStages;
+      next_stage_ = (next_stage_ + 1) % stages_;
       {
         // The client still sends from this buffer: wait (that is send
         // backpressure, counted with the push).

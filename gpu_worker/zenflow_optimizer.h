@@ -114,6 +114,17 @@ using GradientReducer =
 // holds alike).
 using IntervalChooser = std::function<int32_t(int64_t round, int64_t start_step)>;
 
+// How the engine holds its shards on the way out.
+struct EngineOptions {
+  // Pinned host memory (and as much device memory) for packed shards in
+  // flight, in buffers of 4 MiB (at least two; at least one column each).
+  // Step() returns once a step's shards are packed into it; the client
+  // sends them while the device runs the next step. Below a step's
+  // unimportant gradient bytes, Step() waits for the daemon to take in the
+  // rest (counted in StepStats push_seconds).
+  size_t staging_bytes = 32 << 20;
+};
+
 // Thread-compatible: one training thread calls it.
 class ZenFlowOptimizer {
  public:
@@ -122,7 +133,7 @@ class ZenFlowOptimizer {
   // parameters or the rank disagree with the job.
   static absl::StatusOr<std::unique_ptr<ZenFlowOptimizer>> Create(
       worker::Backend* backend, Client* client, const v1::JobSpec& spec, int32_t rank,
-      std::vector<ParamSpec> params);
+      std::vector<ParamSpec> params, EngineOptions options = {});
   ~ZenFlowOptimizer();
   ZenFlowOptimizer(const ZenFlowOptimizer&) = delete;
   ZenFlowOptimizer& operator=(const ZenFlowOptimizer&) = delete;
@@ -233,13 +244,14 @@ class ZenFlowOptimizer {
     Mutex mu;
     std::vector<bool> busy ABSL_GUARDED_BY(mu);
   };
-  static constexpr int kStages = 8;
+  EngineOptions options_;
+  int stages_ = 0;  // buffers in the ring
   std::vector<void*> stage_dev_, stage_host_;
   std::shared_ptr<StageRing> ring_ = std::make_shared<StageRing>();
   int next_stage_ = 0;
   size_t stage_bytes_ = 0;
   worker::DeviceBuffer scratch_cols_, scratch_vals_;
-  std::array<worker::DeviceBuffer, kStages> scales_dev_;  // int8 wire: per-column scales
+  std::unique_ptr<worker::DeviceBuffer[]> scales_dev_;  // int8 wire: per-column scales
   std::vector<std::vector<float>> scales_host_;
   float last_lr_ = 0;
   ClientStats snapshot_;  // client stats at the end of the last step

@@ -927,8 +927,23 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
   std::string why;
   if (plan.int8) {
     // value = q * scale, as decoded below: each column's largest |q| decides.
+    // With |q| <= 128 and a finite scale >= 0 (HandleShard checked it) every
+    // value is finite when 128 * scale is (a power-of-two product: exact),
+    // so only columns of a huge scale are read here.
+    size_t read = 0;  // columns the reader has passed (pieces: in order only)
     for (size_t i = 0; i < ncols && finite; ++i) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(column(i));
+      if (std::isfinite(128.0f * shard.scales(static_cast<int>(i)))) continue;
+      const char* values = nullptr;
+      if (whole != nullptr) {
+        values = whole + i * col_bytes;
+      } else {
+        if (read == 0) reader.emplace(payload, col_bytes);
+        while (read <= i) {
+          values = reader->Next();
+          ++read;
+        }
+      }
+      const int8_t* q = reinterpret_cast<const int8_t*>(values);
       int biggest = 0;
       int64_t at = 0;
       for (int64_t r = 0; r < t.rows; ++r) {
@@ -982,9 +997,8 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
     float* dst = acc_->sum_of(plan.ti, rank, plan.round, c);
     const char* values = column(i);  // (a second pass: the reader starts over at 0)
     if (plan.int8) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(values);
-      const float scale = shard.scales(static_cast<int>(i));
-      for (int64_t r = 0; r < t.rows; ++r) dst[r] += static_cast<float>(q[r]) * scale;
+      DecodeAddInt8(reinterpret_cast<const int8_t*>(values), static_cast<size_t>(t.rows),
+                    shard.scales(static_cast<int>(i)), dst);
     } else {
       DecodeAdd(plan.dt, values, t.rows, dst);
     }

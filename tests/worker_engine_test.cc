@@ -323,6 +323,23 @@ TEST_F(WorkerEngineTest, Int8WireWithPerColumnScalesMatchesSimulator) {
   ExpectMatchesSim(j);
 }
 
+// The staging ring's size changes when Step() returns, never the bits:
+// two 4 MiB buffers (the least), and ten.
+TEST_F(WorkerEngineTest, AnyStagingSizeMatchesSimulator) {
+  for (size_t bytes : {size_t{0}, size_t{40} << 20}) {
+    SCOPED_TRACE(bytes);
+    EngineJob j = Job(bytes == 0 ? "sim-staging-min" : "sim-staging-big");
+    j.cfg.world = 2;
+    j.cfg.S = 2;
+    j.cfg.R = 4;
+    j.cfg.delay = 1;
+    j.cfg.int8_wire = bytes == 0;
+    j.engine.staging_bytes = bytes;
+    j.steps = 12;
+    ExpectMatchesSim(j);
+  }
+}
+
 TEST_F(WorkerEngineTest, ZeroOffloadEqualsLocalAdamW) {
   EngineJob j = Job("zero-offload");
   j.cfg.world = 1;

@@ -148,7 +148,8 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec,
                       JoinOrCreateJob(client.get(), EngineSpec(job), rank, backend.get(), specs));
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<ZenFlowOptimizer> opt,
-                      ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs));
+                      ZenFlowOptimizer::Create(backend.get(), client.get(), spec, rank, specs,
+                                               job.engine));
   if (job.reducer != nullptr) opt->set_gradient_reducer(job.reducer->ForRank(rank));
   if (job.cfg.interval_chooser) opt->set_interval_chooser(job.cfg.interval_chooser);
   if (intervals != nullptr) intervals->clear();

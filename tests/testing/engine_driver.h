@@ -26,6 +26,7 @@ struct EngineJob {
   // this process) instead of the daemon's AllReduce.
   LocalReducer* reducer = nullptr;
   bool rank_ordered_sums = false;  // JobSpec.rank_ordered_sums (reruns bit-identical)
+  EngineOptions engine;            // the engine's options (staging)
 };
 
 // The model: tensors with fixed targets; initial values.
