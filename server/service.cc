@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -744,38 +745,49 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     RequestFinish(std::move(why));
   }
 
+  // The first message (the attach) is handled here before anything else is
+  // read. After it, the stream reads one message ahead: while one message is
+  // handled (parsed, checked, added), the next one is received, on whichever
+  // thread gRPC calls back on; messages are handled one at a time, in order
+  // (`handling_`). At most one read message waits (`queued_`), so a stream
+  // holds at most three messages: the one handled, the one waiting and the
+  // read in flight.
   void OnReadDone(bool ok) override {
-    if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
-    // The first message, unless the idle sweep ended the call already.
-    if (job_ == nullptr && !FirstMessage()) return;
-    bool split = false;
-    absl::Status s = ParseUpRaw(&in_, ++index_, &up_, &slices_, &payload_, &split, registry_);
     if (job_ == nullptr) {
+      if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
+      // The first message, unless the idle sweep ended the call already.
+      if (!FirstMessage()) return;
+      absl::Status s = ParseRaw(&in_, ++index_, &up_, registry_);
       if (s.ok()) s = Attach();
+      up_.Clear();
       if (!s.ok()) {
         registry_->CountRejection(s.code(), "stream");
         if (job_ != nullptr) job_->CountRejection(s.code());
         job_ = nullptr;
         return RequestFinish(s);
       }
-    } else {
-      (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_,
-                     split ? &payload_ : nullptr);
+      {
+        MutexLock lock(&mu_);
+        if (!ReadMoreLocked()) return;
+      }
+      StartRead(&in_);
+      return;
     }
-    up_.Clear();
-    payload_.Clear();
-    slices_.clear();
+    bool read = false, handle = false;
     {
       MutexLock lock(&mu_);
-      if (finish_requested_) return;
-      if (ucx_ == nullptr) read_paused_ = true;
+      read_in_flight_ = false;
+      if (ok) {
+        queued_.push_back(std::move(in_));
+      } else {
+        read_ended_ = true;  // the client half-closed: finish once handled
+      }
+      read = ReadMoreLocked();
+      handle = !handling_;
+      handling_ = true;
     }
-    if (ucx_ == nullptr && mailbox_->Full(this)) return;  // Resume() reads again
-    {
-      MutexLock lock(&mu_);
-      read_paused_ = false;
-    }
-    StartRead(&in_);
+    if (read) StartRead(&in_);
+    if (handle) HandleQueued();
   }
 
   void Resume() override {
@@ -783,6 +795,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       MutexLock lock(&mu_);
       if (!read_paused_ || finish_requested_) return;
       read_paused_ = false;
+      if (!ReadMoreLocked()) return;
     }
     StartRead(&in_);
   }
@@ -843,6 +856,63 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                 const std::string* no_ucx_reason, Who who, bool holds_slot)
       : service_(service), registry_(registry), ucx_plane_(ucx), no_ucx_reason_(no_ucx_reason),
         who_(std::move(who)), holds_slot_(holds_slot) {}
+
+  // True when a read should start now (and marks it in flight): none is,
+  // the queue has room, and nothing holds reading back.
+  bool ReadMoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finish_requested_ || read_ended_ || read_in_flight_ || read_paused_ ||
+        queued_.size() >= kReadAhead) {
+      return false;
+    }
+    read_in_flight_ = true;
+    return true;
+  }
+
+  // Handles the queued messages in order until none is left; the one thread
+  // doing so (`handling_`).
+  void HandleQueued() {
+    for (;;) {
+      grpc::ByteBuffer buf;
+      bool read = false;
+      {
+        MutexLock lock(&mu_);
+        if (queued_.empty() || finish_requested_) {
+          handling_ = false;
+          queued_.clear();
+          if (!read_ended_) return;
+          break;
+        }
+        buf = std::move(queued_.front());
+        queued_.pop_front();
+        read = ReadMoreLocked();
+      }
+      if (read) StartRead(&in_);
+      bool split = false;
+      absl::Status s = ParseUpRaw(&buf, ++index_, &up_, &slices_, &payload_, &split, registry_);
+      (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_,
+                     split ? &payload_ : nullptr);
+      up_.Clear();
+      payload_.Clear();
+      slices_.clear();
+      if (ucx_ == nullptr) {
+        // Replies back up (the rank does not read its stream): stop reading
+        // until the mailbox drains (Resume).
+        {
+          MutexLock lock(&mu_);
+          read_paused_ = true;
+        }
+        if (!mailbox_->Full(this)) {
+          MutexLock lock(&mu_);
+          read_paused_ = false;
+          read = ReadMoreLocked();
+        } else {
+          read = false;
+        }
+        if (read) StartRead(&in_);
+      }
+    }
+    RequestFinish(absl::OkStatus());  // the client half-closed; all handled
+  }
 
   absl::Status Attach() {
     if (up_.kind_case() != v1::UpMessage::kAttach) {
@@ -951,6 +1021,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const Who who_;
   const bool holds_slot_;  // of the service's max_streams
   uint64_t watch_ = 0;             // ZenFlowService::Watch's
+  static constexpr size_t kReadAhead = 1;  // read messages waiting to be handled
   grpc::ByteBuffer in_;   // the read in flight
   // The read message's slices and its shard's payload in them (ParseUpRaw).
   std::vector<grpc::Slice> slices_;
@@ -970,6 +1041,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool hello_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // waits for Resume()
+  bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_ended_ ABSL_GUARDED_BY(mu_) = false;   // the client half-closed
+  bool handling_ ABSL_GUARDED_BY(mu_) = false;     // a thread runs HandleQueued
+  std::deque<grpc::ByteBuffer> queued_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;         // OnDone ran
   std::shared_ptr<StreamReactor> self_;            // until OnDone
   uint64_t stream_number_ = 0;                     // Job::StreamAttached's
