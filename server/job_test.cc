@@ -547,6 +547,20 @@ TEST(JobRegistryTest, OverBudgetJobReservesNothing) {
 // snapshots (which quiesce the adds). The gradients are small integers, so
 // every order of adding gives the same exact sums: the state must equal a
 // run that pushed everything from one thread, in both accumulation modes.
+// Uploads `init` as the rows x cols tensor "w" of `job`, then joins ranks
+// 0..world-1.
+void UploadWAndJoin(const std::shared_ptr<Job>& job, int64_t rows, int64_t cols,
+                    const std::vector<float>& init, int world) {
+  v1::UploadParametersRequest chunk;
+  chunk.set_tensor("w");
+  chunk.add_shape(rows);
+  chunk.add_shape(cols);
+  chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
+  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(job->Join(r).ok());
+}
+
 TEST(JobTest, ShardsOfDifferentRanksAccumulateConcurrently) {
   constexpr int kWorld = 4, kRows = 64, kCols = 600, kChunk = 40;
   auto make = [&](JobRegistry* registry, bool rank_ordered) {
@@ -564,14 +578,7 @@ TEST(JobTest, ShardsOfDifferentRanksAccumulateConcurrently) {
     std::shared_ptr<Job> job = *registry->Find("wide");
     std::vector<float> init(kRows * kCols);
     for (size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * static_cast<float>(i % 97);
-    v1::UploadParametersRequest chunk;
-    chunk.set_tensor("w");
-    chunk.add_shape(kRows);
-    chunk.add_shape(kCols);
-    chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
-    absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-    EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-    for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(job->Join(r).ok());
+    UploadWAndJoin(job, kRows, kCols, init, kWorld);
     return job;
   };
   // Rank `rank`'s shards of rounds 0 and 1, then its closes.
@@ -775,15 +782,7 @@ TEST(JobTest, PayloadInPiecesAccumulatesAsOnePiece) {
     spec.mutable_zenflow()->set_update_interval(4);
     EXPECT_TRUE(registry->CreateJob(spec).ok());
     std::shared_ptr<Job> job = *registry->Find("pieces");
-    std::vector<float> init(kRows * kCols, 0.5f);
-    v1::UploadParametersRequest chunk;
-    chunk.set_tensor("w");
-    chunk.add_shape(kRows);
-    chunk.add_shape(kCols);
-    chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
-    absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-    EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-    EXPECT_TRUE(job->Join(0).ok());
+    UploadWAndJoin(job, kRows, kCols, std::vector<float>(kRows * kCols, 0.5f), 1);
     return job;
   };
   // Step `step`'s shard of columns [first, first + n) in `dtype`.
