@@ -246,6 +246,7 @@ class ZenFlowOptimizer {
   };
   EngineOptions options_;
   int stages_ = 0;  // buffers in the ring
+  static constexpr size_t kPackBatch = 4;  // chunks packed per synchronize
   std::vector<void*> stage_dev_, stage_host_;
   std::shared_ptr<StageRing> ring_ = std::make_shared<StageRing>();
   int next_stage_ = 0;
