@@ -52,9 +52,10 @@ T Take(absl::StatusOr<T> v) {
   return std::move(*v);
 }
 
-// (name, shape, param data pointer, grad data pointer): fp32, contiguous,
-// in host memory; the zenflow package checks that before it gets here.
-using PyParam = std::tuple<std::string, std::vector<int64_t>, uintptr_t, uintptr_t>;
+// (name, shape, param data pointer, grad data pointer, param dtype "fp32",
+// "bf16" or "fp16"): contiguous, in host memory, the gradient fp32; the
+// zenflow package checks that before it gets here.
+using PyParam = std::tuple<std::string, std::vector<int64_t>, uintptr_t, uintptr_t, std::string>;
 
 class Worker {
  public:
@@ -76,8 +77,19 @@ class Worker {
       ParamSpec s;
       s.name = std::get<0>(p);
       s.shape = std::get<1>(p);
-      s.param = reinterpret_cast<float*>(std::get<2>(p));
+      s.param = reinterpret_cast<void*>(std::get<2>(p));
       s.grad = reinterpret_cast<float*>(std::get<3>(p));
+      const std::string& dt = std::get<4>(p);
+      if (dt == "fp32") {
+        s.dtype = DType::kF32;
+      } else if (dt == "bf16") {
+        s.dtype = DType::kBF16;
+      } else if (dt == "fp16") {
+        s.dtype = DType::kF16;
+      } else {
+        Check(absl::InvalidArgumentError(absl::StrCat("parameter '", s.name, "' has dtype '", dt,
+                                                      "'; fp32, bf16 or fp16")));
+      }
       specs_.push_back(std::move(s));
     }
     ClientOptions co;

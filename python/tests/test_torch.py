@@ -111,6 +111,51 @@ def test_zero_offload_bf16_equals_torch_adamw_on_bf16_rounded_gradients(daemon):
     assert max_diff(plain, got) > 1e-5
 
 
+def test_bf16_parameters_keep_fp32_masters_in_the_daemon(daemon):
+    # zero_offload over a bf16 model: the daemon keeps fp32 masters of the
+    # bf16 values, runs AdamW in fp32 on the gradients autograd made (bf16,
+    # converted to fp32 exactly) and sends back bf16 values, the masters
+    # rounded to nearest even. The reference does that with torch's AdamW on
+    # fp32 masters, in lockstep with its own bf16 model.
+    got = model().to(torch.bfloat16)
+    ref = model().to(torch.bfloat16)
+    masters = [p.detach().to(torch.float32).clone().requires_grad_(True)
+               for p in ref.parameters()]
+    torch_opt = torch.optim.AdamW(masters, lr=1e-2)
+    with zenflow.torch.ZenFlowOptimizer(got.parameters(), target=daemon, job="zo_bf16_params",
+                                        lr=1e-2, mode="zero_offload", wire="fp32") as opt:
+        assert opt.spec["tensors"][0]["dtype"] == "DTYPE_BF16"
+        for t in range(6):
+            opt.zero_grad()
+            x, y = batch(t)
+            torch.nn.functional.mse_loss(got(x.to(torch.bfloat16)).float(), y).backward()
+            assert next(got.parameters()).grad.dtype == torch.bfloat16
+            opt.step()
+        with pytest.raises(zenflow.ZenFlowError) as e:
+            opt.load_state_dict(opt.state_dict())
+        assert e.value.code in ("UNIMPLEMENTED", "FAILED_PRECONDITION")
+    for t in range(6):
+        torch_opt.zero_grad()
+        for p in ref.parameters():
+            p.grad = None
+        x, y = batch(t)
+        torch.nn.functional.mse_loss(ref(x.to(torch.bfloat16)).float(), y).backward()
+        for mp, p in zip(masters, ref.parameters()):
+            mp.grad = p.grad.to(torch.float32)
+        torch_opt.step()
+        with torch.no_grad():
+            for mp, p in zip(masters, ref.parameters()):
+                p.copy_(mp.to(torch.bfloat16))
+    for a, b in zip(got.parameters(), ref.parameters()):
+        assert a.dtype == torch.bfloat16
+        # Equal but for rounding: one bf16 step of the value at most.
+        tol = 2.0 ** -7 * b.detach().float().abs().clamp(min=1e-3)
+        assert ((a.detach().float() - b.detach().float()).abs() <= tol).all()
+    # And the updates landed: the parameters moved from the start.
+    start = model().to(torch.bfloat16)
+    assert max_diff(start, got) > 1e-3
+
+
 def test_lr_scheduler_is_followed(daemon):
     ref, got = model(), model()
     torch_opt = torch.optim.AdamW(ref.parameters(), lr=2e-2)

@@ -35,6 +35,7 @@ except ImportError as e:  # pragma: no cover: a build problem, said plainly
 
 _MODES = {"zenflow": "MODE_ZENFLOW", "zero_offload": "MODE_ZERO_OFFLOAD"}
 _WIRES = {"fp32": "DTYPE_FP32", "bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "int8": "DTYPE_INT8"}
+_PARAM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _env_int(*names):
@@ -128,11 +129,16 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
 
         self._params = [p for g in self.param_groups for p in g["params"]]
         self._grads = []
+        # The engine reads fp32 gradients: a 16-bit parameter's gradient
+        # (p.grad, in its dtype, as autograd makes it) is converted into its
+        # fp32 buffer at each step.
+        self._grads32 = []
         tensors = []
         for i, p in enumerate(self._params):
-            if p.dtype != torch.float32:
-                raise TypeError(f"parameter {i} is {p.dtype}: the engine updates float32 "
-                                "parameters only (keep an fp32 master copy)")
+            if p.dtype not in _PARAM_DTYPES:
+                raise TypeError(f"parameter {i} is {p.dtype}: the engine updates float32, "
+                                "bfloat16 and float16 parameters (16-bit ones with fp32 "
+                                "masters)")
             if p.device.type != "cpu":
                 raise TypeError(f"parameter {i} is on {p.device}: this build runs the CPU "
                                 "backend only (CUDA tensors need the CUDA backend binding)")
@@ -143,7 +149,10 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                 g.copy_(p.grad)
             p.grad = g
             self._grads.append(g)
-            tensors.append((f"p{i}", _job_shape(p), p.data_ptr(), g.data_ptr()))
+            g32 = g if p.dtype == torch.float32 else torch.zeros(p.shape, dtype=torch.float32)
+            self._grads32.append(g32)
+            tensors.append((f"p{i}", _job_shape(p), p.data_ptr(), g32.data_ptr(),
+                            _PARAM_DTYPES[p.dtype]))
 
         delay = s.get("apply_delay", "adaptive")
         if delay == "sync":
@@ -169,7 +178,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             zen["autoUpdateInterval"] = True
         spec = {
             "jobId": s.get("job", "torch"),
-            "tensors": [{"name": n, "shape": shape} for n, shape, _, _ in tensors],
+            "tensors": [{"name": n, "shape": shape, "dtype": _WIRES[dt]}
+                        for n, shape, _, _, dt in tensors],
             "adamw": {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
                       "weightDecay": weight_decay},
             "zenflow": zen,
@@ -212,6 +222,9 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                 # elsewhere): the engine reads from its own buffer.
                 g.copy_(p.grad)
                 p.grad = g
+        for g, g32 in zip(self._grads, self._grads32):
+            if g32 is not g:
+                g32.copy_(g)
         self._live().step(self._step, float(lrs.pop()))
         self._step += 1
         return loss
@@ -320,6 +333,11 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             raise ZenFlowError("FAILED_PRECONDITION",
                                "load_state_dict works before the first step only: make a new "
                                "optimizer (on a new job) and load into it")
+        if any(p.dtype != torch.float32 for p in self._params):
+            raise ZenFlowError("UNIMPLEMENTED",
+                               "load_state_dict needs float32 parameters: with 16-bit ones the "
+                               "fp32 masters are not in the state_dict yet, so training would "
+                               "not continue exactly")
         state = state_dict.get("state")
         if not isinstance(state, dict) or len(state) != len(self._params):
             raise ValueError(f"the state_dict has state for {len(state or {})} parameters; this "
