@@ -397,7 +397,7 @@ struct UcxWorker::Impl {
       r->oversize = static_cast<int64_t>(total);
       r->data.assign(8, '\0');
       StartRecv(msg, r.get(), r->data.size());
-      if (head != nullptr) r->head = std::move(head);  // (its bytes are dropped)
+      r->head = std::move(head);  // (its bytes are dropped)
     } else {
       r->data = TakeBuffer(total);
       StartRecv(msg, r.get(), info.length);

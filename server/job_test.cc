@@ -68,24 +68,36 @@ TEST(NormalizeJobSpecTest, ExplicitZeroTopkAndWeightDecayAreKept) {
   EXPECT_EQ(spec.adamw().weight_decay(), 0.0f);
 }
 
+// Uploads `init` as the rows x cols tensor "w" of `job`, then joins ranks
+// 0..world-1.
+void UploadWAndJoin(const std::shared_ptr<Job>& job, int64_t rows, int64_t cols,
+                    const std::vector<float>& init, int world) {
+  v1::UploadParametersRequest chunk;
+  chunk.set_tensor("w");
+  chunk.add_shape(rows);
+  chunk.add_shape(cols);
+  chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
+  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
+  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(job->Join(r).ok());
+}
+
+// The job of `spec` (OneTensorSpec's "unit": w is 2 x 3), its parameters
+// uploaded and its ranks joined.
+std::shared_ptr<Job> JoinedJob(JobRegistry* registry, const v1::JobSpec& spec) {
+  EXPECT_TRUE(registry->CreateJob(spec).ok());
+  std::shared_ptr<Job> job = *registry->Find("unit");
+  UploadWAndJoin(job, 2, 3, {1, 2, 3, 4, 5, 6}, spec.world_size());
+  return job;
+}
+
 // A job of `world` ranks, S = 2, its parameters uploaded and the ranks
 // joined.
 std::shared_ptr<Job> JoinedJob(JobRegistry* registry, int world = 1,
                                bool rank_ordered_sums = false) {
   v1::JobSpec spec = OneTensorSpec(world, 2);
   spec.set_rank_ordered_sums(rank_ordered_sums);
-  EXPECT_TRUE(registry->CreateJob(spec).ok());
-  std::shared_ptr<Job> job = *registry->Find("unit");
-  v1::UploadParametersRequest chunk;
-  chunk.set_tensor("w");
-  chunk.add_shape(2);
-  chunk.add_shape(3);
-  const float init[6] = {1, 2, 3, 4, 5, 6};
-  chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
-  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(job->Join(r).ok());
-  return job;
+  return JoinedJob(registry, spec);
 }
 
 // A shard of all three columns of "w" (2 rows each, column-major) for `step`.
@@ -547,20 +559,6 @@ TEST(JobRegistryTest, OverBudgetJobReservesNothing) {
 // snapshots (which quiesce the adds). The gradients are small integers, so
 // every order of adding gives the same exact sums: the state must equal a
 // run that pushed everything from one thread, in both accumulation modes.
-// Uploads `init` as the rows x cols tensor "w" of `job`, then joins ranks
-// 0..world-1.
-void UploadWAndJoin(const std::shared_ptr<Job>& job, int64_t rows, int64_t cols,
-                    const std::vector<float>& init, int world) {
-  v1::UploadParametersRequest chunk;
-  chunk.set_tensor("w");
-  chunk.add_shape(rows);
-  chunk.add_shape(cols);
-  chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
-  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(job->Join(r).ok());
-}
-
 TEST(JobTest, ShardsOfDifferentRanksAccumulateConcurrently) {
   constexpr int kWorld = 4, kRows = 64, kCols = 600, kChunk = 40;
   auto make = [&](JobRegistry* registry, bool rank_ordered) {
@@ -658,18 +656,7 @@ TEST(JobTest, AutoIntervalRoundsOfChangingLength) {
     v1::JobSpec spec = OneTensorSpec(2, 4);
     spec.mutable_zenflow()->set_auto_update_interval(true);
     spec.set_rank_ordered_sums(true);
-    EXPECT_TRUE(registry->CreateJob(spec).ok());
-    std::shared_ptr<Job> job = *registry->Find("unit");
-    v1::UploadParametersRequest chunk;
-    chunk.set_tensor("w");
-    chunk.add_shape(2);
-    chunk.add_shape(3);
-    const float init[6] = {1, 2, 3, 4, 5, 6};
-    chunk.set_payload(reinterpret_cast<const char*>(init), sizeof(init));
-    absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-    EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-    for (int r = 0; r < 2; ++r) EXPECT_TRUE(job->Join(r).ok());
-    return job;
+    return JoinedJob(registry, spec);
   };
   auto close = [](int64_t round, int32_t steps) {
     v1::UpMessage m;

@@ -26,6 +26,11 @@
 namespace zenflow::testing {
 namespace {
 
+// A chooser of round lengths that cycles through `s` by round number.
+IntervalChooser Cycle(std::vector<int32_t> s) {
+  return [s](int64_t round, int64_t) { return s[round % static_cast<int64_t>(s.size())]; };
+}
+
 class WorkerEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -41,6 +46,18 @@ class WorkerEngineTest : public ::testing::Test {
     EngineJob j;
     j.target = daemon_->target();
     j.job_id = id;
+    return j;
+  }
+  // update_interval auto with S_max 4, reselecting every 8 steps, 2 ranks,
+  // apply delay `delay`, round lengths cycling through `chooser`.
+  EngineJob AutoJob(const std::string& id, int delay, std::vector<int32_t> chooser) {
+    EngineJob j = Job(id);
+    j.cfg.world = 2;
+    j.cfg.S = 4;
+    j.cfg.R = 8;
+    j.cfg.delay = delay;
+    j.cfg.auto_interval = true;
+    j.cfg.interval_chooser = Cycle(std::move(chooser));
     return j;
   }
   static DaemonProcess* daemon_;
@@ -392,22 +409,11 @@ TEST_F(WorkerEngineTest, K1EqualsLocalAdamWBitForBit) {
   }
 }
 
-// A chooser of round lengths that cycles through `s` by round number.
-IntervalChooser Cycle(std::vector<int32_t> s) {
-  return [s](int64_t round, int64_t) { return s[round % static_cast<int64_t>(s.size())]; };
-}
-
 // update_interval auto (DESIGN rule 10) with rounds of changing length: the
 // chooser's 1, 3, 2, 4, 1, ... (S_max = 4), each round cut to end before
 // the next selection step (8, 16, 24).
 TEST_F(WorkerEngineTest, AutoIntervalSyncMatchesSimulatorAcrossReselections) {
-  EngineJob j = Job("auto-sync");
-  j.cfg.world = 2;
-  j.cfg.S = 4;
-  j.cfg.R = 8;
-  j.cfg.delay = 0;
-  j.cfg.auto_interval = true;
-  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
+  EngineJob j = AutoJob("auto-sync", 0, {1, 3, 2, 4, 1});
   j.steps = 32;
   ExpectMatchesSim(j, {1, 3, 2, 2, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1});
 }
@@ -415,13 +421,7 @@ TEST_F(WorkerEngineTest, AutoIntervalSyncMatchesSimulatorAcrossReselections) {
 // d = 1, and a partial last round (step 29 only, of the 2 chosen) that
 // Finish() closes with the one step it has.
 TEST_F(WorkerEngineTest, AutoIntervalDelayOneMatchesSimulatorWithAPartialLastRound) {
-  EngineJob j = Job("auto-d1");
-  j.cfg.world = 2;
-  j.cfg.S = 4;
-  j.cfg.R = 8;
-  j.cfg.delay = 1;
-  j.cfg.auto_interval = true;
-  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
+  EngineJob j = AutoJob("auto-d1", 1, {1, 3, 2, 4, 1});
   j.steps = 30;
   ExpectMatchesSim(j, {1, 3, 2, 2, 1, 1, 3, 2, 1, 1, 1, 3, 2, 1, 1, 1, 3, 2});
 }
@@ -431,13 +431,7 @@ TEST_F(WorkerEngineTest, AutoIntervalDelayOneMatchesSimulatorWithAPartialLastRou
 // (the daemon accumulates two rounds at a time). The chooser's 4, 1, 1
 // become 4, 2, 2.
 TEST_F(WorkerEngineTest, AutoIntervalRaisesShortRoundsToTheApplyDelay) {
-  EngineJob j = Job("auto-d2");
-  j.cfg.world = 2;
-  j.cfg.S = 4;
-  j.cfg.R = 8;
-  j.cfg.delay = 2;
-  j.cfg.auto_interval = true;
-  j.cfg.interval_chooser = Cycle({4, 1, 1});
+  EngineJob j = AutoJob("auto-d2", 2, {4, 1, 1});
   j.steps = 24;
   ExpectMatchesSim(j, {4, 2, 2, 4, 2, 2, 4, 2, 2});
 }
@@ -445,14 +439,8 @@ TEST_F(WorkerEngineTest, AutoIntervalRaisesShortRoundsToTheApplyDelay) {
 // Warm-up rounds have S_max steps (warm-up ends at step 4, a selection);
 // the chooser takes over from round 1.
 TEST_F(WorkerEngineTest, AutoIntervalWithWarmupMatchesSimulator) {
-  EngineJob j = Job("auto-warm");
-  j.cfg.world = 2;
-  j.cfg.S = 4;
-  j.cfg.R = 8;
+  EngineJob j = AutoJob("auto-warm", 1, {1, 3, 2, 4, 1});
   j.cfg.warmup_rounds = 1;  // selections at 4, 8, 16
-  j.cfg.delay = 1;
-  j.cfg.auto_interval = true;
-  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
   j.steps = 24;
   ExpectMatchesSim(j, {4, 3, 1, 4, 1, 1, 2, 2, 4, 1, 1});
 }
@@ -460,13 +448,7 @@ TEST_F(WorkerEngineTest, AutoIntervalWithWarmupMatchesSimulator) {
 // A chooser's answer outside [1, S_max] is clamped to it (0 and -3 to 1, 9
 // and 100 to 4), not refused: training goes on with the nearest length.
 TEST_F(WorkerEngineTest, AutoIntervalClampsTheChoosersAnswer) {
-  EngineJob j = Job("auto-clamp");
-  j.cfg.world = 2;
-  j.cfg.S = 4;
-  j.cfg.R = 8;
-  j.cfg.delay = 0;
-  j.cfg.auto_interval = true;
-  j.cfg.interval_chooser = Cycle({0, 9, -3, 4, 100});
+  EngineJob j = AutoJob("auto-clamp", 0, {0, 9, -3, 4, 100});
   j.steps = 16;
   ExpectMatchesSim(j, {1, 4, 1, 2, 4, 1, 3});
 }
@@ -474,13 +456,8 @@ TEST_F(WorkerEngineTest, AutoIntervalClampsTheChoosersAnswer) {
 // The totals count closed rounds and their steps (S_mean = round_steps /
 // rounds_closed), the partial last one included.
 TEST_F(WorkerEngineTest, AutoIntervalTotalsCountRoundsAndSteps) {
-  EngineJob j = Job("auto-totals");
+  EngineJob j = AutoJob("auto-totals", 1, {1, 3, 2, 4, 1});
   j.cfg.world = 1;
-  j.cfg.S = 4;
-  j.cfg.R = 8;
-  j.cfg.delay = 1;
-  j.cfg.auto_interval = true;
-  j.cfg.interval_chooser = Cycle({1, 3, 2, 4, 1});
   j.steps = 30;
   OptimizerTotals totals;
   std::vector<int32_t> intervals;
