@@ -70,6 +70,14 @@ def run(m, opt, steps, sched=None):
     return losses
 
 
+def train_on_four_batches(m, opt, steps):
+    """`steps` steps cycling through batches 0..3 (the loss on batch 0 must fall)."""
+    for t in range(steps):
+        opt.zero_grad()
+        loss_of(m, t % 4).backward()
+        opt.step()
+
+
 def max_diff(a, b):
     return max((x - y).abs().max().item() for x, y in zip(a.parameters(), b.parameters()))
 
@@ -183,10 +191,7 @@ def test_zenflow_mode_trains_and_reports_stats(daemon):
         assert opt.spec["zenflow"]["apply_delay"] == {"steps": 2}  # overlap_step: d = S
         assert opt.spec["zenflow"]["topk_ratio"] == pytest.approx(0.25)
         first = loss_of(m, 0).item()
-        for t in range(40):
-            opt.zero_grad()
-            loss_of(m, t % 4).backward()
-            opt.step()
+        train_on_four_batches(m, opt, 40)
         s = opt.stats()
     assert s["totals"]["steps"] == 40
     assert s["totals"]["rounds_applied"] >= 19
@@ -202,10 +207,7 @@ def test_update_interval_auto_trains_with_rounds_of_changing_length(daemon):
         assert opt.spec["zenflow"]["auto_update_interval"] is True
         assert opt.spec["zenflow"]["update_interval"] == 4  # S_max, the daemon's default
         first = loss_of(m, 0).item()
-        for t in range(24):
-            opt.zero_grad()
-            loss_of(m, t % 4).backward()
-            opt.step()
+        train_on_four_batches(m, opt, 24)
         s = opt.stats()
     assert s["totals"]["steps"] == 24
     assert 1 <= s["last_step"]["update_interval"] <= 4
