@@ -539,6 +539,10 @@ absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
   deps.rounds = &rounds_;
   deps.ucx = options_.transport == Transport::kUcx ? ucx_.get() : nullptr;
   deps.token = token();
+  // Riding through a restart: a round the daemon updated but whose deltas
+  // the rank never got is sent again (rounds arrive in order, so the rank
+  // holds rounds [0, newest complete + 1)).
+  if (reattach && ride_through()) deps.rounds_done = rounds_.newest_complete() + 1;
   // The daemon lets go of a rank's stream once that call is done, which it
   // can learn a moment after this client did: right after our own stream
   // ended, the rank may still look attached (ALREADY_EXISTS). A first

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<AttachedStream>> AttachedStream::Open(const Deps&
   v1::UpMessage hello;
   hello.mutable_attach()->set_job_id(job_id);
   hello.mutable_attach()->set_rank(rank);
+  if (deps.rounds_done.has_value()) hello.mutable_attach()->set_rounds_done(*deps.rounds_done);
   s->data_->PrepareAttach(hello.mutable_attach());
   const bool wrote = s->call_->Write(UpBytes(hello));
   s->reader_ = std::thread([p = s.get()] { p->ReaderLoop(); });

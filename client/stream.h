@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -37,6 +38,10 @@ class AttachedStream final : private DataStreamSink {
     RoundAssembler* rounds = nullptr; // opened before the attach; closed at the end
     UcxLink* ucx = nullptr;           // set: the data travels over UCX
     std::string token;                // the job's token (authorization metadata); may be empty
+    // Set on a re-attach after a lost daemon: the rounds whose RoundDone the
+    // rank holds (Attach.rounds_done), so that a round lost in a restart is
+    // sent again.
+    std::optional<int64_t> rounds_done;
   };
   // Attaches `rank` of `job_id`: sends the attach, waits for the daemon's
   // greeting (or the stream's end), connects the data path and starts

@@ -1,6 +1,7 @@
 // UCX worker with a progress thread; see ucx.h.
 #include "common/ucx.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -409,10 +410,21 @@ struct UcxWorker::Impl {
 
   bool DeliverCompleted() {
     bool any = false;
-    while (!recvs.empty() && recvs.front()->done &&
-           (recvs.front()->head == nullptr || recvs.front()->head->done)) {
-      std::unique_ptr<Recv> r = std::move(recvs.front());
-      recvs.pop_front();
+    // In arrival order per tag: one connection's messages stay in order. A
+    // receive that never completes (its sender died mid-message: shared
+    // memory tells nobody) holds back only its own tag's later messages,
+    // never another connection's (a restarted peer's, another rank's).
+    std::vector<uint64_t> held;
+    for (auto it = recvs.begin(); it != recvs.end();) {
+      Recv* front = it->get();
+      const bool ready = front->done && (front->head == nullptr || front->head->done);
+      if (!ready || std::find(held.begin(), held.end(), front->tag) != held.end()) {
+        if (!ready) held.push_back(front->tag);
+        ++it;
+        continue;
+      }
+      std::unique_ptr<Recv> r = std::move(*it);
+      it = recvs.erase(it);
       ++recvs_finished;
       any = true;
       if (r->oversize >= 0) {

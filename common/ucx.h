@@ -59,14 +59,15 @@ std::string UcxTransports(const UcxOptions& options);
 
 class UcxWorker {
  public:
-  // Receives every message, in the order UCX matched them, on the progress
-  // thread. It must not block for long and must not call back into the
+  // Receives every message on the progress thread: the messages of one tag
+  // in the order UCX matched them (messages of different tags as they
+  // complete: a message whose sender died midway holds back only its tag). It must not block for long and must not call back into the
   // worker synchronously except Send/Disconnect.
   using RecvFn = std::function<void(uint64_t tag, std::string message)>;
   // Called once (on the progress thread) when a send ends.
   using DoneFn = std::function<void(absl::Status)>;
   // A message longer than max_message_bytes arrived (and was discarded), in
-  // its place in the order of RecvFn calls; on the progress thread.
+  // its place in its tag's order of RecvFn calls; on the progress thread.
   using OversizeFn = std::function<void(uint64_t tag, int64_t bytes)>;
 
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options,

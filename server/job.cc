@@ -627,6 +627,36 @@ v1::DownMessage Job::AttachedMessage(int32_t rank) {
   return msg;
 }
 
+absl::StatusOr<std::vector<Mailbox::Message>> Job::MissedRound(int32_t rank,
+                                                              int64_t rounds_done) {
+  MutexLock lock(&mu_);
+  ZF_RETURN_IF_ERROR(CheckLive());
+  ZF_RETURN_IF_ERROR(CheckRank(rank));
+  if (rounds_done < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attach: rounds_done ", rounds_done, " must be >= 0"));
+  }
+  // Rounds this daemon updated itself are in the rank's mailbox until
+  // written; only those updated before a restart can have been lost.
+  if (rounds_done >= restored_rounds_ || rounds_done >= rounds_updated_) {
+    return std::vector<Mailbox::Message>{};
+  }
+  if (rounds_done == resend_round_) return resend_;
+  std::string why;
+  if (rounds_done == restored_rounds_ - 1) {
+    why = spec_.delta_kind() == v1::DELTA_ARITHMETIC
+              ? "arithmetic deltas cannot be made again from the restored state"
+              : "the checkpoint the job was restored from does not hold that round's RoundDone";
+  } else {
+    why = "only the newest round updated before the restart can be sent again";
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " of job '", spec_.job_id(), "' has the updates of rounds [0, ",
+      rounds_done, ") but zenflowd restarted with ", restored_rounds_,
+      " rounds updated: the deltas of rounds ", rounds_done, "..", restored_rounds_ - 1,
+      " never reached the rank and ", why, "; it cannot continue exactly"));
+}
+
 void Job::Shutdown() {
   std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
   std::vector<std::shared_ptr<Mailbox>> boxes;
@@ -1194,6 +1224,11 @@ void Job::RunUpdate(UpdateLease lease) {
     rounds_updated_ = round + 1;
     rounds_.erase(round);
     done.mutable_done()->set_durable_rounds(durable_rounds_);
+    last_done_ = done.done();
+    if (resend_round_ >= 0 && round >= resend_round_ + 2) {
+      resend_round_ = -1;  // every rank has applied it
+      resend_.clear();
+    }
     if (skip) ++rounds_skipped_;
     if (overflowed) ++rounds_overflowed_;
     delta_messages_sent_ += static_cast<int64_t>(deltas.size() * boxes.size());

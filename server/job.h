@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,14 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<std::shared_ptr<Mailbox>> MailboxFor(int32_t rank);
   // A stream attached: the message that greets it.
   v1::DownMessage AttachedMessage(int32_t rank);
+  // What a rank that attaches again with Attach.rounds_done = `rounds_done`
+  // must be sent again after the greeting: nothing when it has every
+  // updated round; the last updated round's deltas and RoundDone when the
+  // job was restored from a checkpoint taken after that round and the rank
+  // lacks just that one (a daemon killed between the checkpoint and the
+  // deltas reaching the rank); FAILED_PRECONDITION when it lacks more, or
+  // the round cannot be made again (arithmetic deltas, an older file).
+  absl::StatusOr<std::vector<Mailbox::Message>> MissedRound(int32_t rank, int64_t rounds_done);
 
   // A shard or a round-close marker from `rank` (already attached).
   // `payload`: a shard's payload where it arrived (the message's own field
@@ -361,6 +370,15 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t selection_version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t selection_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t durable_rounds_ ABSL_GUARDED_BY(mu_) = 0;
+  // The RoundDone of the newest updated round (checkpointed with the job).
+  std::optional<v1::RoundDone> last_done_ ABSL_GUARDED_BY(mu_);
+  // Restored from a checkpoint: the newest updated round's deltas and
+  // RoundDone made again from the restored master, for ranks that never
+  // got them (MissedRound); kept until round resend_round_ + 2 is updated,
+  // by when every rank has applied it (apply delay <= S).
+  int64_t restored_rounds_ ABSL_GUARDED_BY(mu_) = 0;  // rounds updated at the restore
+  int64_t resend_round_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<Mailbox::Message> resend_ ABSL_GUARDED_BY(mu_);
   int64_t replays_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Who handed off which selection's state; guarded by mu_.
   HandOffLedger hand_off_ ABSL_GUARDED_BY(mu_);

@@ -155,6 +155,12 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     meta.PutAll(t.prev_important_cols);
   }
   snap.sections.push_back({"meta", meta.Take()});
+  // The newest round's RoundDone: a rank that never got that round's deltas
+  // (the daemon went between this file and them) gets them again after a
+  // restore (MissedRound).
+  if (last_done_.has_value() && last_done_->round() == rounds_updated_ - 1) {
+    snap.sections.push_back({"last_done", last_done_->SerializeAsString()});
+  }
   size_t at = 0;
   auto copy = [&](const void* src) {
     Big& b = big[at++];
@@ -353,6 +359,45 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
                   cols * sizeof(int64_t));
       std::memcpy(acc_->hits_of(t, r).data(), hits->data() + r * cols * sizeof(int32_t),
                   cols * sizeof(int32_t));
+    }
+  }
+  restored_rounds_ = rounds_updated_;
+  last_done_.reset();
+  resend_round_ = -1;
+  resend_.clear();
+  if (const std::string* ld = section("last_done")) {
+    v1::RoundDone done;
+    if (!done.ParseFromString(*ld) || done.round() != rounds_updated_ - 1 ||
+        done.delta_messages() < 0) {
+      return bad(absl::StrCat("section last_done does not hold round ", rounds_updated_ - 1,
+                              "'s RoundDone"));
+    }
+    last_done_ = done;
+    // The round's deltas again, from the master that round's update left
+    // (values kind; the same selection: a reselection drains every rank's
+    // updates first, so no rank lacks a round from before one).
+    if (spec_.delta_kind() != v1::DELTA_ARITHMETIC &&
+        done.selection_version() == selection_version_) {
+      std::vector<v1::DownMessage> deltas;
+      if (!done.skipped_nonfinite()) {
+        std::vector<std::vector<int32_t>> remote(tensors_.size());
+        for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+          for (int64_t c = 0; c < tensors_[ti].cols; ++c) {
+            if (!tensors_[ti].important[c]) remote[ti].push_back(static_cast<int32_t>(c));
+          }
+        }
+        deltas = ValueDeltas(done.round(), update_tensors_, remote, store_.get(),
+                             spec_.max_shard_bytes());
+      }
+      if (static_cast<int64_t>(deltas.size()) == done.delta_messages()) {
+        for (v1::DownMessage& d : deltas) {
+          resend_.push_back(std::make_shared<const v1::DownMessage>(std::move(d)));
+        }
+        v1::DownMessage marker;
+        *marker.mutable_done() = done;
+        resend_.push_back(std::make_shared<const v1::DownMessage>(std::move(marker)));
+        resend_round_ = done.round();
+      }
     }
   }
   last_full_close_ = std::chrono::steady_clock::now();

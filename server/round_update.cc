@@ -27,7 +27,72 @@ struct ColumnRun {
   int64_t ncols;
 };
 
+// The columns' new values (with `old_values`: fp32 new - old) as
+// ParameterDelta messages of at most max_shard_bytes, in column order.
+std::vector<v1::DownMessage> EncodeDeltas(
+    int64_t round, const std::vector<RoundUpdateTensor>& tensors,
+    const std::vector<std::vector<int32_t>>& remote, TensorStore* store,
+    const std::vector<std::vector<float>>* old_values, int64_t max_shard_bytes,
+    const std::function<void(size_t, const std::function<void(size_t, size_t)>&)>& parallel) {
+  const bool arithmetic = old_values != nullptr;
+  struct Chunk {
+    int tensor;
+    size_t begin, end;  // indices into remote[tensor]
+  };
+  std::vector<Chunk> chunks;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const RoundUpdateTensor& t = tensors[ti];
+    const DType out = arithmetic ? DType::kF32 : t.param_dtype;
+    const size_t per = static_cast<size_t>(
+        ColumnsPerMessage(max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out))));
+    for (size_t i = 0; i < remote[ti].size(); i += per) {
+      chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
+    }
+  }
+  std::vector<v1::DownMessage> deltas(chunks.size());
+  parallel(chunks.size(), [&](size_t b, size_t e) {
+    std::vector<float> diff;
+    for (size_t k = b; k < e; ++k) {
+      const Chunk& ch = chunks[k];
+      const RoundUpdateTensor& t = tensors[ch.tensor];
+      const DType out = arithmetic ? DType::kF32 : t.param_dtype;
+      v1::ParameterDelta* d = deltas[k].mutable_delta();
+      d->set_round(round);
+      d->set_tensor(t.name);
+      d->set_kind(arithmetic ? v1::DELTA_ARITHMETIC : v1::DELTA_VALUES);
+      d->set_dtype(ToProto(out));
+      const size_t n = ch.end - ch.begin;
+      std::string* payload = d->mutable_payload();
+      payload->resize(n * t.rows * DTypeSize(out));
+      char* dst = payload->data();
+      for (size_t i = ch.begin; i < ch.end; ++i) {
+        const int32_t c = remote[ch.tensor][i];
+        d->add_columns(c);
+        const float* src = store->master(ch.tensor, c);
+        if (arithmetic) {
+          diff.resize(t.rows);
+          const float* old = (*old_values)[ch.tensor].data() + i * t.rows;
+          for (int64_t r = 0; r < t.rows; ++r) diff[r] = src[r] - old[r];
+          src = diff.data();
+        }
+        Encode(out, src, t.rows, dst);
+        dst += t.rows * DTypeSize(out);
+      }
+    }
+  });
+  return deltas;
+}
+
 }  // namespace
+
+std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundUpdateTensor>& tensors,
+                                         const std::vector<std::vector<int32_t>>& remote,
+                                         TensorStore* store, int64_t max_shard_bytes) {
+  return EncodeDeltas(round, tensors, remote, store, nullptr, max_shard_bytes,
+                      [](size_t n, const std::function<void(size_t, size_t)>& fn) {
+                        if (n > 0) fn(0, n);
+                      });
+}
 
 RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
   if (lease.round() != in.round || lease.store() == nullptr) {
@@ -157,54 +222,10 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     });
   }
 
-  // Deltas: chunks of columns of at most max_shard_bytes each.
   std::vector<v1::DownMessage> deltas;
   if (!skip) {
-    struct Chunk {
-      int tensor;
-      size_t begin, end;  // indices into remote[tensor]
-    };
-    std::vector<Chunk> chunks;
-    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-      const RoundUpdateTensor& t = tensors_[ti];
-      const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-      const size_t per = static_cast<size_t>(ColumnsPerMessage(
-          in.max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out))));
-      for (size_t i = 0; i < remote[ti].size(); i += per) {
-        chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
-      }
-    }
-    deltas.resize(chunks.size());
-    parallel(chunks.size(), [&](size_t b, size_t e) {
-      std::vector<float> diff;
-      for (size_t k = b; k < e; ++k) {
-        const Chunk& ch = chunks[k];
-        const RoundUpdateTensor& t = tensors_[ch.tensor];
-        const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-        v1::ParameterDelta* d = deltas[k].mutable_delta();
-        d->set_round(round);
-        d->set_tensor(t.name);
-        d->set_kind(arithmetic ? v1::DELTA_ARITHMETIC : v1::DELTA_VALUES);
-        d->set_dtype(ToProto(out));
-        const size_t n = ch.end - ch.begin;
-        std::string* payload = d->mutable_payload();
-        payload->resize(n * t.rows * DTypeSize(out));
-        char* dst = payload->data();
-        for (size_t i = ch.begin; i < ch.end; ++i) {
-          const int32_t c = remote[ch.tensor][i];
-          d->add_columns(c);
-          const float* src = store_->master(ch.tensor, c);
-          if (arithmetic) {
-            diff.resize(t.rows);
-            const float* old = old_values[ch.tensor].data() + i * t.rows;
-            for (int64_t r = 0; r < t.rows; ++r) diff[r] = src[r] - old[r];
-            src = diff.data();
-          }
-          Encode(out, src, t.rows, dst);
-          dst += t.rows * DTypeSize(out);
-        }
-      }
-    });
+    deltas = EncodeDeltas(round, tensors_, remote, store_, arithmetic ? &old_values : nullptr,
+                          in.max_shard_bytes, parallel);
   }
   RoundUpdateResult out;
   out.skipped = skip;

@@ -93,6 +93,13 @@ struct RoundUpdateResult {
 // `lease` must be for in.round; the update ends it.
 RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease);
 
+// The delta messages a values-kind update of `round` sent, made again from
+// the store's master as it is now (it must be as that update left it): the
+// same messages, byte for byte. For a rank that lost them in a restart.
+std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundUpdateTensor>& tensors,
+                                         const std::vector<std::vector<int32_t>>& remote,
+                                         TensorStore* store, int64_t max_shard_bytes);
+
 }  // namespace zenflow
 
 #endif  // ZENFLOW_SERVER_ROUND_UPDATE_H_

@@ -933,7 +933,15 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     absl::StatusOr<std::shared_ptr<Mailbox>> box = job_->MailboxFor(up_.attach().rank());
     if (!box.ok()) return box.status();
     rank_ = up_.attach().rank();
-    if (!up_.attach().ucx_address().empty()) return AttachUcx(*box);
+    // A round the rank lost in a daemon restart goes again, after the greeting.
+    std::vector<Mailbox::Message> missed;
+    if (up_.attach().has_rounds_done()) {
+      absl::StatusOr<std::vector<Mailbox::Message>> m =
+          job_->MissedRound(rank_, up_.attach().rounds_done());
+      if (!m.ok()) return m.status();
+      missed = *std::move(m);
+    }
+    if (!up_.attach().ucx_address().empty()) return AttachUcx(*box, missed);
     // Greet first, so the greeting precedes anything queued for the rank.
     v1::DownMessage hello = job_->AttachedMessage(rank_);
     if (!(*box)->Attach(this)) {
@@ -946,12 +954,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     // The greeting goes behind anything already queued; clients treat it as
     // informational.
     mailbox_->Push(std::move(hello));
+    for (const Mailbox::Message& m : missed) mailbox_->Push(m);
     return absl::OkStatus();
   }
 
   // The rank asked for the UCX data plane: connect to its worker, make the
   // connection the mailbox's writer and greet over gRPC with our address.
-  absl::Status AttachUcx(const std::shared_ptr<Mailbox>& box) {
+  absl::Status AttachUcx(const std::shared_ptr<Mailbox>& box,
+                         const std::vector<Mailbox::Message>& missed) {
     if (ucx_plane_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "this zenflowd has no UCX data plane (", *no_ucx_reason_,
@@ -974,6 +984,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     }
     stream_number_ = job_->StreamAttached(rank_);
     StartWrite(&out_);
+    for (const Mailbox::Message& m : missed) box->Push(m);
     return absl::OkStatus();
   }
 
