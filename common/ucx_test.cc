@@ -219,7 +219,11 @@ TEST(UcxWorker, APeerKilledMidMessageHoldsUpNoOtherPeer) {
   auto ep = (*alive)->Connect((*b)->address());
   ASSERT_TRUE(ep.ok()) << ep.status();
   const std::string hello = Pattern(1000, 9);
-  (*alive)->Send(*ep, 8, {hello}, nullptr);
+  Sends sends;  // (hello lives until its send has ended)
+  (*alive)->Send(*ep, 8, {hello}, sends.Fn());
+  const std::vector<absl::Status> sent = sends.WaitFor(1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_TRUE(sent[0].ok()) << sent[0];
   ASSERT_TRUE(inbox_b.WaitFor(1)) << "the live peer's message was held up";
   auto got = inbox_b.Take();
   ASSERT_EQ(got.size(), 1u);
