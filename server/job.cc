@@ -1153,23 +1153,29 @@ namespace {
 
 }  // namespace
 
+std::vector<std::vector<int32_t>> Job::RemoteColumnsLocked() const {
+  std::vector<std::vector<int32_t>> remote(tensors_.size());
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    for (int64_t c = 0; c < t.cols; ++c) {
+      if (!t.important[c]) remote[ti].push_back(static_cast<int32_t>(c));
+    }
+  }
+  return remote;
+}
+
 void Job::RunUpdate(UpdateLease lease) {
   const int64_t round = lease.round();
   const auto t0 = std::chrono::steady_clock::now();
   RoundState rs;
-  std::vector<std::vector<int32_t>> remote(tensors_.size());
+  std::vector<std::vector<int32_t>> remote;
   std::vector<std::shared_ptr<Mailbox>> boxes;
   int64_t version = 0;
   {
     MutexLock lock(&mu_);
     if (deleted_) return;
     rs = rounds_[round];
-    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-      const TensorState& t = tensors_[ti];
-      for (int64_t c = 0; c < t.cols; ++c) {
-        if (!t.important[c]) remote[ti].push_back(static_cast<int32_t>(c));
-      }
-    }
+    remote = RemoteColumnsLocked();
     for (const RankState& r : ranks_) boxes.push_back(r.mailbox);
     version = selection_version_;
   }

@@ -173,6 +173,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // the round cannot be made again (arithmetic deltas, an older file).
   absl::StatusOr<std::vector<Mailbox::Message>> MissedRound(int32_t rank, int64_t rounds_done);
 
+ private:
+  // Per tensor: the daemon's (unimportant) columns now, ascending.
+  std::vector<std::vector<int32_t>> RemoteColumnsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+ public:
+
   // A shard or a round-close marker from `rank` (already attached).
   // `payload`: a shard's payload where it arrived (the message's own field
   // is then empty, see common/up_wire.h); null: the message's field.

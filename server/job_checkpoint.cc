@@ -380,13 +380,7 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
         done.selection_version() == selection_version_) {
       std::vector<v1::DownMessage> deltas;
       if (!done.skipped_nonfinite()) {
-        std::vector<std::vector<int32_t>> remote(tensors_.size());
-        for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-          for (int64_t c = 0; c < tensors_[ti].cols; ++c) {
-            if (!tensors_[ti].important[c]) remote[ti].push_back(static_cast<int32_t>(c));
-          }
-        }
-        deltas = ValueDeltas(done.round(), update_tensors_, remote, store_.get(),
+        deltas = ValueDeltas(done.round(), update_tensors_, RemoteColumnsLocked(), store_.get(),
                              spec_.max_shard_bytes());
       }
       if (static_cast<int64_t>(deltas.size()) == done.delta_messages()) {
