@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/backoff.h"
 #include "client/data_stream.h"
+#include "client/parts.h"
 #include "client/stream.h"
 #include "client/ucx_data_stream.h"
 #include "common/dtype_proto.h"
@@ -41,6 +42,22 @@ Client::Client(const ClientOptions& options)
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  ZF_ASSIGN_OR_RETURN(std::vector<std::string> targets, SplitTargets(options.target));
+  if (targets.size() > 1) {
+    // A job over several daemons: one single-daemon client each.
+    std::vector<std::unique_ptr<Client>> clients;
+    for (const std::string& t : targets) {
+      ClientOptions one = options;
+      one.target = t;
+      ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Connect(one));
+      clients.push_back(std::move(c));
+    }
+    std::unique_ptr<Client> c(new Client(options));
+    c->channel_ = clients[0]->channel();
+    c->stub_ = v1::ZenFlow::NewStub(c->channel_);
+    c->parts_ = std::make_unique<Parts>(std::move(targets), std::move(clients));
+    return c;
+  }
   std::unique_ptr<Client> c(new Client(options));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -69,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         "tls_cert, tls_key and tls_server_name need tls_ca (the CA that signed zenflowd's "
         "certificate): without it the connection is plaintext");
   }
-  c->channel_ = grpc::CreateCustomChannel(options.target, credentials, args);
+  c->channel_ = grpc::CreateCustomChannel(targets[0], credentials, args);
   const auto deadline =
       std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.connect_timeout);
   if (!c->channel_->WaitForConnected(deadline)) {
@@ -111,6 +128,19 @@ std::unique_ptr<grpc::ClientContext> Client::UnaryContext(absl::Duration timeout
 // ---- Control ------------------------------------------------------------------
 
 absl::StatusOr<v1::JobSpec> Client::CreateJob(const v1::JobSpec& spec) {
+  if (parts_) return parts_->CreateJob(spec);
+  return CreateJobTokened(spec, nullptr);
+}
+
+void Client::SetToken(const std::string& token) {
+  MutexLock lock(&mu_);
+  token_ = token;
+}
+
+int Client::daemons() const { return parts_ ? parts_->daemons() : 1; }
+
+absl::StatusOr<v1::JobSpec> Client::CreateJobTokened(const v1::JobSpec& spec,
+                                                     std::string* new_token) {
   v1::CreateJobRequest req;
   *req.mutable_spec() = spec;
   v1::CreateJobResponse resp;
@@ -122,11 +152,13 @@ absl::StatusOr<v1::JobSpec> Client::CreateJob(const v1::JobSpec& spec) {
     MutexLock lock(&mu_);
     if (token_.empty()) token_ = resp.token();
   }
+  if (new_token != nullptr) *new_token = resp.token();
   return resp.spec();
 }
 
 absl::StatusOr<v1::UploadParametersResponse> Client::UploadParameters(
     const std::string& job_id, const std::vector<TensorValues>& tensors) {
+  if (parts_) return parts_->UploadParameters(job_id, tensors);
   auto ctx = UnaryContext(options_.rpc_timeout);
   v1::UploadParametersResponse resp;
   auto writer = stub_->UploadParameters(ctx.get(), &resp);
@@ -155,6 +187,7 @@ absl::StatusOr<v1::UploadParametersResponse> Client::UploadParameters(
 }
 
 absl::StatusOr<v1::JoinJobResponse> Client::JoinJob(const std::string& job_id, int32_t rank) {
+  if (parts_) return parts_->JoinJob(job_id, rank);
   v1::JoinJobRequest req;
   req.set_job_id(job_id);
   req.set_rank(rank);
@@ -168,6 +201,7 @@ absl::StatusOr<v1::JoinJobResponse> Client::JoinJob(const std::string& job_id, i
 }
 
 absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
+  if (parts_) return parts_->GetJob(job_id);
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::GetJobResponse resp;
@@ -179,6 +213,7 @@ absl::StatusOr<v1::GetJobResponse> Client::GetJob(const std::string& job_id) {
 absl::StatusOr<v1::ColumnState> Client::GetState(const std::string& job_id,
                                                  const std::string& tensor,
                                                  int64_t* selection_version) {
+  if (parts_) return parts_->GetState(job_id, tensor, selection_version);
   v1::ColumnState out;
   out.set_tensor(tensor);
   v1::GetStateRequest req;
@@ -212,6 +247,7 @@ absl::StatusOr<v1::ColumnState> Client::GetState(const std::string& job_id,
 }
 
 absl::Status Client::SetState(const std::string& job_id, const v1::ColumnState& state) {
+  if (parts_) return parts_->SetState(job_id, state);
   const int n = state.columns_size();
   const int rows = n == 0 ? 0 : state.values_size() / n;
   if (static_cast<int64_t>(rows) * n != state.values_size() || state.m_size() != state.values_size() ||
@@ -247,6 +283,7 @@ absl::Status Client::SetState(const std::string& job_id, const v1::ColumnState& 
 
 absl::StatusOr<v1::GetJobResponse> Client::WaitForUpload(const std::string& job_id,
                                                          absl::Duration timeout) {
+  if (parts_) return parts_->WaitForUpload(job_id, timeout);
   // A job that does not exist yet answers as one of another token would
   // (PERMISSION_DENIED): both are waited out, and reported at the end.
   auto not_yet = [](const absl::Status& s) {
@@ -271,6 +308,7 @@ absl::StatusOr<v1::GetJobResponse> Client::WaitForUpload(const std::string& job_
 }
 
 absl::Status Client::DeleteJob(const std::string& job_id) {
+  if (parts_) return parts_->DeleteJob(job_id);
   v1::DeleteJobRequest req;
   req.set_job_id(job_id);
   v1::DeleteJobResponse resp;
@@ -279,6 +317,7 @@ absl::Status Client::DeleteJob(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(const std::string& job_id) {
+  if (parts_) return parts_->GetStats(job_id);
   v1::GetStatsRequest req;
   req.set_job_id(job_id);
   v1::GetStatsResponse resp;
@@ -305,6 +344,7 @@ absl::Status Client::RawAllReduce(const v1::AllReduceRequest& req, v1::AllReduce
 
 absl::StatusOr<v1::Selection> Client::SubmitImportance(
     int64_t step, const std::vector<v1::TensorImportance>& tensors) {
+  if (parts_) return parts_->SubmitImportance(step, tensors);
   v1::SubmitImportanceRequest req;
   {
     MutexLock lock(&mu_);
@@ -333,6 +373,7 @@ absl::StatusOr<v1::Selection> Client::SubmitImportance(
 absl::StatusOr<v1::HandOffResponse> Client::HandOff(int64_t version,
                                                     const std::vector<v1::ColumnState>& leaving,
                                                     const std::vector<std::string>& tensors) {
+  if (parts_) return parts_->HandOff(version, leaving, tensors);
   v1::HandOffRequest req;
   {
     MutexLock lock(&mu_);
@@ -498,6 +539,7 @@ std::shared_ptr<AttachedStream> Client::current_stream() {
 }
 
 absl::Status Client::Attach(const std::string& job_id, int32_t rank) {
+  if (parts_) return parts_->Attach(job_id, rank);
   MutexLock attach_lock(&attach_mu_);
   std::shared_ptr<AttachedStream> old;
   {
@@ -591,9 +633,16 @@ absl::Status Client::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
   return Recover(seen);
 }
 
-absl::Status Client::PushUp(v1::UpMessage msg) { return Enqueue(std::move(msg)); }
+absl::Status Client::PushUp(v1::UpMessage msg) {
+  if (parts_) return parts_->PushUp(std::move(msg));
+  return Enqueue(std::move(msg));
+}
 
 absl::Status Client::PushShard(v1::GradientShard shard) {
+  if (parts_) {
+    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(shard.tensor()));
+    return parts_->Named(p, parts_->client(p)->PushShard(std::move(shard)));
+  }
   v1::UpMessage msg;
   *msg.mutable_shard() = std::move(shard);
   return Enqueue(std::move(msg));
@@ -627,6 +676,11 @@ struct Releaser {
 absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_t version,
                                  const std::vector<int32_t>& columns, const float* col_major,
                                  int64_t rows, DType dtype) {
+  if (parts_) {
+    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(tensor));
+    return parts_->Named(
+        p, parts_->client(p)->PushColumns(step, tensor, version, columns, col_major, rows, dtype));
+  }
   const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
   const size_t per = static_cast<size_t>(
       ColumnsPerMessage(options_.max_shard_bytes, rows, static_cast<int64_t>(DTypeSize(dtype))));
@@ -667,6 +721,11 @@ absl::Status Client::PushSplit(int64_t step, const std::string& tensor, int64_t 
 absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_t version,
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t rows, DType dtype) {
+  if (parts_) {
+    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(tensor));
+    return parts_->Named(p, parts_->client(p)->PushEncoded(step, tensor, version, columns, ncols,
+                                                           payload, rows, dtype));
+  }
   return PushSplit(step, tensor, version, columns, ncols, payload,
                    rows * static_cast<int64_t>(DTypeSize(dtype)), ToProto(dtype), nullptr, nullptr);
 }
@@ -674,6 +733,11 @@ absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_
 absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t version,
                               const int32_t* columns, int64_t ncols, const int8_t* payload,
                               const float* scales, int64_t rows) {
+  if (parts_) {
+    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(tensor));
+    return parts_->Named(p, parts_->client(p)->PushInt8(step, tensor, version, columns, ncols,
+                                                        payload, scales, rows));
+  }
   return PushSplit(step, tensor, version, columns, ncols, reinterpret_cast<const char*>(payload),
                    rows, v1::DTYPE_INT8, scales, nullptr);
 }
@@ -682,6 +746,16 @@ absl::Status Client::PushEncodedBorrowed(int64_t step, const std::string& tensor
                                          const int32_t* columns, int64_t ncols,
                                          const char* payload, int64_t rows, DType dtype,
                                          std::function<void()> release) {
+  if (parts_) {
+    absl::StatusOr<int> p = parts_->PartOf(tensor);
+    if (!p.ok()) {
+      release();
+      return p.status();
+    }
+    return parts_->Named(*p, parts_->client(*p)->PushEncodedBorrowed(
+                                 step, tensor, version, columns, ncols, payload, rows, dtype,
+                                 std::move(release)));
+  }
   return PushMaybeBorrowed(step, tensor, version, columns, ncols, payload,
                            rows * static_cast<int64_t>(DTypeSize(dtype)), ToProto(dtype), nullptr,
                            std::move(release));
@@ -691,6 +765,16 @@ absl::Status Client::PushInt8Borrowed(int64_t step, const std::string& tensor, i
                                       const int32_t* columns, int64_t ncols, const int8_t* payload,
                                       const float* scales, int64_t rows,
                                       std::function<void()> release) {
+  if (parts_) {
+    absl::StatusOr<int> p = parts_->PartOf(tensor);
+    if (!p.ok()) {
+      release();
+      return p.status();
+    }
+    return parts_->Named(*p, parts_->client(*p)->PushInt8Borrowed(
+                                 step, tensor, version, columns, ncols, payload, scales, rows,
+                                 std::move(release)));
+  }
   return PushMaybeBorrowed(step, tensor, version, columns, ncols,
                            reinterpret_cast<const char*>(payload), rows, v1::DTYPE_INT8, scales,
                            std::move(release));
@@ -707,6 +791,7 @@ absl::Status Client::PushMaybeBorrowed(int64_t step, const std::string& tensor, 
 
 absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
     int64_t step, const std::vector<std::pair<std::string, const std::vector<float>*>>& parts) {
+  if (parts_) return parts_->AllReduce(step, parts);
   v1::AllReduceRequest req;
   {
     MutexLock lock(&mu_);
@@ -735,11 +820,13 @@ absl::StatusOr<std::vector<std::vector<float>>> Client::AllReduce(
 }
 
 absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps) {
+  if (parts_) return parts_->CloseRound(round, lr, steps, nullptr);
   return CloseRound(round, lr, steps, WorkerReport());
 }
 
 absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps,
                                 const WorkerReport& report) {
+  if (parts_) return parts_->CloseRound(round, lr, steps, &report);
   v1::UpMessage msg;
   v1::RoundClose* close = msg.mutable_close();
   close->set_round(round);
@@ -754,6 +841,7 @@ absl::Status Client::CloseRound(int64_t round, float lr, int32_t steps,
 }
 
 absl::Status Client::Flush(absl::Duration timeout) {
+  if (parts_) return parts_->Flush(timeout);
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     const uint64_t seen = generation_.load();
@@ -764,10 +852,12 @@ absl::Status Client::Flush(absl::Duration timeout) {
 }
 
 void Client::SetRoundCallback(std::function<void(RoundUpdate)> cb) {
+  if (parts_) return parts_->SetRoundCallback(std::move(cb));
   rounds_.SetCallback(std::move(cb));
 }
 
 absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration timeout) {
+  if (parts_) return parts_->WaitRound(round, timeout);
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     const uint64_t seen = generation_.load();
@@ -781,24 +871,34 @@ absl::StatusOr<RoundUpdate> Client::WaitRound(int64_t round, absl::Duration time
   }
 }
 
-std::optional<RoundUpdate> Client::PollRound() { return rounds_.Poll(); }
+std::optional<RoundUpdate> Client::PollRound() {
+  if (parts_) return parts_->PollRound();
+  return rounds_.Poll();
+}
 
 void Client::Recycle(std::string buffer) {
+  if (parts_) return parts_->Recycle(std::move(buffer));
   if (UcxLink* l = ucx_ready_.load(std::memory_order_acquire)) l->worker()->Recycle(std::move(buffer));
 }
 
-std::vector<absl::Status> Client::TakeErrors() { return rounds_.TakeErrors(); }
+std::vector<absl::Status> Client::TakeErrors() {
+  if (parts_) return parts_->TakeErrors();
+  return rounds_.TakeErrors();
+}
 
 bool Client::WaitForErrors(size_t n, absl::Duration timeout) {
+  if (parts_) return parts_->WaitForErrors(n, timeout);
   return rounds_.WaitForErrors(n, timeout);
 }
 
 absl::Status Client::stream_status() {
+  if (parts_) return parts_->stream_status();
   std::shared_ptr<AttachedStream> s = current_stream();
   return s == nullptr ? absl::OkStatus() : s->status();
 }
 
 ClientStats Client::stats() {
+  if (parts_) return parts_->stats();
   const SendWindow::Stats w = window_.stats();
   const RoundAssembler::Stats r = rounds_.stats();
   ClientStats out;
@@ -824,16 +924,19 @@ ClientStats Client::stats() {
 }
 
 int32_t Client::rank() {
+  if (parts_) return parts_->first()->rank();
   MutexLock lock(&mu_);
   return rank_;
 }
 
 std::string Client::job_id() {
+  if (parts_) return parts_->first()->job_id();
   MutexLock lock(&mu_);
   return job_id_;
 }
 
 std::string Client::token() {
+  if (parts_) return parts_->first()->token();
   MutexLock lock(&mu_);
   return token_;
 }

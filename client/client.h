@@ -53,6 +53,9 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name);
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 
 struct ClientOptions {
+  // zenflowd's host:port, or several, comma-separated: the job is spread
+  // over those daemons, each hosting some of its tensors (README "Several
+  // daemons"). List them in the same order on every rank and every time.
   std::string target = "127.0.0.1:50051";
   // The job's token, sent with every call and stream as gRPC metadata
   // "authorization: Bearer <token>" (README "Security"). Empty: CreateJob
@@ -252,8 +255,15 @@ class Client {
   std::string job_id();
   // The token this client sends (options.token, or the one CreateJob got).
   std::string token();
+  // The daemons this client talks to (1, or more for a partitioned job).
+  int daemons() const;
 
  private:
+  class Parts;  // client/parts.h
+  // CreateJob; `new_token` gets the token the daemon made for the job
+  // (empty when the call carried the caller's own).
+  absl::StatusOr<v1::JobSpec> CreateJobTokened(const v1::JobSpec& spec, std::string* new_token);
+  void SetToken(const std::string& token);
   explicit Client(const ClientOptions& options);
   std::shared_ptr<AttachedStream> current_stream();
   // Closes the attached stream, if any (sends what is queued first).
@@ -295,6 +305,9 @@ class Client {
                        std::shared_ptr<void> hold = nullptr);
 
   const ClientOptions options_;
+  // Set when the target lists several daemons: every call goes through it
+  // to one Client per daemon, and the members below are unused.
+  std::unique_ptr<Parts> parts_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ZenFlow::Stub> stub_;
   SendWindow window_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -214,6 +215,86 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
   }
   if (d.kind_case() == v1::ApplyDelay::kOverlapStep) {
     z->mutable_apply_delay()->set_steps(z->update_interval());
+  }
+  if (spec->has_partition()) ZF_RETURN_IF_ERROR(CheckPartition(*spec));
+  return absl::OkStatus();
+}
+
+absl::Status CheckPartition(const v1::JobSpec& spec) {
+  const v1::Partition& p = spec.partition();
+  if (p.version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partition.version ", p.version(), " is unknown (this daemon reads version 1)"));
+  }
+  if (p.parts() < 2 || p.parts() > kMaxPartitionParts) {
+    return absl::InvalidArgumentError(absl::StrCat("partition.parts ", p.parts(),
+                                                   " must be in [2, ", kMaxPartitionParts,
+                                                   "] (one daemon: leave partition unset)"));
+  }
+  if (p.part() < 0 || p.part() >= p.parts()) {
+    return absl::InvalidArgumentError(absl::StrCat("partition.part ", p.part(), " must be in [0, ",
+                                                   p.parts(), ")"));
+  }
+  if (p.tensors_size() > kMaxTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("partition lists ", p.tensors_size(),
+                                                   " tensors; a job has at most ", kMaxTensors));
+  }
+  // Clipping needs the norm of the whole mean gradient and a non-finite
+  // round must be skipped on every part alike: both would need the daemons
+  // to agree before updating, which they do not do.
+  if (spec.adamw().max_grad_norm() > 0) {
+    return absl::InvalidArgumentError(
+        "adamw.max_grad_norm > 0 cannot be used with a partition: each daemon sees only its "
+        "part's gradient norm; clip on the workers or run the job on one daemon");
+  }
+  if (spec.skip_nonfinite_rounds()) {
+    return absl::InvalidArgumentError(
+        "skip_nonfinite_rounds cannot be used with a partition: the daemons would skip a round "
+        "apart; leave it false (a non-finite shard is then rejected) or use one daemon");
+  }
+  std::set<std::string> names;
+  std::vector<bool> used(p.parts(), false);
+  int mine = 0;
+  for (int i = 0; i < p.tensors_size(); ++i) {
+    const v1::PartitionEntry& e = p.tensors(i);
+    if (e.tensor().empty() || e.tensor().size() > kMaxTensorNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition entry #", i, ": tensor name must have 1 to ", kMaxTensorNameBytes, " bytes"));
+    }
+    if (!names.insert(e.tensor()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition lists tensor ", Quote(e.tensor()), " twice"));
+    }
+    if (e.part() < 0 || e.part() >= p.parts()) {
+      return absl::InvalidArgumentError(absl::StrCat("partition: tensor ", Quote(e.tensor()),
+                                                     " is on part ", e.part(), ", not in [0, ",
+                                                     p.parts(), ")"));
+    }
+    if (e.params() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition: tensor ", Quote(e.tensor()), " has params < 0"));
+    }
+    used[e.part()] = true;
+    if (e.part() != p.part()) continue;
+    // This part's tensors are the spec's, in the same order.
+    if (mine >= spec.tensors_size() || spec.tensors(mine).name() != e.tensor()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: part ", p.part(), "'s tensors must be the job's tensors in the same order; "
+          "the map has ", Quote(e.tensor()), " where the spec has ",
+          mine < spec.tensors_size() ? Quote(spec.tensors(mine).name()) : "no more tensors"));
+    }
+    ++mine;
+  }
+  if (mine != spec.tensors_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partition: tensor ", Quote(spec.tensors(mine).name()), " of the spec is not on part ",
+        p.part(), " in the map"));
+  }
+  for (int i = 0; i < p.parts(); ++i) {
+    if (!used[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: part ", i, " of ", p.parts(), " hosts no tensor (use fewer daemons)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -549,6 +630,7 @@ void Job::Stats(v1::JobStats* out) {
     rs.stall_per_step.Export(o->mutable_worker()->mutable_stall_per_step_seconds());
   }
   out->set_world_size(world_);
+  if (spec_.has_partition()) *out->mutable_partition() = spec_.partition();
   for (Wire wire : {Wire::kGrpc, Wire::kUcx}) {
     v1::TransportStats* t = out->add_transports();
     t->set_transport(WireName(wire));

@@ -47,6 +47,7 @@ namespace zenflow {
 inline constexpr size_t kMaxJobIdBytes = 128;
 inline constexpr size_t kMaxTensorNameBytes = 256;
 inline constexpr int kMaxTensors = 1 << 16;
+inline constexpr int kMaxPartitionParts = 64;  // daemons one job may spread over
 
 // Daemon-wide resources a job uses. Not owned.
 struct JobContext {
@@ -110,6 +111,8 @@ struct JobSnapshot {
 
 // Fills defaults into `spec` and checks it. INVALID_ARGUMENT names the field.
 absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes);
+// Checks spec.partition (NormalizeJobSpec calls it when it is set).
+absl::Status CheckPartition(const v1::JobSpec& spec);
 
 // Thread-safe. Every method validates completely before it changes anything,
 // so a rejected request leaves the job exactly as it was.

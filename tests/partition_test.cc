@@ -1,0 +1,378 @@
+// One job over several zenflowd processes (README "Several daemons"): the
+// worker engine (CPU backend, 2 ranks) over 2 and over 3 daemons must end
+// with the parameters of the same job on one daemon, bit for bit; the
+// daemons refuse bad partition maps; a daemon that goes away fails the job
+// with a status that names it. ZF_TEST_TRANSPORT picks gRPC or UCX.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/parts.h"
+#include "gtest/gtest.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/engine_driver.h"
+#include "tests/testing/harness.h"
+#include "tests/testing/status_macros.h"
+
+namespace zenflow::testing {
+namespace {
+
+class PartitionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (auto& d : daemons_) {
+      d = new DaemonProcess();
+      const absl::Status s = d->Start();
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+  static void TearDownTestSuite() {
+    for (auto& d : daemons_) {
+      EXPECT_TRUE(d->Stop().ok());
+      delete d;
+      d = nullptr;
+    }
+  }
+  // The first `n` daemons' targets, comma-separated.
+  static std::string Targets(int n) {
+    std::vector<std::string> t;
+    for (int i = 0; i < n; ++i) t.push_back(daemons_[i]->target());
+    return absl::StrJoin(t, ",");
+  }
+  static EngineJob Job(const std::string& id, int daemons, int delay) {
+    EngineJob j;
+    j.target = Targets(daemons);
+    j.job_id = id;
+    j.cfg.world = 2;
+    j.cfg.S = 2;
+    j.cfg.R = 8;  // reselections at steps 8 and 16: columns move both ways
+    j.cfg.delay = delay;
+    j.steps = 20;
+    j.rank_ordered_sums = true;  // bit-identical reruns with 2 ranks
+    return j;
+  }
+  static DaemonProcess* daemons_[3];
+};
+
+DaemonProcess* PartitionTest::daemons_[3] = {nullptr, nullptr, nullptr};
+
+std::unique_ptr<Client> Connect(const std::string& target) {
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(TestClientOptions(target));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+void ExpectSameBits(const std::vector<std::vector<std::vector<float>>>& a,
+                    const std::vector<std::vector<std::vector<float>>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t r = 0; r < a.size(); ++r) {
+    ASSERT_EQ(a[r].size(), b[r].size());
+    for (size_t t = 0; t < a[r].size(); ++t) {
+      ASSERT_EQ(a[r][t].size(), b[r][t].size());
+      EXPECT_EQ(std::memcmp(a[r][t].data(), b[r][t].data(), a[r][t].size() * 4), 0)
+          << what << ": rank " << r << " tensor " << t << " differs from the one-daemon run";
+    }
+  }
+}
+
+// Over 2 and 3 daemons, sync and apply delay 1, the ranks end exactly where
+// the same job on one daemon ends; each daemon did its part of the work.
+void RunAndCompare(int delay, const std::string& tag, DaemonProcess* const* daemons,
+                   const std::function<std::string(int)>& targets,
+                   const std::function<EngineJob(const std::string&, int, int)>& job) {
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> one =
+      RunEngineRanks(job(tag + "-one", 1, delay));
+  ASSERT_TRUE(one.ok()) << one.status();
+  // The comparison can tell: another apply delay ends elsewhere.
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> other =
+      RunEngineRanks(job(tag + "-other", 1, delay == 0 ? 1 : 0));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(std::memcmp((*one)[0][0].data(), (*other)[0][0].data(), (*one)[0][0].size() * 4), 0);
+  for (int n : {2, 3}) {
+    const std::string id = absl::StrCat(tag, "-", n);
+    absl::StatusOr<std::vector<std::vector<std::vector<float>>>> got = RunEngineRanks(job(id, n, delay));
+    ASSERT_TRUE(got.ok()) << n << " daemons: " << got.status();
+    ExpectSameBits(*got, *one, absl::StrCat(n, " daemons"));
+    // Every daemon hosts its part of the job and no other.
+    std::vector<std::string> tensors_seen;
+    for (int i = 0; i < n; ++i) {
+      std::unique_ptr<Client> c = Connect(daemons[i]->target());
+      ASSERT_NE(c, nullptr);
+      absl::StatusOr<v1::GetJobResponse> j = c->GetJob(id);
+      ASSERT_TRUE(j.ok()) << j.status();
+      ASSERT_TRUE(j->spec().has_partition());
+      EXPECT_EQ(j->spec().partition().parts(), n);
+      EXPECT_EQ(j->spec().partition().part(), i);
+      EXPECT_EQ(j->spec().partition().tensors_size(), 3);
+      for (const v1::TensorSpec& t : j->spec().tensors()) tensors_seen.push_back(t.name());
+      absl::StatusOr<v1::GetStatsResponse> s = c->GetStats(id);
+      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_EQ(s->jobs_size(), 1);
+      EXPECT_EQ(s->jobs(0).partition().part(), i);
+      // Daemons with a 2-D tensor received its shards and updated rounds.
+      if (j->spec().tensors(0).shape_size() == 2) {
+        EXPECT_GT(s->jobs(0).shards_received(), 0) << "daemon " << i;
+        EXPECT_GT(s->jobs(0).delta_messages_sent(), 0) << "daemon " << i;
+      }
+      EXPECT_GT(s->jobs(0).rounds_updated(), 0) << "daemon " << i;
+    }
+    std::sort(tensors_seen.begin(), tensors_seen.end());
+    EXPECT_EQ(tensors_seen, (std::vector<std::string>{"b1", "w1", "w2"}))
+        << "each tensor on exactly one daemon";
+    // Through the list, the client sees the whole job.
+    std::unique_ptr<Client> all = Connect(targets(n));
+    ASSERT_NE(all, nullptr);
+    absl::StatusOr<v1::GetJobResponse> whole = all->GetJob(id);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    ASSERT_EQ(whole->spec().tensors_size(), 3);
+    EXPECT_EQ(whole->spec().tensors(0).name(), "w1");
+    EXPECT_EQ(whole->spec().tensors(1).name(), "b1");
+    EXPECT_EQ(whole->spec().tensors(2).name(), "w2");
+    EXPECT_TRUE(whole->parameters_uploaded());
+    EXPECT_TRUE(all->DeleteJob(id).ok());
+  }
+}
+
+TEST_F(PartitionTest, SyncOverTwoAndThreeDaemonsEqualsOneDaemonBitForBit) {
+  RunAndCompare(0, "sync", daemons_, Targets, Job);
+}
+
+TEST_F(PartitionTest, DelayOneOverTwoAndThreeDaemonsEqualsOneDaemonBitForBit) {
+  RunAndCompare(1, "delay1", daemons_, Targets, Job);
+}
+
+TEST_F(PartitionTest, ThePlanBalancesHostedParametersAndNeedsATensorPerDaemon) {
+  v1::JobSpec spec;
+  spec.set_job_id("plan");
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool local = false) {
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name(name);
+    t->mutable_shape()->Add(shape.begin(), shape.end());
+    t->set_local(local);
+  };
+  add("a", {10, 100});  // 1000
+  add("bias", {100});   // never on a daemon: weight 0
+  add("b", {10, 60});   // 600
+  add("c", {10, 50});   // 500
+  add("d", {10, 40});   // 400
+  add("emb", {10, 1000}, /*local=*/true);
+  absl::StatusOr<v1::Partition> p = PlanPartition(spec, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::vector<int> part;
+  for (const v1::PartitionEntry& e : p->tensors()) part.push_back(e.part());
+  // Largest first, each to the lighter daemon: a -> 0 (1000); b -> 1
+  // (600); c -> 1 (1100); d -> 0 (1400); then the weightless bias and emb
+  // to the lighter one, 1.
+  EXPECT_EQ(part, (std::vector<int>{0, 1, 1, 1, 0, 1})) << p->DebugString();
+  EXPECT_EQ(p->tensors(0).params(), 1000);
+  EXPECT_EQ(p->parts(), 2);
+  EXPECT_EQ(p->version(), 1);
+  const v1::JobSpec part1 = PartSpec(spec, *p, 1);
+  ASSERT_EQ(part1.tensors_size(), 4);
+  EXPECT_EQ(part1.tensors(0).name(), "bias");
+  EXPECT_EQ(part1.tensors(3).name(), "emb");
+  // Ties in load go to the daemon with fewer tensors: four weightless
+  // tensors over 2 daemons alternate.
+  v1::JobSpec flat;
+  for (const char* n : {"n1", "n2", "n3", "n4"}) {
+    v1::TensorSpec* t = flat.add_tensors();
+    t->set_name(n);
+    t->add_shape(8);
+  }
+  absl::StatusOr<v1::Partition> fp = PlanPartition(flat, 2);
+  ASSERT_TRUE(fp.ok()) << fp.status();
+  std::vector<int> fparts;
+  for (const v1::PartitionEntry& e : fp->tensors()) fparts.push_back(e.part());
+  EXPECT_EQ(fparts, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(part1.partition().part(), 1);
+  // More daemons than tensors.
+  absl::StatusOr<v1::Partition> too_many = PlanPartition(spec, 7);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("6 tensors"), std::string::npos) << too_many.status();
+}
+
+TEST_F(PartitionTest, TargetListsAreChecked) {
+  for (const std::string& bad : {std::string("a:1,,b:2"), std::string("a:1,a:1"), std::string(",")}) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(TestClientOptions(bad));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad << ": " << c.status();
+  }
+  absl::StatusOr<std::vector<std::string>> ok = SplitTargets("a:1, b:2");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, (std::vector<std::string>{"a:1", "b:2"}));
+}
+
+// The daemon's checks of JobSpec.partition: each refusal is
+// INVALID_ARGUMENT with the reason, and the next good spec is taken.
+TEST_F(PartitionTest, TheDaemonRefusesBadMapsAndThenTakesAGoodOne) {
+  std::unique_ptr<Client> c = Connect(daemons_[0]->target());
+  ASSERT_NE(c, nullptr);
+  auto good = [] {
+    v1::JobSpec s;
+    s.set_job_id("maps");
+    for (const char* n : {"x", "z"}) {
+      v1::TensorSpec* t = s.add_tensors();
+      t->set_name(n);
+      t->add_shape(4);
+      t->add_shape(8);
+    }
+    v1::Partition* p = s.mutable_partition();
+    p->set_version(1);
+    p->set_parts(2);
+    p->set_part(0);
+    for (auto [n, part] : {std::pair<const char*, int>{"x", 0}, {"y", 1}, {"z", 0}}) {
+      v1::PartitionEntry* e = p->add_tensors();
+      e->set_tensor(n);
+      e->set_part(part);
+      e->set_params(32);
+    }
+    return s;
+  };
+  struct Case {
+    std::string what, expect;
+    std::function<void(v1::JobSpec*)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"version", "partition.version 2", [](v1::JobSpec* s) { s->mutable_partition()->set_version(2); }},
+      {"one part", "partition.parts 1", [](v1::JobSpec* s) { s->mutable_partition()->set_parts(1); }},
+      {"too many parts", "partition.parts 65",
+       [](v1::JobSpec* s) { s->mutable_partition()->set_parts(65); }},
+      {"part out of range", "partition.part 2",
+       [](v1::JobSpec* s) { s->mutable_partition()->set_part(2); }},
+      {"entry on a part out of range", "is on part 5",
+       [](v1::JobSpec* s) { s->mutable_partition()->mutable_tensors(1)->set_part(5); }},
+      {"tensor twice", "lists tensor 'x' twice",
+       [](v1::JobSpec* s) { s->mutable_partition()->mutable_tensors(1)->set_tensor("x"); }},
+      {"a spec tensor elsewhere", "the map has 'z' where the spec has no more tensors",
+       [](v1::JobSpec* s) { s->mutable_tensors()->RemoveLast(); }},
+      {"spec tensor not in the map", "tensor 'z' of the spec is not on part 0",
+       [](v1::JobSpec* s) { s->mutable_partition()->mutable_tensors(2)->set_part(1); }},
+      {"order", "in the same order",
+       [](v1::JobSpec* s) { s->mutable_tensors()->SwapElements(0, 1); }},
+      {"a part with no tensor", "part 2 of 3 hosts no tensor",
+       [](v1::JobSpec* s) { s->mutable_partition()->set_parts(3); }},
+      {"clipping", "max_grad_norm", [](v1::JobSpec* s) { s->mutable_adamw()->set_max_grad_norm(1); }},
+      {"skipping", "skip_nonfinite_rounds", [](v1::JobSpec* s) { s->set_skip_nonfinite_rounds(true); }},
+      {"negative params", "params < 0",
+       [](v1::JobSpec* s) { s->mutable_partition()->mutable_tensors(0)->set_params(-1); }},
+  };
+  for (const Case& k : cases) {
+    v1::JobSpec s = good();
+    k.spoil(&s);
+    absl::StatusOr<v1::JobSpec> r = c->CreateJob(s);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << r.status();
+    EXPECT_NE(r.status().message().find(k.expect), std::string::npos) << k.what << ": " << r.status();
+  }
+  absl::StatusOr<v1::JobSpec> r = c->CreateJob(good());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->partition().tensors_size(), 3);
+  absl::StatusOr<v1::GetJobResponse> j = c->GetJob("maps");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->spec().partition().SerializeAsString(), good().partition().SerializeAsString());
+  EXPECT_TRUE(c->DeleteJob("maps").ok());
+}
+
+// The client's side: a spec that brings its own map, daemons listed in
+// another order than the job's, a daemon that hosts the job whole.
+TEST_F(PartitionTest, TheClientRefusesMismatchedDaemonLists) {
+  EngineJob j = Job("lists", 2, 0);
+  j.cfg.world = 1;
+  v1::JobSpec spec = EngineSpec(j);
+  std::unique_ptr<Client> two = Connect(Targets(2));
+  ASSERT_NE(two, nullptr);
+  v1::JobSpec own = spec;
+  own.mutable_partition()->set_version(1);
+  EXPECT_EQ(two->CreateJob(own).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::JobSpec> made = two->CreateJob(spec);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(made->tensors_size(), 3);
+  // The same daemons in the other order.
+  std::unique_ptr<Client> swapped =
+      Connect(absl::StrCat(daemons_[1]->target(), ",", daemons_[0]->target()));
+  ASSERT_NE(swapped, nullptr);
+  absl::StatusOr<v1::GetJobResponse> g = swapped->GetJob("lists");
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+  EXPECT_NE(g.status().message().find("in the order it was created with"), std::string::npos)
+      << g.status();
+  // Pushing before the map is known.
+  EXPECT_EQ(swapped->PushColumns(0, "w1", 0, {0}, std::vector<float>(8).data(), 8, DType::kF32).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A whole job on daemon 2 listed with another daemon.
+  std::unique_ptr<Client> single = Connect(daemons_[2]->target());
+  ASSERT_NE(single, nullptr);
+  v1::JobSpec whole = spec;
+  whole.set_job_id("whole");
+  ASSERT_TRUE(single->CreateJob(whole).ok());
+  std::unique_ptr<Client> wrong =
+      Connect(absl::StrCat(daemons_[2]->target(), ",", daemons_[0]->target()));
+  ASSERT_NE(wrong, nullptr);
+  g = wrong->GetJob("whole");
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+  EXPECT_NE(g.status().message().find("whole (no partition)"), std::string::npos) << g.status();
+  // The good list still works after all that.
+  absl::StatusOr<v1::GetJobResponse> ok = two->GetJob("lists");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->spec().tensors_size(), 3);
+  EXPECT_TRUE(two->DeleteJob("lists").ok());
+  EXPECT_TRUE(single->DeleteJob("whole").ok());
+}
+
+// A daemon of the job that goes away (and does not come back within
+// daemon_wait) fails the rank's next wait with a status naming it.
+TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
+  DaemonProcess a, b;
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  ClientOptions co = TestClientOptions(absl::StrCat(a.target(), ",", b.target()));
+  co.daemon_wait = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(co);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Client& c = **made;
+  v1::JobSpec spec;
+  spec.set_job_id("gone");
+  for (const char* n : {"p", "q"}) {
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name(n);
+    t->add_shape(4);
+    t->add_shape(6);
+  }
+  spec.mutable_zenflow()->set_update_interval(1);
+  spec.mutable_zenflow()->mutable_apply_delay()->set_sync(true);
+  spec.set_wire_dtype(v1::DTYPE_FP32);
+  ASSERT_TRUE(c.CreateJob(spec).ok());
+  std::vector<float> init(24, 0.5f);
+  ASSERT_TRUE(c.UploadParameters("gone", {{"p", {4, 6}, init.data()}, {"q", {4, 6}, init.data()}}).ok());
+  ASSERT_TRUE(c.JoinJob("gone", 0).ok());
+  const std::vector<int32_t> cols = {0, 1, 2, 3, 4, 5};
+  std::vector<float> grad(24, 0.25f);
+  auto round = [&](int64_t r) -> absl::StatusOr<RoundUpdate> {
+    for (const char* n : {"p", "q"}) {
+      ZF_RETURN_IF_ERROR(c.PushColumns(r, n, 0, cols, grad.data(), 4, DType::kF32));
+    }
+    ZF_RETURN_IF_ERROR(c.CloseRound(r, 1e-2f));
+    return c.WaitRound(r, absl::Seconds(30));
+  };
+  absl::StatusOr<RoundUpdate> u = round(0);
+  ASSERT_TRUE(u.ok()) << u.status();
+  // One delta per tensor, one from each daemon.
+  ASSERT_EQ(u->deltas.size(), 2u);
+  EXPECT_EQ(u->done.delta_messages(), 2);
+  const std::string gone = b.target();
+  ASSERT_TRUE(b.Stop().ok());
+  absl::StatusOr<RoundUpdate> v = round(1);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable) << v.status();
+  EXPECT_NE(v.status().message().find(absl::StrCat("zenflowd ", gone, " (daemon 1 of 2)")),
+            std::string::npos)
+      << v.status();
+  EXPECT_TRUE(a.Stop().ok());
+}
+
+}  // namespace
+}  // namespace zenflow::testing
