@@ -46,7 +46,10 @@
 #include "gpu_worker/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address (not used by local)");
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "zenflowd address, or a comma-separated list of daemons to spread the job over, the "
+          "same list in the same order on every rank (README \"Several daemons\"; not used by "
+          "local)");
 ABSL_FLAG(std::string, transport, "grpc",
           "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
           "reaches others)");

@@ -32,10 +32,15 @@ usage: ./zf demo [options]
   --emulate-device-ms=N  add N ms of emulated device time per step (default 0)
   --data=PATH            fine-tuning text (default /usr/share/common-licenses/Apache-2.0)
   --pretrain-data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
-  --target=HOST:PORT     use a running zenflowd instead of starting one
+  --daemons=N            start N zenflowd processes and spread each offloaded job over
+                         them (default 1; README "Several daemons")
+  --target=HOST:PORT[,HOST:PORT...]
+                         use running daemons instead of starting them (several: the
+                         jobs are spread over them)
   --kill-daemon-at=STEP  kill zenflowd (SIGKILL) once the zenflow run passed STEP and
                          start it again on the same port and --state_dir: the ranks
-                         (--daemon_wait=60s) reconnect, replay and finish the run
+                         (--daemon_wait=60s) reconnect, replay and finish the run;
+                         with --daemons, the first daemon is the one killed
   --out=DIR              where logs and the plot go (default demo-out/)
 EOF
 }
@@ -43,7 +48,7 @@ EOF
 steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=4
 delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx param_dtype=fp32
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
-kill_at=""
+kill_at="" daemons=1
 for a in "$@"; do
   case "$a" in
     --help|-h) usage; exit 0 ;;
@@ -64,6 +69,7 @@ for a in "$@"; do
     --data=*) data="${a#*=}" ;;
     --pretrain-data=*) pretrain_data="${a#*=}" ;;
     --target=*) target="${a#*=}" ;;
+    --daemons=*) daemons="${a#*=}" ;;
     --out=*) out="${a#*=}" ;;
     --kill-daemon-at=*) kill_at="${a#*=}" ;;
     *) echo "unknown option $a" >&2; usage >&2; exit 2 ;;
@@ -73,6 +79,12 @@ case "$transport" in ucx|grpc) ;; *) echo "--transport must be ucx or grpc" >&2;
 case "$param_dtype" in fp32|bf16|fp16) ;; *) echo "--param_dtype must be fp32, bf16 or fp16" >&2; exit 2 ;; esac
 if [ "$interval" != auto ] && { ! [[ "$interval" =~ ^[0-9]+$ ]] || [ "$interval" -lt 1 ]; }; then
   echo "--interval must be auto or a number of steps >= 1" >&2; exit 2
+fi
+if ! [[ "$daemons" =~ ^[0-9]+$ ]] || [ "$daemons" -lt 1 ] || [ "$daemons" -gt 8 ]; then
+  echo "--daemons must be a number in [1, 8]" >&2; exit 2
+fi
+if [ "$daemons" -gt 1 ] && [ -n "$target" ]; then
+  echo "--daemons starts the demo's own daemons: drop --target (or list yours in it)" >&2; exit 2
 fi
 if [ -n "$kill_at" ]; then
   if ! [[ "$kill_at" =~ ^[0-9]+$ ]] || [ "$kill_at" -lt 1 ] || [ "$kill_at" -ge "$steps" ]; then
@@ -92,8 +104,13 @@ model=(--width="$width" --layers="$layers" --heads="$heads" --context="$context"
 # another from a background job).
 pidfile="$out/zenflowd.pid"
 killer=""
+more_pids=()  # --daemons: the second and later daemons
 cleanup() {
   [ -n "$killer" ] && kill "$killer" 2>/dev/null
+  local q
+  for q in "${more_pids[@]}"; do
+    kill -TERM "$q" 2>/dev/null && wait "$q" 2>/dev/null
+  done
   if [ -s "$pidfile" ]; then
     local p
     p=$(cat "$pidfile")
@@ -125,7 +142,18 @@ if [ -z "$target" ]; then
   start_daemon 0
   target="127.0.0.1:$(cat "$out/port")"
   echo "zenflowd (pid $(cat "$pidfile")) serving on $target"
+  for i in $(seq 2 "$daemons"); do
+    rm -f "$out/port$i"
+    "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$out/port$i" 2>"$out/zenflowd$i.log" &
+    more_pids+=($!)
+    for _ in $(seq 1 300); do [ -s "$out/port$i" ] && break; sleep 0.1; done
+    [ -s "$out/port$i" ] || { cat "$out/zenflowd$i.log" >&2; echo "zenflowd $i did not start" >&2; exit 1; }
+    target="$target,127.0.0.1:$(cat "$out/port$i")"
+    echo "zenflowd $i (pid ${more_pids[-1]}) serving on 127.0.0.1:$(cat "$out/port$i")"
+  done
+  [ "$daemons" -gt 1 ] && echo "each offloaded job is spread over the $daemons daemons: --target=$target"
 fi
+first="${target%%,*}"  # the daemon --kill-daemon-at kills
 
 # kill_daemon_when JOB: once JOB's rounds cover --kill-daemon-at steps,
 # SIGKILLs zenflowd and starts another on the same port and state directory.
@@ -137,12 +165,12 @@ kill_daemon_when() {
   local job=$1 r=0 want=$(( (kill_at + iv - 1) / iv ))
   while [ "$r" -lt "$want" ]; do
     sleep 0.05
-    r=$("$STATS" --target="$target" --job="$job" --json --timeout_s=2 2>/dev/null |
+    r=$("$STATS" --target="$first" --job="$job" --json --timeout_s=2 2>/dev/null |
         "$ROOT/tools/json_get" - jobs.0.rounds_updated 2>/dev/null) || r=0
   done
   kill -KILL "$(cat "$pidfile")"
-  echo "== zenflowd KILLED (SIGKILL) after round $r; starting it again on $target"
-  start_daemon "${target##*:}"
+  echo "== zenflowd KILLED (SIGKILL) after round $r; starting it again on $first"
+  start_daemon "${first##*:}"
   echo "== zenflowd (pid $(cat "$pidfile")) is back: it restored the job from its newest checkpoint"
 }
 

@@ -1,19 +1,25 @@
 // zf_stats: what zenflowd's GetStats says, readably (./zf stats).
 //
 //   zf_stats --target=127.0.0.1:50051 [--job=ID] [--json]
+//   zf_stats --target=zenflowd-0:50051,zenflowd-1:50051 --job=ID   (a job over several daemons)
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "client/parts.h"
 #include "client/tls_flags.h"
 #include "google/protobuf/util/json_util.h"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd's gRPC address");
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "zenflowd's gRPC address, or several, comma-separated (each is printed in turn)");
 ABSL_FLAG(std::string, job, "", "one job's figures (default: every job the token reaches)");
 ABSL_FLAG(std::string, token_file, "",
           "file whose first line is the token to send: a job's (its jobs only) or the admin's "
@@ -76,6 +82,27 @@ void Print(const v1::GetStatsResponse& s, const std::string& target) {
                 static_cast<long long>(j.update_queue_depth()),
                 Quantile(j.round_update_seconds(), 0.5).c_str(),
                 Quantile(j.round_update_seconds(), 0.99).c_str());
+    if (j.has_partition()) {
+      // Where the job's tensors are: this daemon's part, then the rest.
+      const v1::Partition& p = j.partition();
+      std::vector<std::string> here, elsewhere;
+      for (const v1::PartitionEntry& e : p.tensors()) {
+        if (e.part() == p.part()) {
+          here.push_back(e.tensor());
+        } else {
+          elsewhere.push_back(absl::StrCat(e.tensor(), "@", e.part()));
+        }
+      }
+      auto list = [](const std::vector<std::string>& v) {
+        constexpr size_t kShown = 8;
+        std::string out = absl::StrJoin(v.begin(), v.begin() + std::min(v.size(), kShown), ", ");
+        if (v.size() > kShown) absl::StrAppend(&out, ", ... (", v.size() - kShown, " more)");
+        return out.empty() ? std::string("-") : out;
+      };
+      std::printf("  partition (map v%lld): daemon %d of %d; here: %s; elsewhere (tensor@daemon): %s\n",
+                  static_cast<long long>(p.version()), p.part(), p.parts(), list(here).c_str(),
+                  list(elsewhere).c_str());
+    }
     for (const v1::TransportStats& t : j.transports()) {
       if (t.shards_received() == 0 && t.deltas_sent() == 0) continue;
       std::printf("  %s: %lld shards in (%s), %lld deltas out (%s)\n", t.transport().c_str(),
@@ -106,29 +133,46 @@ int Main() {
     return 2;
   }
   co.token = *token;
-  co.target = absl::GetFlag(FLAGS_target);
   ApplyTlsFlags(&co);
   co.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
-  if (!c.ok()) {
-    std::fprintf(stderr, "zf stats: %s\n", c.status().ToString().c_str());
-    return 1;
+  // Several daemons (one partitioned job's): each one's figures in turn.
+  absl::StatusOr<std::vector<std::string>> targets = SplitTargets(absl::GetFlag(FLAGS_target));
+  if (!targets.ok()) {
+    std::fprintf(stderr, "zf stats: %s\n", targets.status().ToString().c_str());
+    return 2;
   }
-  absl::StatusOr<v1::GetStatsResponse> s = (*c)->GetStats(absl::GetFlag(FLAGS_job));
-  if (!s.ok()) {
-    std::fprintf(stderr, "zf stats: %s\n", s.status().ToString().c_str());
-    return 1;
+  std::vector<std::string> json;
+  for (const std::string& target : *targets) {
+    co.target = target;
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(co);
+    if (!c.ok()) {
+      std::fprintf(stderr, "zf stats: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    absl::StatusOr<v1::GetStatsResponse> s = (*c)->GetStats(absl::GetFlag(FLAGS_job));
+    if (!s.ok()) {
+      std::fprintf(stderr, "zf stats: zenflowd %s: %s\n", target.c_str(),
+                   s.status().ToString().c_str());
+      return 1;
+    }
+    if (absl::GetFlag(FLAGS_json)) {
+      std::string out;
+      google::protobuf::util::JsonPrintOptions o;
+      o.add_whitespace = true;
+      o.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(*s, &out, o);
+      json.push_back(std::move(out));
+      continue;
+    }
+    if (&target != &targets->front()) std::printf("\n");
+    Print(*s, target);
   }
-  if (absl::GetFlag(FLAGS_json)) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions o;
-    o.add_whitespace = true;
-    o.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(*s, &out, o);
-    std::printf("%s", out.c_str());
-    return 0;
+  if (json.size() == 1) {
+    std::printf("%s", json[0].c_str());
+  } else if (!json.empty()) {
+    // {"daemons": [GetStatsResponse, ...]} in the order listed.
+    std::printf("{\"daemons\": [\n%s]}\n", absl::StrJoin(json, ",\n").c_str());
   }
-  Print(*s, co.target);
   return 0;
 }
 
@@ -136,7 +180,8 @@ int Main() {
 }  // namespace zenflow
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Prints zenflowd's GetStats: zf_stats [--target=HOST:PORT] [--job=ID] [--json]");
+  absl::SetProgramUsageMessage(
+      "Prints zenflowd's GetStats: zf_stats [--target=HOST:PORT[,HOST:PORT...]] [--job=ID] [--json]");
   absl::ParseCommandLine(argc, argv);
   return zenflow::Main();
 }

@@ -19,8 +19,8 @@ import zenflow.config
 import zenflow.torch
 
 
-@pytest.fixture(scope="module")
-def daemon():
+def _serve():
+    """Starts a zenflowd on a free loopback port; yields its target."""
     binary = os.environ.get("ZENFLOWD")
     assert binary and os.path.exists(binary), "set ZENFLOWD to the zenflowd binary"
     d = tempfile.mkdtemp()
@@ -40,6 +40,16 @@ def daemon():
     yield target
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    yield from _serve()
+
+
+@pytest.fixture(scope="module")
+def daemon2():
+    yield from _serve()
 
 
 def model(seed=0):
@@ -475,3 +485,25 @@ def test_a_job_is_reached_with_its_token_only(daemon, monkeypatch):
     monkeypatch.delenv("ZENFLOW_TOKEN", raising=False)
     with pytest.raises(ValueError, match="share its token"):
         zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("mode", ["zenflow", "zero_offload"])
+def test_a_job_over_two_daemons_equals_the_job_on_one(daemon, daemon2, mode):
+    one, two, init = model(), model(), model()
+    kw = dict(lr=1e-2, weight_decay=0.01, mode=mode, wire="fp32")
+    if mode == "zenflow":
+        kw.update(topk_ratio=0.25, update_interval=2, select_interval=4, apply_delay="sync")
+    with zenflow.torch.ZenFlowOptimizer(one.parameters(), target=daemon, job=f"one_{mode}",
+                                        **kw) as opt:
+        run(one, opt, 12)
+    with zenflow.torch.ZenFlowOptimizer(two.parameters(), target=[daemon, daemon2],
+                                        job=f"two_{mode}", **kw) as opt:
+        run(two, opt, 12)
+        spec = opt.spec
+    assert spec["partition"]["parts"] == 2
+    assert sorted({e.get("part", 0) for e in spec["partition"]["tensors"]}) == [0, 1]
+    for a, b in zip(one.parameters(), two.parameters()):
+        assert torch.equal(a, b)
+    assert max_diff(one, init) > 1e-3
+    with pytest.raises(ValueError, match="non-empty"):
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=[daemon, ""], job="bad")

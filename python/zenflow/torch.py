@@ -65,7 +65,9 @@ def _job_shape(p):
 class ZenFlowOptimizer(torch.optim.Optimizer):
     """AdamW through zenflowd, ZenFlow's way (or ZeRO-Offload's, mode="zero_offload").
 
-    Keywords (an interface): target, job, rank, world_size, lr, betas, eps,
+    Keywords (an interface): target ("host:port", or a list of them, or one
+    comma-separated string: the job is spread over those daemons, listed in
+    the same order on every rank), job, rank, world_size, lr, betas, eps,
     weight_decay, mode ("zenflow" or "zero_offload"), wire ("fp32", "bf16",
     "int8"; "fp16" too), config (a DeepSpeed-style dict or JSON file: see
     zenflow.config). Further keywords: transport ("grpc" or "ucx"),
@@ -189,6 +191,11 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             "rankOrderedSums": bool(s.get("rank_ordered_sums", False)),
         }
         target = s.get("target") or os.environ.get("ZENFLOW_TARGET", "127.0.0.1:50051")
+        if isinstance(target, (list, tuple)):
+            if not target or not all(isinstance(t, str) and t for t in target):
+                raise ValueError("target: a list of daemons must hold non-empty "
+                                 "\"host:port\" strings, got %r" % (target,))
+            target = ",".join(target)
         token = s.get("token") or os.environ.get("ZENFLOW_TOKEN", "")
         if not token and self._world > 1:
             raise ValueError("the ranks of one job share its token: pass token= (or the "
