@@ -333,20 +333,48 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(const std::string& job_id)
   return resp;
 }
 
+absl::Status Client::Rendezvous(absl::Duration timeout,
+                                const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  auto ctx = UnaryContext(timeout);
+  bool abandoned = false;
+  {
+    MutexLock lock(&calls_mu_);
+    calls_[ctx.get()] = &abandoned;
+  }
+  const grpc::Status st = call(ctx.get());
+  MutexLock lock(&calls_mu_);
+  calls_.erase(ctx.get());
+  if (abandoned) {
+    // Not the daemon's going away: no ride-through for it.
+    return absl::AbortedError(
+        "the call was abandoned: another daemon of the job failed the same operation");
+  }
+  return FromGrpcStatus(st);
+}
+
+void Client::AbandonCalls() {
+  MutexLock lock(&calls_mu_);
+  for (auto& [ctx, abandoned] : calls_) {
+    *abandoned = true;
+    ctx->TryCancel();
+  }
+}
+
 absl::Status Client::RawSubmitImportance(const v1::SubmitImportanceRequest& req,
                                          v1::SubmitImportanceResponse* resp) {
-  auto ctx = UnaryContext(options_.selection_timeout);
-  return FromGrpcStatus(stub_->SubmitImportance(ctx.get(), req, resp));
+  return Rendezvous(options_.selection_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->SubmitImportance(ctx, req, resp);
+  });
 }
 
 absl::Status Client::RawHandOff(const v1::HandOffRequest& req, v1::HandOffResponse* resp) {
-  auto ctx = UnaryContext(options_.rpc_timeout);
-  return FromGrpcStatus(stub_->HandOff(ctx.get(), req, resp));
+  return Rendezvous(options_.rpc_timeout,
+                    [&](grpc::ClientContext* ctx) { return stub_->HandOff(ctx, req, resp); });
 }
 
 absl::Status Client::RawAllReduce(const v1::AllReduceRequest& req, v1::AllReduceResponse* resp) {
-  auto ctx = UnaryContext(options_.selection_timeout);
-  return FromGrpcStatus(stub_->AllReduce(ctx.get(), req, resp));
+  return Rendezvous(options_.selection_timeout,
+                    [&](grpc::ClientContext* ctx) { return stub_->AllReduce(ctx, req, resp); });
 }
 
 absl::StatusOr<v1::Selection> Client::SubmitImportance(

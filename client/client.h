@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -297,6 +298,13 @@ class Client {
   // daemon went away.
   absl::Status RideThrough(const std::function<absl::Status()>& call);
   int64_t RoundOfStep(int64_t step) const;
+  // A rendezvous call (SubmitImportance, HandOff, AllReduce) that
+  // AbandonCalls can end early (ABORTED, not ridden through).
+  absl::Status Rendezvous(absl::Duration timeout,
+                          const std::function<grpc::Status(grpc::ClientContext*)>& call);
+  // Cancels the rendezvous calls in flight (a partitioned job's other daemon
+  // failed the same operation: these would wait for ranks that cannot come).
+  void AbandonCalls();
   absl::Status RawSubmitImportance(const v1::SubmitImportanceRequest& req,
                                    v1::SubmitImportanceResponse* resp);
   absl::Status RawHandOff(const v1::HandOffRequest& req, v1::HandOffResponse* resp);
@@ -322,6 +330,10 @@ class Client {
   // One recovery at a time; generation_ counts those that succeeded.
   Mutex recover_mu_;
   std::atomic<uint64_t> generation_{0};
+
+  // Rendezvous calls in flight, each with its abandoned flag.
+  Mutex calls_mu_;
+  std::map<grpc::ClientContext*, bool*> calls_ ABSL_GUARDED_BY(calls_mu_);
 
   // Serializes attaching and closing streams.
   Mutex attach_mu_;

@@ -120,16 +120,41 @@ std::vector<int> Client::Parts::All() const {
   return all;
 }
 
-std::vector<absl::Status> Client::Parts::Each(const std::vector<int>& which,
-                                              const std::function<absl::Status(int)>& call) {
-  std::vector<absl::Status> out(which.size());
+absl::Status Client::Parts::Each(const std::vector<int>& which,
+                                 const std::function<absl::Status(int)>& call) {
+  Mutex mu;
+  absl::Status first;
+  std::vector<bool> finished(which.size(), false);
+  size_t done = 0;
   std::vector<std::thread> threads;
-  for (size_t k = 1; k < which.size(); ++k) {
-    threads.emplace_back([&, k] { out[k] = Named(which[k], call(which[k])); });
+  for (size_t k = 0; k < which.size(); ++k) {
+    threads.emplace_back([&, k] {
+      absl::Status s = Named(which[k], call(which[k]));
+      MutexLock lock(&mu);
+      if (!s.ok() && first.ok()) first = std::move(s);
+      finished[k] = true;
+      ++done;
+    });
   }
-  if (!which.empty()) out[0] = Named(which[0], call(which[0]));
+  for (;;) {
+    std::vector<int> abandon;
+    {
+      MutexLock lock(&mu);
+      mu.AwaitWithTimeout(
+          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done == which.size() || !first.ok(); },
+          absl::Milliseconds(100));
+      if (done == which.size()) break;
+      if (first.ok()) continue;
+      for (size_t k = 0; k < which.size(); ++k) {
+        if (!finished[k]) abandon.push_back(which[k]);
+      }
+    }
+    // Again every 100 ms: a call may start after the first try.
+    for (int i : abandon) clients_[i]->AbandonCalls();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   for (std::thread& t : threads) t.join();
-  return out;
+  return first;
 }
 
 absl::Status Client::Parts::CheckPart(int i, const v1::JobSpec& s) const {
@@ -395,11 +420,10 @@ absl::StatusOr<v1::Selection> Client::Parts::SubmitImportance(
   // Every daemon takes part in every selection (its version counts them),
   // whether or not it has a tensor to choose for.
   std::vector<v1::Selection> got(n());
-  const std::vector<absl::Status> st = Each(All(), [&](int i) -> absl::Status {
+  ZF_RETURN_IF_ERROR(Each(All(), [&](int i) -> absl::Status {
     ZF_ASSIGN_OR_RETURN(got[i], clients_[i]->SubmitImportance(step, by[i]));
     return absl::OkStatus();
-  });
-  for (const absl::Status& s : st) ZF_RETURN_IF_ERROR(s);
+  }));
   v1::Selection out = got[0];
   out.clear_important();
   for (int i = 1; i < n(); ++i) {
@@ -443,11 +467,10 @@ absl::StatusOr<v1::HandOffResponse> Client::Parts::HandOff(
     if (tensors.empty() || !names[i].empty()) which.push_back(i);
   }
   std::vector<v1::HandOffResponse> got(n());
-  const std::vector<absl::Status> st = Each(which, [&](int i) -> absl::Status {
+  ZF_RETURN_IF_ERROR(Each(which, [&](int i) -> absl::Status {
     ZF_ASSIGN_OR_RETURN(got[i], clients_[i]->HandOff(version, leave[i], names[i]));
     return absl::OkStatus();
-  });
-  for (const absl::Status& s : st) ZF_RETURN_IF_ERROR(s);
+  }));
   v1::HandOffResponse out;
   for (int i : which) {
     for (v1::ColumnState& cs : *got[i].mutable_joining()) *out.add_joining() = std::move(cs);
@@ -473,11 +496,10 @@ absl::StatusOr<std::vector<std::vector<float>>> Client::Parts::AllReduce(
     if (!by[i].empty()) which.push_back(i);
   }
   std::vector<std::vector<std::vector<float>>> got(n());
-  const std::vector<absl::Status> st = Each(which, [&](int i) -> absl::Status {
+  ZF_RETURN_IF_ERROR(Each(which, [&](int i) -> absl::Status {
     ZF_ASSIGN_OR_RETURN(got[i], clients_[i]->AllReduce(step, by[i]));
     return absl::OkStatus();
-  });
-  for (const absl::Status& s : st) ZF_RETURN_IF_ERROR(s);
+  }));
   std::vector<std::vector<float>> out(parts.size());
   for (size_t k = 0; k < parts.size(); ++k) out[k] = std::move(got[where[k].first][where[k].second]);
   return out;
@@ -554,11 +576,33 @@ absl::StatusOr<RoundUpdate> Client::Parts::Combine(std::vector<RoundUpdate> part
 absl::StatusOr<RoundUpdate> Client::Parts::WaitRound(int64_t round, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<RoundUpdate> got(n());
-  for (int i = 0; i < n(); ++i) {
+  std::vector<bool> have(n(), false);
+  int left = n();
+  while (left > 0) {
+    // Wait on the first daemon still owed, a second at a time; but a daemon
+    // whose stream broke goes first: its wait rides through its restart or
+    // fails, naming it, rather than waiting behind a daemon that cannot
+    // finish the round without the ranks it lost.
+    int pick = -1;
+    for (int i = 0; i < n() && pick < 0; ++i) {
+      if (!have[i] && !clients_[i]->stream_status().ok()) pick = i;
+    }
+    const bool broken = pick >= 0;
+    for (int i = 0; i < n() && pick < 0; ++i) {
+      if (!have[i]) pick = i;
+    }
+    const absl::Duration remaining = std::max(deadline - absl::Now(), absl::ZeroDuration());
     absl::StatusOr<RoundUpdate> u =
-        clients_[i]->WaitRound(round, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (!u.ok()) return Named(i, u.status());
-    got[i] = *std::move(u);
+        clients_[pick]->WaitRound(round, broken ? remaining : std::min(remaining, absl::Seconds(1)));
+    if (u.ok()) {
+      got[pick] = *std::move(u);
+      have[pick] = true;
+      --left;
+      continue;
+    }
+    if (u.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
+      return Named(pick, u.status());
+    }
   }
   return Combine(std::move(got));
 }

@@ -94,10 +94,11 @@ class Client::Parts {
   absl::Status Learn(const std::vector<v1::JobSpec>& specs) ABSL_LOCKS_EXCLUDED(mu_);
   // The job's whole spec from its parts' specs (tensors in map order).
   absl::StatusOr<v1::JobSpec> Merge(const std::vector<v1::JobSpec>& specs);
-  // Runs `call(i)` for every i in `which` at once (threads; the caller's
-  // own for the first); the statuses, named, in the same order.
-  std::vector<absl::Status> Each(const std::vector<int>& which,
-                                 const std::function<absl::Status(int)>& call);
+  // Runs `call(i)` for every i in `which` at once (a thread each). The
+  // first to fail makes the others' rendezvous calls give up
+  // (AbandonCalls): they would wait for ranks that cannot come. Returns
+  // that first failure, named, or OK.
+  absl::Status Each(const std::vector<int>& which, const std::function<absl::Status(int)>& call);
   std::vector<int> All() const;
   // Adds daemon `part`'s update of a round; the whole round once every
   // daemon's is in.

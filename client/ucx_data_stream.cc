@@ -1,6 +1,7 @@
 // The UCX data path; see ucx_data_stream.h.
 #include "client/ucx_data_stream.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -8,6 +9,11 @@
 #include "common/ucx_frame.h"
 
 namespace zenflow {
+
+namespace {
+// How long closing a stream waits for its UCX sends to complete.
+constexpr absl::Duration kFlushTimeout = absl::Seconds(5);
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<UcxLink>> UcxLink::Create(const UcxOptions& options) {
   std::unique_ptr<UcxLink> link(new UcxLink());
@@ -153,15 +159,23 @@ bool UcxDataStream::Send(Outgoing out, DoneFn done) {
 }
 
 void UcxDataStream::Flush() {
+  // Bounded: a rank closes its stream after the last round came back (its
+  // sends are long done), or while it fails, when the daemon may never take
+  // them (it stopped reading a rank that no longer reads, or it is gone) and
+  // the process should end promptly.
+  const absl::Time deadline = absl::Now() + kFlushTimeout;
   uint64_t ep = 0;
   {
     MutexLock lock(&mu_);
-    mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return sending_ == 0 || aborted_; });
-    if (aborted_) return;
+    mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return sending_ == 0 || aborted_; },
+                         kFlushTimeout);
+    if (aborted_ || sending_ != 0) return;
     ep = ep_;
   }
   // An Abort meanwhile closes the endpoint, which ends the flush.
-  if (ep != 0) (void)link_->worker()->Flush(ep, absl::Seconds(30));
+  if (ep != 0) {
+    (void)link_->worker()->Flush(ep, std::max(deadline - absl::Now(), absl::Milliseconds(100)));
+  }
 }
 
 void UcxDataStream::Abort() {

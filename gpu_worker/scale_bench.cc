@@ -90,6 +90,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/json_writer.h"
@@ -102,9 +103,12 @@
 #include "gpu_worker/local_reducer.h"
 #include "gpu_worker/zenflow_optimizer.h"
 
-ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
-ABSL_FLAG(int, daemon_pid, 0,
-          "zenflowd's process id, for its CPU time (/proc/PID/stat); 0: not measured");
+ABSL_FLAG(std::string, target, "",
+          "zenflowd address host:port (required), or several, comma-separated: the matrix runs "
+          "on the first, the --daemons series spreads its job over the first N");
+ABSL_FLAG(std::string, daemon_pid, "",
+          "the --target daemons' process ids, comma-separated in the same order, for their CPU "
+          "time (/proc/PID/stat); empty: not measured");
 ABSL_FLAG(std::string, transport, "ucx",
           "data stream transport: ucx (shared memory with a local zenflowd) or grpc");
 ABSL_FLAG(std::string, ucx_tls, "sm,self",
@@ -138,6 +142,11 @@ ABSL_FLAG(std::string, important_reduce, "device",
           "rendezvous standing for a device collective such as NCCL, whose bytes never touch "
           "the host: gpu_worker/local_reducer.h without arithmetic) or daemon (zenflowd's "
           "AllReduce call over gRPC, through host memory)");
+ABSL_FLAG(std::string, daemons, "",
+          "daemon counts of the several-daemons series (e.g. 1,2,4; each at most the targets "
+          "listed): one job of --daemons_ranks ranks, rank-ordered sums, spread over that many "
+          "daemons; empty: no series");
+ABSL_FLAG(int, daemons_ranks, 2, "ranks of the several-daemons series' job");
 ABSL_FLAG(std::string, job_prefix, "scale-bench", "job ids are <prefix>-<config>-<job>-<pid>");
 ABSL_FLAG(std::string, out, "bench-results/scale.json", "JSON result file");
 
@@ -243,9 +252,46 @@ struct Config {
   int ranks = 1;
   int jobs = 1;
   bool rank_ordered = false;
+  int daemons = 1;  // the job spread over the first `daemons` targets
   std::string sums() const { return rank_ordered ? "rank_ordered" : "shared"; }
-  std::string label() const { return absl::StrCat("r", ranks, "-j", jobs, "-", sums()); }
+  std::string label() const {
+    return absl::StrCat("r", ranks, "-j", jobs, "-", sums(), daemons > 1 ? absl::StrCat("-d", daemons) : "");
+  }
 };
+
+// The --target list and the --daemon_pid list (pids may be left out).
+std::vector<std::string> Targets() {
+  return absl::StrSplit(absl::GetFlag(FLAGS_target), ',', absl::SkipEmpty());
+}
+std::vector<int> DaemonPids() {
+  std::vector<int> out;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_daemon_pid), ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(p, &v) && v > 0) out.push_back(v);
+  }
+  return out;
+}
+
+// One job's figures from each of its daemons, as one: bytes, memory and
+// update times summed (each daemon's round update is an observation),
+// rounds the fewest (a round is done when every daemon updated it).
+v1::JobStats MergeJobStats(const std::vector<const v1::JobStats*>& parts) {
+  v1::JobStats out = *parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const v1::JobStats& p = *parts[i];
+    out.set_shard_bytes_received(out.shard_bytes_received() + p.shard_bytes_received());
+    out.set_memory_bytes(out.memory_bytes() + p.memory_bytes());
+    out.set_rounds_updated(std::min(out.rounds_updated(), p.rounds_updated()));
+    v1::Histogram* h = out.mutable_round_update_seconds();
+    const v1::Histogram& q = p.round_update_seconds();
+    for (int k = 0; k < h->counts_size() && k < q.counts_size(); ++k) {
+      h->set_counts(k, h->counts(k) + q.counts(k));
+    }
+    h->set_sum(h->sum() + q.sum());
+    h->set_count(h->count() + q.count());
+  }
+  return out;
+}
 
 // The daemon's figures at one edge of the measured window.
 struct Snapshot {
@@ -367,9 +413,14 @@ class ConfigRun {
  private:
   absl::Status Snap(Snapshot* out) {
     out->wall = Now();
-    const int pid = absl::GetFlag(FLAGS_daemon_pid);
-    if (pid > 0) {
-      ZF_ASSIGN_OR_RETURN(out->daemon_cpu_s, ProcessCpuSeconds(pid));
+    const std::vector<int> pids = DaemonPids();
+    if (!pids.empty()) {
+      // The CPU of the daemons this configuration uses, summed.
+      out->daemon_cpu_s = 0;
+      for (int d = 0; d < cfg_.daemons && d < static_cast<int>(pids.size()); ++d) {
+        ZF_ASSIGN_OR_RETURN(double cpu, ProcessCpuSeconds(pids[d]));
+        out->daemon_cpu_s += cpu;
+      }
     }
     out->self_cpu_s = SelfCpuSeconds();
     out->host_busy_s = HostBusySeconds();
@@ -381,14 +432,16 @@ class ConfigRun {
     }
     for (int j = 0; j < cfg_.jobs; ++j) {
       ZF_ASSIGN_OR_RETURN(v1::GetStatsResponse st, clients[j]->GetStats(job_ids_[j]));
-      const v1::JobStats* found = nullptr;
+      // One JobStats per daemon the job is spread over.
+      std::vector<const v1::JobStats*> found;
       for (const v1::JobStats& js : st.jobs()) {
-        if (js.job_id() == job_ids_[j]) found = &js;
+        if (js.job_id() == job_ids_[j]) found.push_back(&js);
       }
-      if (found == nullptr) {
-        return absl::NotFoundError(absl::StrCat("GetStats has no job ", job_ids_[j]));
+      if (static_cast<int>(found.size()) != cfg_.daemons) {
+        return absl::NotFoundError(absl::StrCat("GetStats has ", found.size(), " parts of job ",
+                                                job_ids_[j], ", not ", cfg_.daemons));
       }
-      out->jobs.push_back(*found);
+      out->jobs.push_back(MergeJobStats(found));
     }
     return absl::OkStatus();
   }
@@ -445,7 +498,10 @@ class ConfigRun {
 
     const double t_setup = Now();
     ClientOptions co;
-    co.target = absl::GetFlag(FLAGS_target);
+    {
+      const std::vector<std::string> targets = Targets();
+      co.target = absl::StrJoin(targets.begin(), targets.begin() + cfg_.daemons, ",");
+    }
     co.token = tokens_[job];
     ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
     co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
@@ -610,6 +666,7 @@ void WriteRun(const ConfigResult& r, JsonWriter* w) {
   w->Key("ranks").Int(r.cfg.ranks);
   w->Key("jobs").Int(r.cfg.jobs);
   w->Key("sums").String(r.cfg.sums());
+  w->Key("daemons").Int(r.cfg.daemons);
   w->Key("accumulate_bytes_per_s").Double(r.accumulate_bytes_per_s);
   OptionalDouble(w, "round_update_p50_ms", r.p50_ms);
   OptionalDouble(w, "round_update_p99_ms", r.p99_ms);
@@ -667,8 +724,20 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("--important_reduce must be device or daemon, not '", reduce, "'"));
   }
-  const int pid = absl::GetFlag(FLAGS_daemon_pid);
-  if (pid > 0) ZF_RETURN_IF_ERROR(ProcessCpuSeconds(pid).status());
+  for (int pid : DaemonPids()) ZF_RETURN_IF_ERROR(ProcessCpuSeconds(pid).status());
+  std::vector<int> daemon_counts;
+  if (!absl::GetFlag(FLAGS_daemons).empty()) {
+    ZF_ASSIGN_OR_RETURN(daemon_counts, ParseInts("daemons", absl::GetFlag(FLAGS_daemons)));
+  }
+  for (int d : daemon_counts) {
+    if (d > static_cast<int>(Targets().size())) {
+      return absl::InvalidArgumentError(absl::StrCat("--daemons: ", d, " daemons but --target lists ",
+                                                     Targets().size()));
+    }
+  }
+  if (absl::GetFlag(FLAGS_daemons_ranks) < 1) {
+    return absl::InvalidArgumentError("--daemons_ranks must be >= 1");
+  }
   const int64_t params = ntensors * kRows * cols + kVector;
   const double ceiling = absl::GetFlag(FLAGS_accumulate_ceiling_bytes_per_s);
   // What one rank's emulated device could hand the daemon per second: its
@@ -710,6 +779,19 @@ absl::Status Run() {
       }
     }
   }
+  // The several-daemons series: one job over 1, 2, 4 ... daemons.
+  for (int d : daemon_counts) {
+    Config cfg{absl::GetFlag(FLAGS_daemons_ranks), 1, true, d};
+    std::fprintf(stderr, "scale_bench: %d rank(s) as 1 job over %d daemon(s) ...\n", cfg.ranks, d);
+    ConfigRun run(cfg, param_pattern, grad_pattern);
+    ZF_ASSIGN_OR_RETURN(ConfigResult r, run.Run());
+    std::fprintf(stderr,
+                 "scale_bench:   %.2f GB/s accumulated, %lld rounds, round update mean %.1f ms, "
+                 "stall %.3f, daemons %.4f CPU s/round, step %.1f ms\n",
+                 r.accumulate_bytes_per_s / 1e9, static_cast<long long>(r.rounds),
+                 r.mean_update_ms, r.stall_fraction, r.daemon_cpu_s_per_round, r.mean_step_ms);
+    results.push_back(r);
+  }
   // The goal: in every (jobs, sums) series, no run accumulates less than
   // 0.95 x the run with the next fewer ranks (unless it is within 5% of the
   // ceiling, which it cannot pass).
@@ -718,7 +800,10 @@ absl::Status Run() {
     for (size_t k = i + 1; k < results.size(); ++k) {
       const ConfigResult& a = results[i];
       const ConfigResult& b = results[k];
-      if (a.cfg.jobs != b.cfg.jobs || a.cfg.rank_ordered != b.cfg.rank_ordered) continue;
+      if (a.cfg.jobs != b.cfg.jobs || a.cfg.rank_ordered != b.cfg.rank_ordered ||
+          a.cfg.daemons != 1 || b.cfg.daemons != 1) {
+        continue;
+      }
       if (b.cfg.ranks <= a.cfg.ranks) continue;
       const bool at_ceiling = ceiling > 0 && b.accumulate_bytes_per_s >= 0.95 * ceiling;
       if (b.accumulate_bytes_per_s < 0.95 * a.accumulate_bytes_per_s && !at_ceiling) {
@@ -774,7 +859,15 @@ absl::Status Run() {
       "client's send window, i.e. the daemon's back-pressure");
   json.Key("daemon_cpu_s_per_round").String(
       "zenflowd's utime + stime (/proc/PID/stat) in the window / JobStats.rounds_updated in "
-      "the window, summed over the jobs; null when no --daemon_pid");
+      "the window, summed over the jobs; with daemons > 1 the CPU of all of the job's daemons "
+      "and its whole rounds (every daemon updated them); null when no --daemon_pid");
+  json.Key("daemons").String(
+      "runs with daemons > 1 (and their daemons = 1 baseline, the same job on one daemon) "
+      "spread one job of daemons_ranks ranks, rank-ordered sums, over that many zenflowd "
+      "processes ON ONE HOST: they share its cores, so read the protocol's overhead (the "
+      "aggregate and the round update time against daemons = 1), not a speedup. "
+      "round_update_* merge every daemon's updates of its part");
+  json.Key("daemons_ranks").Int(absl::GetFlag(FLAGS_daemons_ranks));
   json.Key("other_processes_cpu_s").String(
       "the host's busy CPU seconds in the window (/proc/stat) less the daemon's and this "
       "process's: other load that competed for the cores (the figures are noisy when it is "
@@ -800,11 +893,11 @@ absl::Status Run() {
               absl::GetFlag(FLAGS_transport).c_str(), absl::GetFlag(FLAGS_topk),
               absl::GetFlag(FLAGS_interval), absl::GetFlag(FLAGS_steps),
               results.empty() ? 0 : results[0].warmup_steps);
-  std::printf("%5s %4s %-12s %10s %8s %9s %9s %7s %12s %7s\n", "ranks", "jobs", "sums", "GB/s",
+  std::printf("%5s %4s %-12s %7s %10s %8s %9s %9s %7s %12s %7s\n", "ranks", "jobs", "sums", "daemons", "GB/s",
               "of ceil", "p50 ms", "p99 ms", "stall", "CPU s/round", "rounds");
   for (const ConfigResult& r : results) {
-    std::printf("%5d %4d %-12s %10.2f %7.0f%% %9.1f %9.1f %7.3f %12.4f %7lld\n", r.cfg.ranks,
-                r.cfg.jobs, r.cfg.sums().c_str(), r.accumulate_bytes_per_s / 1e9,
+    std::printf("%5d %4d %-12s %7d %10.2f %7.0f%% %9.1f %9.1f %7.3f %12.4f %7lld\n", r.cfg.ranks,
+                r.cfg.jobs, r.cfg.sums().c_str(), r.cfg.daemons, r.accumulate_bytes_per_s / 1e9,
                 ceiling > 0 ? 100 * r.accumulate_bytes_per_s / ceiling : 0.0, r.p50_ms, r.p99_ms,
                 r.stall_fraction, r.daemon_cpu_s_per_round, static_cast<long long>(r.rounds));
   }

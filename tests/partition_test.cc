@@ -376,3 +376,49 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
 
 }  // namespace
 }  // namespace zenflow::testing
+
+namespace zenflow::testing {
+namespace {
+
+// A rendezvous split over two daemons: the part on the daemon that is gone
+// fails (after daemon_wait); the part on the live daemon, which would wait
+// for a rank that never comes, is abandoned at once, and the call reports
+// the daemon that is gone rather than waiting out selection_timeout.
+TEST(PartitionGoneTest, ARendezvousOnTheLiveDaemonIsAbandonedWhenTheOtherIsGone) {
+  DaemonProcess a, b;
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  ClientOptions co = TestClientOptions(absl::StrCat(a.target(), ",", b.target()));
+  co.daemon_wait = absl::Seconds(1);
+  // Without the abandonment the call on the live daemon would wait this
+  // long for rank 1, past the test's own timeout.
+  co.selection_timeout = absl::Hours(1);
+  absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(co);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Client& c = **made;
+  v1::JobSpec spec;
+  spec.set_job_id("abandon");
+  spec.set_world_size(2);  // rank 1 never comes
+  for (const char* n : {"p", "q"}) {
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name(n);
+    t->add_shape(4);
+    t->add_shape(6);
+  }
+  ASSERT_TRUE(c.CreateJob(spec).ok());
+  std::vector<float> init(24, 0.5f);
+  ASSERT_TRUE(c.UploadParameters("abandon", {{"p", {4, 6}, init.data()}, {"q", {4, 6}, init.data()}}).ok());
+  ASSERT_TRUE(c.JoinJob("abandon", 0).ok());
+  ASSERT_TRUE(b.Stop().ok());
+  const std::vector<float> g(8, 1.0f);
+  absl::StatusOr<std::vector<std::vector<float>>> r = c.AllReduce(0, {{"p", &g}, {"q", &g}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find(absl::StrCat("zenflowd ", b.target(), " (daemon 1 of 2)")),
+            std::string::npos)
+      << r.status();
+  EXPECT_TRUE(a.Stop().ok());
+}
+
+}  // namespace
+}  // namespace zenflow::testing

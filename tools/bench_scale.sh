@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bench_scale.sh: builds scale_bench, adam_bench and zenflowd; measures the
 # host's bf16 accumulate rate with adam_bench (./zf bench adam's settings:
-# the ceiling the results are quoted against), starts zenflowd on a free
-# loopback port, runs the scale benchmark against it (1, 2, 4, 8 EMULATED
-# ranks on one job and over 2 jobs, per-rank vs shared sums; see
-# gpu_worker/scale_bench.cc), stops the daemon and exits with the
+# the ceiling the results are quoted against), starts four zenflowd on free
+# loopback ports, runs the scale benchmark against them (1, 2, 4, 8 EMULATED
+# ranks on one job and over 2 jobs, per-rank vs shared sums, on the first;
+# then one job of 2 ranks spread over 1, 2 and 4 daemons; see
+# gpu_worker/scale_bench.cc), stops the daemons and exits with the
 # benchmark's status. Arguments go to scale_bench, e.g.
 #   tools/bench_scale.sh --out=/tmp/scale.json --ranks=1,2 --steps=24
 # An --accumulate_ceiling_bytes_per_s argument skips the adam_bench run.
@@ -22,11 +23,12 @@ BIN=$(bazel info -c opt bazel-bin)
 dir=$(mktemp -d "${TMPDIR:-/tmp}/bench_scale.XXXXXX")
 pid=""
 stop_daemon() {
-  if [ -n "$pid" ]; then
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    pid=""
-  fi
+  local p
+  for p in $pid; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  pid=""
 }
 cleanup() {
   stop_daemon
@@ -48,29 +50,39 @@ case " $* " in
     ;;
 esac
 
-"$BIN/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port" 2>"$dir/log" &
-pid=$!
-for _ in $(seq 1 300); do
-  [ -s "$dir/port" ] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
+# Four daemons: the matrix runs on the first; the several-daemons series
+# (--daemons=1,2,4) spreads one job over the first 1, 2 and 4.
+targets=() pids=()
+for i in 1 2 3 4; do
+  "$BIN/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port$i" 2>"$dir/log$i" &
+  pids+=($!)
+  pid="${pids[*]}"
+  for _ in $(seq 1 300); do
+    [ -s "$dir/port$i" ] && break
+    kill -0 "${pids[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ ! -s "$dir/port$i" ]; then
+    log "zenflowd $i did not start; its log:"
+    sed 's/^/  | /' "$dir/log$i" >&2
+    exit 1
+  fi
+  targets+=("127.0.0.1:$(cat "$dir/port$i")")
 done
-if [ ! -s "$dir/port" ]; then
-  log "zenflowd did not start; its log:"
-  sed 's/^/  | /' "$dir/log" >&2
-  exit 1
-fi
-target="127.0.0.1:$(cat "$dir/port")"
-log "zenflowd (pid $pid) serving on $target"
+target=$(IFS=,; echo "${targets[*]}")
+log "zenflowd x4 (pids ${pids[*]}) serving on $target"
 
 rc=0
 start=$(date +%s)
-"$BIN/gpu_worker/scale_bench" --target="$target" --daemon_pid="$pid" "${ceiling_args[@]}" "$@" || rc=$?
+"$BIN/gpu_worker/scale_bench" --target="$target" --daemon_pid="$(IFS=,; echo "${pids[*]}")" \
+  --daemons=1,2,4 "${ceiling_args[@]}" "$@" || rc=$?
 log "scale_bench exited with $rc after $(( $(date +%s) - start )) s"
 
 stop_daemon
 if [ "$rc" -ne 0 ]; then
-  log "zenflowd log:"
-  sed 's/^/  | /' "$dir/log" >&2
+  for i in 1 2 3 4; do
+    log "zenflowd $i log:"
+    sed 's/^/  | /' "$dir/log$i" >&2
+  done
 fi
 exit "$rc"
