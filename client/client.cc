@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     std::unique_ptr<Client> c(new Client(options));
     c->channel_ = clients[0]->channel();
     c->stub_ = v1::ZenFlow::NewStub(c->channel_);
-    c->parts_ = std::make_unique<Parts>(std::move(targets), std::move(clients));
+    c->parts_ = std::make_unique<Parts>(std::move(targets), std::move(clients),
+                                        options.split_tensor_params);
     return c;
   }
   std::unique_ptr<Client> c(new Client(options));
@@ -675,8 +676,9 @@ absl::Status Client::PushUp(v1::UpMessage msg) {
 
 absl::Status Client::PushShard(v1::GradientShard shard) {
   if (parts_) {
-    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(shard.tensor()));
-    return parts_->Named(p, parts_->client(p)->PushShard(std::move(shard)));
+    v1::UpMessage msg;
+    *msg.mutable_shard() = std::move(shard);
+    return parts_->PushUp(std::move(msg));
   }
   v1::UpMessage msg;
   *msg.mutable_shard() = std::move(shard);
@@ -708,13 +710,27 @@ struct Releaser {
 
 }  // namespace
 
+absl::Status Client::PushToParts(
+    const std::string& tensor, const int32_t* columns, int64_t ncols,
+    const std::function<absl::Status(Client*, const std::vector<int32_t>&, int64_t, int64_t)>&
+        push) {
+  ZF_ASSIGN_OR_RETURN(std::vector<Parts::Piece> pieces, parts_->Pieces(tensor, columns, ncols));
+  for (const Parts::Piece& pc : pieces) {
+    ZF_RETURN_IF_ERROR(parts_->Named(
+        pc.part, push(parts_->client(pc.part), pc.local, pc.begin, pc.end - pc.begin)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_t version,
                                  const std::vector<int32_t>& columns, const float* col_major,
                                  int64_t rows, DType dtype) {
   if (parts_) {
-    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(tensor));
-    return parts_->Named(
-        p, parts_->client(p)->PushColumns(step, tensor, version, columns, col_major, rows, dtype));
+    return PushToParts(tensor, columns.data(), static_cast<int64_t>(columns.size()),
+                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t) {
+                         return c->PushColumns(step, tensor, version, local,
+                                               col_major + begin * rows, rows, dtype);
+                       });
   }
   const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
   const size_t per = static_cast<size_t>(
@@ -757,9 +773,12 @@ absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t rows, DType dtype) {
   if (parts_) {
-    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(tensor));
-    return parts_->Named(p, parts_->client(p)->PushEncoded(step, tensor, version, columns, ncols,
-                                                           payload, rows, dtype));
+    const int64_t col_bytes = rows * static_cast<int64_t>(DTypeSize(dtype));
+    return PushToParts(tensor, columns, ncols,
+                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
+                         return c->PushEncoded(step, tensor, version, local.data(), n,
+                                               payload + begin * col_bytes, rows, dtype);
+                       });
   }
   return PushSplit(step, tensor, version, columns, ncols, payload,
                    rows * static_cast<int64_t>(DTypeSize(dtype)), ToProto(dtype), nullptr, nullptr);
@@ -769,9 +788,11 @@ absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t v
                               const int32_t* columns, int64_t ncols, const int8_t* payload,
                               const float* scales, int64_t rows) {
   if (parts_) {
-    ZF_ASSIGN_OR_RETURN(int p, parts_->PartOf(tensor));
-    return parts_->Named(p, parts_->client(p)->PushInt8(step, tensor, version, columns, ncols,
-                                                        payload, scales, rows));
+    return PushToParts(tensor, columns, ncols,
+                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
+                         return c->PushInt8(step, tensor, version, local.data(), n,
+                                            payload + begin * rows, scales + begin, rows);
+                       });
   }
   return PushSplit(step, tensor, version, columns, ncols, reinterpret_cast<const char*>(payload),
                    rows, v1::DTYPE_INT8, scales, nullptr);
@@ -782,14 +803,15 @@ absl::Status Client::PushEncodedBorrowed(int64_t step, const std::string& tensor
                                          const char* payload, int64_t rows, DType dtype,
                                          std::function<void()> release) {
   if (parts_) {
-    absl::StatusOr<int> p = parts_->PartOf(tensor);
-    if (!p.ok()) {
-      release();
-      return p.status();
-    }
-    return parts_->Named(*p, parts_->client(*p)->PushEncodedBorrowed(
-                                 step, tensor, version, columns, ncols, payload, rows, dtype,
-                                 std::move(release)));
+    // Released once every piece's daemon let go of it.
+    auto hold = std::make_shared<Releaser>(std::move(release));
+    const int64_t col_bytes = rows * static_cast<int64_t>(DTypeSize(dtype));
+    return PushToParts(tensor, columns, ncols,
+                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
+                         return c->PushEncodedBorrowed(step, tensor, version, local.data(), n,
+                                                       payload + begin * col_bytes, rows, dtype,
+                                                       [hold] {});
+                       });
   }
   return PushMaybeBorrowed(step, tensor, version, columns, ncols, payload,
                            rows * static_cast<int64_t>(DTypeSize(dtype)), ToProto(dtype), nullptr,
@@ -801,14 +823,13 @@ absl::Status Client::PushInt8Borrowed(int64_t step, const std::string& tensor, i
                                       const float* scales, int64_t rows,
                                       std::function<void()> release) {
   if (parts_) {
-    absl::StatusOr<int> p = parts_->PartOf(tensor);
-    if (!p.ok()) {
-      release();
-      return p.status();
-    }
-    return parts_->Named(*p, parts_->client(*p)->PushInt8Borrowed(
-                                 step, tensor, version, columns, ncols, payload, scales, rows,
-                                 std::move(release)));
+    auto hold = std::make_shared<Releaser>(std::move(release));
+    return PushToParts(tensor, columns, ncols,
+                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
+                         return c->PushInt8Borrowed(step, tensor, version, local.data(), n,
+                                                    payload + begin * rows, scales + begin, rows,
+                                                    [hold] {});
+                       });
   }
   return PushMaybeBorrowed(step, tensor, version, columns, ncols,
                            reinterpret_cast<const char*>(payload), rows, v1::DTYPE_INT8, scales,

@@ -96,6 +96,11 @@ struct ClientOptions {
   // that restarts from a checkpoint older than what is left cannot be
   // ridden through (a clear error).
   int64_t max_replay_bytes = int64_t{1} << 30;
+  // With several daemons (README "Several daemons"): a hosted 2-D tensor of
+  // more parameters than this is split by columns into ceil(params / this)
+  // blocks (at most one per daemon) when the job is created. 0: twice a
+  // daemon's even share of the job's hosted parameters.
+  int64_t split_tensor_params = 0;
 };
 
 struct ClientStats {
@@ -281,6 +286,12 @@ class Client {
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t col_bytes, v1::DType dtype, const float* scales,
                                  std::function<void()> release);
+  // With several daemons: `push(daemon's client, local columns, first, n)`
+  // for each daemon's run of the columns (first and n index `columns`).
+  absl::Status PushToParts(
+      const std::string& tensor, const int32_t* columns, int64_t ncols,
+      const std::function<absl::Status(Client*, const std::vector<int32_t>&, int64_t, int64_t)>&
+          push);
   std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout);
   // ---- Riding through a daemon restart ----
   bool ride_through() const { return options_.daemon_wait > absl::ZeroDuration(); }

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -11,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/codec.h"
 #include "common/status_macros.h"
 
 namespace zenflow {
@@ -50,6 +54,16 @@ int64_t Params(const v1::TensorSpec& t) {
   return n;
 }
 
+// Appends a block's state (block-local columns) to a tensor's, whose
+// columns are the block's plus `first`.
+void AppendState(const v1::ColumnState& block, int64_t first, v1::ColumnState* to) {
+  for (int32_t c : block.columns()) to->add_columns(static_cast<int32_t>(c + first));
+  to->mutable_values()->MergeFrom(block.values());
+  to->mutable_m()->MergeFrom(block.m());
+  to->mutable_v()->MergeFrom(block.v());
+  to->mutable_update_counts()->MergeFrom(block.update_counts());
+}
+
 // The map without the part it was sent to: what every daemon must agree on.
 std::string MapKey(v1::Partition p) {
   p.set_part(0);
@@ -58,38 +72,88 @@ std::string MapKey(v1::Partition p) {
 
 }  // namespace
 
-absl::StatusOr<v1::Partition> PlanPartition(const v1::JobSpec& spec, int parts) {
+absl::StatusOr<v1::Partition> PlanPartition(const v1::JobSpec& spec, int parts,
+                                            int64_t split_params) {
   if (parts < 2) return absl::InvalidArgumentError("a partition needs at least 2 daemons");
-  if (spec.tensors_size() < parts) {
+  if (parts > kMaxDaemons) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job ", spec.job_id(), " has ", spec.tensors_size(),
-                     " tensors: it cannot be spread over ", parts,
-                     " daemons (each hosts whole tensors); list at most ", spec.tensors_size()));
+        absl::StrCat("a job spreads over at most ", kMaxDaemons, " daemons, not ", parts));
   }
-  std::vector<int> order(spec.tensors_size());
-  for (int i = 0; i < spec.tensors_size(); ++i) order[i] = i;
-  auto weight = [&](int i) { return Hosted(spec, spec.tensors(i)) ? Params(spec.tensors(i)) : 0; };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return weight(a) > weight(b); });
+  auto weight = [&](const v1::TensorSpec& t) { return Hosted(spec, t) ? Params(t) : 0; };
+  int64_t hosted = 0;
+  for (const v1::TensorSpec& t : spec.tensors()) hosted += weight(t);
+  const int64_t share = std::max<int64_t>(1, (hosted + parts - 1) / parts);
+  // Split past `limit`, into blocks of about `block` parameters.
+  const int64_t limit = split_params > 0 ? split_params : 2 * share;
+  const int64_t block = split_params > 0 ? split_params : share;
+  // The map's entries, in job order: whole tensors and column blocks.
+  struct Item {
+    int tensor;
+    int64_t first = 0, cols = 0;  // cols 0: whole
+    int64_t weight = 0;
+    int part = -1;  // until placed
+  };
+  std::vector<Item> items;
+  for (int i = 0; i < spec.tensors_size(); ++i) {
+    const v1::TensorSpec& t = spec.tensors(i);
+    const int64_t w = weight(t);
+    const int64_t cols = t.shape_size() == 2 ? t.shape(1) : 0;
+    int64_t blocks = 1;
+    if (w > limit && t.shape_size() == 2 && !t.local() && cols >= 2) {
+      blocks = std::min<int64_t>({(w + block - 1) / block, parts, cols});
+    }
+    if (blocks < 2) {
+      items.push_back({i, 0, 0, w});
+      continue;
+    }
+    int64_t first = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n = cols / blocks + (b < cols % blocks ? 1 : 0);
+      items.push_back({i, first, n, t.shape(0) * n});
+      first += n;
+    }
+  }
+  if (static_cast<int>(items.size()) < parts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", spec.job_id(), " has ", spec.tensors_size(), " tensors (", items.size(),
+        " parts once its large tensors are split by columns): it cannot be spread over ", parts,
+        " daemons; list at most ", items.size()));
+  }
+  std::vector<int> order(items.size());
+  for (size_t k = 0; k < items.size(); ++k) order[k] = static_cast<int>(k);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return items[a].weight > items[b].weight; });
   std::vector<int64_t> load(parts, 0);
   std::vector<int> count(parts, 0);
-  std::vector<int> part_of(spec.tensors_size());
-  for (int i : order) {
-    int best = 0;
-    for (int p = 1; p < parts; ++p) {
-      if (std::tie(load[p], count[p]) < std::tie(load[best], count[best])) best = p;
+  std::vector<uint64_t> blocks_on(spec.tensors_size(), 0);  // parts (<= 64) by bit
+  for (int k : order) {
+    Item& it = items[k];
+    int best = -1;
+    for (int p = 0; p < parts; ++p) {
+      // A daemon holding another block of the tensor already is not a choice.
+      if (it.cols > 0 && (blocks_on[it.tensor] >> p & 1) != 0) continue;
+      if (best < 0 || std::tie(load[p], count[p]) < std::tie(load[best], count[best])) best = p;
     }
-    part_of[i] = best;
-    load[best] += weight(i);
+    it.part = best;
+    if (it.cols > 0) blocks_on[it.tensor] |= uint64_t{1} << best;
+    load[best] += it.weight;
     ++count[best];
   }
   v1::Partition map;
   map.set_version(1);
   map.set_parts(parts);
-  for (int i = 0; i < spec.tensors_size(); ++i) {
+  for (const Item& it : items) {
+    const v1::TensorSpec& t = spec.tensors(it.tensor);
     v1::PartitionEntry* e = map.add_tensors();
-    e->set_tensor(spec.tensors(i).name());
-    e->set_part(part_of[i]);
-    e->set_params(Params(spec.tensors(i)));
+    e->set_tensor(t.name());
+    e->set_part(it.part);
+    if (it.cols > 0) {
+      e->set_first_column(it.first);
+      e->set_columns(it.cols);
+      e->set_params(t.shape(0) * it.cols);
+    } else {
+      e->set_params(Params(t));
+    }
   }
   return map;
 }
@@ -97,16 +161,25 @@ absl::StatusOr<v1::Partition> PlanPartition(const v1::JobSpec& spec, int parts) 
 v1::JobSpec PartSpec(const v1::JobSpec& spec, const v1::Partition& map, int part) {
   v1::JobSpec out = spec;
   out.clear_tensors();
-  for (int i = 0; i < spec.tensors_size() && i < map.tensors_size(); ++i) {
-    if (map.tensors(i).part() == part) *out.add_tensors() = spec.tensors(i);
+  int ti = -1;
+  for (int i = 0; i < map.tensors_size(); ++i) {
+    const v1::PartitionEntry& e = map.tensors(i);
+    // The map lists the job's tensors in order, a split one once per block.
+    if (i == 0 || map.tensors(i - 1).tensor() != e.tensor()) ++ti;
+    if (ti >= spec.tensors_size()) break;
+    if (e.part() != part) continue;
+    v1::TensorSpec* t = out.add_tensors();
+    *t = spec.tensors(ti);
+    if (e.columns() > 0 && t->shape_size() == 2) t->set_shape(1, e.columns());
   }
   *out.mutable_partition() = map;
   out.mutable_partition()->set_part(part);
   return out;
 }
 
-Client::Parts::Parts(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients)
-    : targets_(std::move(targets)), clients_(std::move(clients)) {}
+Client::Parts::Parts(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients,
+                     int64_t split_params)
+    : targets_(std::move(targets)), clients_(std::move(clients)), split_params_(split_params) {}
 
 absl::Status Client::Parts::Named(int part, const absl::Status& s) const {
   if (s.ok()) return s;
@@ -191,7 +264,11 @@ absl::Status Client::Parts::Learn(const std::vector<v1::JobSpec>& specs) {
   map_ = specs[0].partition();
   map_.set_part(0);
   part_of_.clear();
-  for (const v1::PartitionEntry& e : map_.tensors()) part_of_[e.tensor()] = e.part();
+  blocks_.clear();
+  for (const v1::PartitionEntry& e : map_.tensors()) {
+    part_of_.emplace(e.tensor(), e.part());  // a split tensor: its first block's
+    if (e.columns() > 0) blocks_[e.tensor()].push_back({e.part(), e.first_column(), e.columns()});
+  }
   known_ = true;
   return absl::OkStatus();
 }
@@ -201,12 +278,22 @@ absl::StatusOr<v1::JobSpec> Client::Parts::Merge(const std::vector<v1::JobSpec>&
   v1::JobSpec out = specs[0];
   out.clear_tensors();
   out.mutable_partition()->set_part(0);
-  for (const v1::PartitionEntry& e : out.partition().tensors()) {
+  const auto& entries = out.partition().tensors();
+  for (int i = 0; i < entries.size(); ++i) {
+    const v1::PartitionEntry& e = entries[i];
+    // A split tensor: once, from its first block, with every block's columns.
+    if (i > 0 && entries[i - 1].tensor() == e.tensor()) continue;
+    int64_t cols = 0;
+    for (int j = i; j < entries.size() && entries[j].tensor() == e.tensor(); ++j) {
+      cols += entries[j].columns();
+    }
     const v1::JobSpec& s = specs[e.part()];
     bool found = false;
     for (const v1::TensorSpec& t : s.tensors()) {
       if (t.name() != e.tensor()) continue;
-      *out.add_tensors() = t;
+      v1::TensorSpec* whole = out.add_tensors();
+      *whole = t;
+      if (e.columns() > 0 && whole->shape_size() == 2) whole->set_shape(1, cols);
       found = true;
       break;
     }
@@ -232,6 +319,110 @@ absl::StatusOr<int> Client::Parts::PartOf(const std::string& tensor) {
   return it->second;
 }
 
+std::vector<Client::Parts::Block> Client::Parts::BlocksOf(const std::string& tensor) {
+  MutexLock lock(&mu_);
+  auto it = blocks_.find(tensor);
+  return it == blocks_.end() ? std::vector<Block>{} : it->second;
+}
+
+const Client::Parts::Block* Client::Parts::BlockOn(const std::vector<Block>& blocks, int part) {
+  for (const Block& b : blocks) {
+    if (b.part == part) return &b;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<Client::Parts::Piece>> Client::Parts::Pieces(const std::string& tensor,
+                                                                       const int32_t* columns,
+                                                                       int64_t n) {
+  ZF_ASSIGN_OR_RETURN(int p, PartOf(tensor));
+  const std::vector<Block> blocks = BlocksOf(tensor);
+  std::vector<Piece> out;
+  if (blocks.empty()) {
+    out.push_back({p, 0, n, std::vector<int32_t>(columns, columns + n)});
+    return out;
+  }
+  // A new piece wherever the block changes (ascending columns: one per block).
+  size_t at = 0;  // the block of the previous column
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = columns[i];
+    if (!(c >= blocks[at].first && c < blocks[at].first + blocks[at].cols)) {
+      at = blocks.size();
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        if (c >= blocks[b].first && c < blocks[b].first + blocks[b].cols) at = b;
+      }
+      if (at == blocks.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", tensor, "' has no column ", c, " (its blocks cover [0, ",
+            blocks.back().first + blocks.back().cols, "))"));
+      }
+    }
+    if (out.empty() || out.back().part != blocks[at].part) {
+      out.push_back({blocks[at].part, i, i, {}});
+    }
+    out.back().end = i + 1;
+    out.back().local.push_back(static_cast<int32_t>(c - blocks[at].first));
+  }
+  return out;
+}
+
+std::vector<v1::ColumnSet> Client::Parts::MergeSelections(
+    const v1::Partition& map, const std::vector<const v1::Selection*>& got) {
+  std::vector<v1::ColumnSet> out;
+  const auto& entries = map.tensors();
+  for (int i = 0; i < entries.size(); ++i) {
+    const v1::PartitionEntry& e = entries[i];
+    const bool continues = i > 0 && entries[i - 1].tensor() == e.tensor();
+    if (!continues) {
+      out.emplace_back();
+      out.back().set_tensor(e.tensor());
+    }
+    // (A daemon names every tensor it hosts, as one daemon does.)
+    for (const v1::ColumnSet& cs : got[e.part()]->important()) {
+      if (cs.tensor() != e.tensor()) continue;
+      for (int32_t c : cs.columns()) {
+        out.back().add_columns(static_cast<int32_t>(c + e.first_column()));
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<int, v1::ColumnState>>> Client::Parts::SplitState(
+    const v1::ColumnState& state) {
+  const int n = state.columns_size();
+  const int rows = n == 0 ? 0 : state.values_size() / n;
+  const bool counts = state.update_counts_size() == n;
+  const bool moments = state.m_size() == state.values_size() && state.v_size() == state.values_size();
+  ZF_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(state.tensor(), state.columns().data(), n));
+  std::vector<std::pair<int, v1::ColumnState>> out;
+  if (pieces.size() == 1 && BlocksOf(state.tensor()).empty()) {
+    out.push_back({pieces[0].part, state});  // not split: as it is (the daemon checks it)
+    return out;
+  }
+  if (static_cast<int64_t>(rows) * n != state.values_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state of tensor '", state.tensor(), "': ", state.values_size(), " values for ", n,
+        " columns (need rows x columns)"));
+  }
+  for (const Piece& pc : pieces) {
+    v1::ColumnState cs;
+    cs.set_tensor(state.tensor());
+    cs.mutable_columns()->Add(pc.local.begin(), pc.local.end());
+    const int b = static_cast<int>(pc.begin) * rows, e = static_cast<int>(pc.end) * rows;
+    cs.mutable_values()->Add(state.values().begin() + b, state.values().begin() + e);
+    if (moments) {
+      cs.mutable_m()->Add(state.m().begin() + b, state.m().begin() + e);
+      cs.mutable_v()->Add(state.v().begin() + b, state.v().begin() + e);
+    }
+    if (counts) {
+      cs.mutable_update_counts()->Add(state.update_counts().begin() + pc.begin,
+                                      state.update_counts().begin() + pc.end);
+    }
+    out.push_back({pc.part, std::move(cs)});
+  }
+  return out;
+}
 
 // ---- Control ------------------------------------------------------------------
 
@@ -241,7 +432,7 @@ absl::StatusOr<v1::JobSpec> Client::Parts::CreateJob(const v1::JobSpec& spec) {
         "JobSpec.partition is chosen by the client library when its target lists several "
         "daemons: leave it unset");
   }
-  ZF_ASSIGN_OR_RETURN(v1::Partition map, PlanPartition(spec, n()));
+  ZF_ASSIGN_OR_RETURN(v1::Partition map, PlanPartition(spec, n(), split_params_));
   std::vector<v1::JobSpec> created(n());
   bool exists = false;
   for (int i = 0; i < n(); ++i) {
@@ -276,9 +467,35 @@ absl::StatusOr<v1::JobSpec> Client::Parts::CreateJob(const v1::JobSpec& spec) {
 absl::StatusOr<v1::UploadParametersResponse> Client::Parts::UploadParameters(
     const std::string& job_id, const std::vector<TensorValues>& tensors) {
   std::vector<std::vector<TensorValues>> by(n());
+  std::deque<std::string> cut;  // a split tensor's blocks, row-major
   for (const TensorValues& t : tensors) {
     ZF_ASSIGN_OR_RETURN(int p, PartOf(t.name));
-    by[p].push_back(t);
+    const std::vector<Block> blocks = BlocksOf(t.name);
+    if (blocks.empty()) {
+      by[p].push_back(t);
+      continue;
+    }
+    const int64_t cols = blocks.back().first + blocks.back().cols;
+    if (t.shape.size() != 2 || t.shape[1] != cols || t.shape[0] < 1 || t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' is split into column blocks of its ", cols,
+          " columns: upload it whole, as a 2-D tensor with that many columns"));
+    }
+    const size_t size = DTypeSize(t.dtype);
+    const char* src = static_cast<const char*>(t.data);
+    for (const Block& b : blocks) {
+      std::string& block = cut.emplace_back();
+      block.resize(static_cast<size_t>(t.shape[0] * b.cols) * size);
+      for (int64_t r = 0; r < t.shape[0]; ++r) {
+        std::memcpy(block.data() + static_cast<size_t>(r * b.cols) * size,
+                    src + static_cast<size_t>(r * cols + b.first) * size,
+                    static_cast<size_t>(b.cols) * size);
+      }
+      TensorValues v = t;
+      v.shape = {t.shape[0], b.cols};
+      v.data = block.data();
+      by[b.part].push_back(v);
+    }
   }
   v1::UploadParametersResponse out;
   absl::Status exists;
@@ -294,6 +511,11 @@ absl::StatusOr<v1::UploadParametersResponse> Client::Parts::UploadParameters(
     out.set_tensors(out.tensors() + r->tensors());
   }
   if (!exists.ok()) return exists;
+  // A split tensor counts once, as on one daemon.
+  for (const TensorValues& t : tensors) {
+    const size_t blocks = BlocksOf(t.name).size();
+    if (blocks > 1) out.set_tensors(out.tensors() - static_cast<int64_t>(blocks - 1));
+  }
   return out;
 }
 
@@ -320,10 +542,10 @@ absl::StatusOr<v1::JoinJobResponse> Client::Parts::JoinJob(const std::string& jo
           " (was one restored from an older checkpoint?)"));
     }
   }
-  for (const v1::PartitionEntry& e : out.spec().partition().tensors()) {
-    for (const v1::ColumnSet& cs : joined[e.part()].selection().important()) {
-      if (cs.tensor() == e.tensor()) *sel->add_important() = cs;
-    }
+  std::vector<const v1::Selection*> sels;
+  for (const v1::JoinJobResponse& j : joined) sels.push_back(&j.selection());
+  for (v1::ColumnSet& cs : MergeSelections(out.spec().partition(), sels)) {
+    *sel->add_important() = std::move(cs);
   }
   return out;
 }
@@ -385,14 +607,36 @@ absl::StatusOr<v1::ColumnState> Client::Parts::GetState(const std::string& job_i
                                                         const std::string& tensor,
                                                         int64_t* selection_version) {
   ZF_ASSIGN_OR_RETURN(int p, PartOf(tensor));
-  absl::StatusOr<v1::ColumnState> s = clients_[p]->GetState(job_id, tensor, selection_version);
-  if (!s.ok()) return Named(p, s.status());
-  return s;
+  const std::vector<Block> blocks = BlocksOf(tensor);
+  if (blocks.empty()) {
+    absl::StatusOr<v1::ColumnState> s = clients_[p]->GetState(job_id, tensor, selection_version);
+    if (!s.ok()) return Named(p, s.status());
+    return s;
+  }
+  // A split tensor: every block's state, in column order.
+  v1::ColumnState out;
+  out.set_tensor(tensor);
+  int64_t version = -1;
+  for (const Block& b : blocks) {
+    int64_t v = -1;
+    absl::StatusOr<v1::ColumnState> s = clients_[b.part]->GetState(job_id, tensor, &v);
+    if (!s.ok()) return Named(b.part, s.status());
+    if (version >= 0 && v != version) {
+      return absl::AbortedError(absl::StrCat(
+          "job '", job_id, "': the daemons of tensor '", tensor, "' are at selections ", version,
+          " and ", v, " (a reselection ran while its state was read); read it again"));
+    }
+    version = v;
+    AppendState(*s, b.first, &out);
+  }
+  if (selection_version != nullptr) *selection_version = version;
+  return out;
 }
 
 absl::Status Client::Parts::SetState(const std::string& job_id, const v1::ColumnState& state) {
-  ZF_ASSIGN_OR_RETURN(int p, PartOf(state.tensor()));
-  return Named(p, clients_[p]->SetState(job_id, state));
+  ZF_ASSIGN_OR_RETURN(auto pieces, SplitState(state));
+  for (auto& [p, cs] : pieces) ZF_RETURN_IF_ERROR(Named(p, clients_[p]->SetState(job_id, cs)));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::Parts::GetStats(const std::string& job_id) {
@@ -415,7 +659,13 @@ absl::StatusOr<v1::Selection> Client::Parts::SubmitImportance(
   std::vector<std::vector<v1::TensorImportance>> by(n());
   for (const v1::TensorImportance& t : tensors) {
     ZF_ASSIGN_OR_RETURN(int p, PartOf(t.tensor()));
-    by[p].push_back(t);
+    const std::vector<Block> blocks = BlocksOf(t.tensor());
+    if (blocks.empty()) {
+      by[p].push_back(t);
+      continue;
+    }
+    // Every block's daemon chooses from the whole tensor's scores.
+    for (const Block& b : blocks) by[b.part].push_back(t);
   }
   // Every daemon takes part in every selection (its version counts them),
   // whether or not it has a tensor to choose for.
@@ -439,11 +689,9 @@ absl::StatusOr<v1::Selection> Client::Parts::SubmitImportance(
     MutexLock lock(&mu_);
     map = map_;
   }
-  for (const v1::PartitionEntry& e : map.tensors()) {
-    for (const v1::ColumnSet& cs : got[e.part()].important()) {
-      if (cs.tensor() == e.tensor()) *out.add_important() = cs;
-    }
-  }
+  std::vector<const v1::Selection*> sels;
+  for (const v1::Selection& g : got) sels.push_back(&g);
+  for (v1::ColumnSet& cs : MergeSelections(map, sels)) *out.add_important() = std::move(cs);
   return out;
 }
 
@@ -453,12 +701,17 @@ absl::StatusOr<v1::HandOffResponse> Client::Parts::HandOff(
   std::vector<std::vector<v1::ColumnState>> leave(n());
   std::vector<std::vector<std::string>> names(n());
   for (const v1::ColumnState& cs : leaving) {
-    ZF_ASSIGN_OR_RETURN(int p, PartOf(cs.tensor()));
-    leave[p].push_back(cs);
+    ZF_ASSIGN_OR_RETURN(auto pieces, SplitState(cs));
+    for (auto& [p, piece] : pieces) leave[p].push_back(std::move(piece));
   }
   for (const std::string& t : tensors) {
     ZF_ASSIGN_OR_RETURN(int p, PartOf(t));
-    names[p].push_back(t);
+    const std::vector<Block> blocks = BlocksOf(t);
+    if (blocks.empty()) {
+      names[p].push_back(t);
+      continue;
+    }
+    for (const Block& b : blocks) names[b.part].push_back(t);
   }
   // Every daemon when no tensors are named (all of them), else those of
   // the named tensors.
@@ -472,8 +725,26 @@ absl::StatusOr<v1::HandOffResponse> Client::Parts::HandOff(
     return absl::OkStatus();
   }));
   v1::HandOffResponse out;
+  // A split tensor's joining columns come from each block's daemon: one
+  // ColumnState of the tensor's columns, in column order, as one daemon gives.
+  std::map<std::string, std::vector<std::pair<int64_t, v1::ColumnState>>> split;
   for (int i : which) {
-    for (v1::ColumnState& cs : *got[i].mutable_joining()) *out.add_joining() = std::move(cs);
+    for (v1::ColumnState& cs : *got[i].mutable_joining()) {
+      const std::vector<Block> blocks = BlocksOf(cs.tensor());
+      const Block* b = BlockOn(blocks, i);
+      if (blocks.empty() || b == nullptr) {
+        *out.add_joining() = std::move(cs);
+        continue;
+      }
+      split[cs.tensor()].push_back({b->first, std::move(cs)});
+    }
+  }
+  for (auto& [name, pieces] : split) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    v1::ColumnState* whole = out.add_joining();
+    whole->set_tensor(name);
+    for (auto& [first, cs] : pieces) AppendState(cs, first, whole);
   }
   return out;
 }
@@ -509,10 +780,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Client::Parts::AllReduce(
 
 absl::Status Client::Parts::PushUp(v1::UpMessage msg) {
   switch (msg.kind_case()) {
-    case v1::UpMessage::kShard: {
-      ZF_ASSIGN_OR_RETURN(int p, PartOf(msg.shard().tensor()));
-      return Named(p, clients_[p]->PushUp(std::move(msg)));
-    }
+    case v1::UpMessage::kShard:
+      return PushShardMessage(std::move(msg));
     case v1::UpMessage::kClose:
       for (int i = 0; i < n(); ++i) ZF_RETURN_IF_ERROR(Named(i, clients_[i]->PushUp(msg)));
       return absl::OkStatus();
@@ -520,6 +789,37 @@ absl::Status Client::Parts::PushUp(v1::UpMessage msg) {
       return absl::InvalidArgumentError(
           "with several daemons an up message must be a shard or a round close");
   }
+}
+
+absl::Status Client::Parts::PushShardMessage(v1::UpMessage msg) {
+  const v1::GradientShard& shard = msg.shard();
+  ZF_ASSIGN_OR_RETURN(int p, PartOf(shard.tensor()));
+  if (BlocksOf(shard.tensor()).empty()) return Named(p, clients_[p]->PushUp(std::move(msg)));
+  const int64_t n = shard.columns_size();
+  const size_t per = n == 0 ? 0 : shard.payload().size() / static_cast<size_t>(n);
+  if (n == 0 || per * static_cast<size_t>(n) != shard.payload().size() ||
+      (shard.scales_size() != 0 && shard.scales_size() != n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard of tensor '", shard.tensor(), "' (split into column blocks): ",
+        shard.payload().size(), " payload bytes and ", shard.scales_size(), " scales for ", n,
+        " columns; need the same bytes for every column, and no scales or one per column"));
+  }
+  ZF_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(shard.tensor(), shard.columns().data(), n));
+  for (const Piece& pc : pieces) {
+    v1::UpMessage part;
+    v1::GradientShard* s = part.mutable_shard();
+    s->set_step(shard.step());
+    s->set_tensor(shard.tensor());
+    s->set_selection_version(shard.selection_version());
+    s->set_dtype(shard.dtype());
+    s->mutable_columns()->Add(pc.local.begin(), pc.local.end());
+    s->set_payload(shard.payload().substr(pc.begin * per, (pc.end - pc.begin) * per));
+    if (shard.scales_size() != 0) {
+      s->mutable_scales()->Add(shard.scales().begin() + pc.begin, shard.scales().begin() + pc.end);
+    }
+    ZF_RETURN_IF_ERROR(Named(pc.part, clients_[pc.part]->PushUp(std::move(part))));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Client::Parts::CloseRound(int64_t round, float lr, int32_t steps,
@@ -547,6 +847,7 @@ absl::StatusOr<RoundUpdate> Client::Parts::Combine(std::vector<RoundUpdate> part
   out.done = parts[0].done;
   double norm2 = 0;
   int32_t messages = 0;
+  std::map<std::string, std::vector<Block>> blocks;  // of the deltas' tensors
   for (int i = 0; i < n(); ++i) {
     RoundUpdate& u = parts[i];
     const v1::RoundDone& d = u.done;
@@ -556,7 +857,15 @@ absl::StatusOr<RoundUpdate> Client::Parts::Combine(std::vector<RoundUpdate> part
           out.done.selection_version(), ", ", out.done.steps(), " steps; ", targets_[i],
           ": selection ", d.selection_version(), ", ", d.steps(), " steps)"));
     }
-    for (v1::ParameterDelta& delta : u.deltas) out.deltas.push_back(std::move(delta));
+    for (v1::ParameterDelta& delta : u.deltas) {
+      // A split tensor's block: back to the tensor's columns.
+      auto it = blocks.find(delta.tensor());
+      if (it == blocks.end()) it = blocks.emplace(delta.tensor(), BlocksOf(delta.tensor())).first;
+      if (const Block* b = BlockOn(it->second, i); b != nullptr && b->first != 0) {
+        for (int32_t& c : *delta.mutable_columns()) c = static_cast<int32_t>(c + b->first);
+      }
+      out.deltas.push_back(std::move(delta));
+    }
     messages += d.delta_messages();
     norm2 += static_cast<double>(d.grad_norm()) * d.grad_norm();
     // What every rank gets alike, so ranks that decide from it (adaptive

@@ -3,12 +3,15 @@
 // calls out to one single-daemon Client per daemon. Internal to
 // client/client.cc: a Client whose target lists several daemons holds one.
 //
-// Every tensor lives on exactly one daemon (JobSpec.partition). Pushes,
-// uploads and state calls go to the tensor's daemon; round closes go to
-// every daemon; a round is whole when every daemon's part of it arrived.
-// Selection, hand-off and all-reduce are split by tensor and run on the
-// daemons at once; per-tensor top-k makes the parts' selections
-// independent, so the ranks end as they would on one daemon, bit for bit.
+// Every tensor lives on one daemon, or, when it is larger than a daemon's
+// share of the job, is split into column blocks on different daemons
+// (JobSpec.partition). Pushes, uploads and state calls go to the tensor's
+// daemon (a split tensor's: cut by block, in block-local columns); round
+// closes go to every daemon; a round is whole when every daemon's part of it
+// arrived. Selection, hand-off and all-reduce are split by tensor and run on
+// the daemons at once. Top-k is per tensor, and every block's daemon gets its
+// tensor's whole importance and keeps its block's share of the tensor's
+// top-k, so the ranks end as they would on one daemon, bit for bit.
 #ifndef ZENFLOW_CLIENT_PARTS_H_
 #define ZENFLOW_CLIENT_PARTS_H_
 
@@ -33,18 +36,26 @@ inline constexpr int kMaxDaemons = 64;  // daemons one job may spread over (as z
 absl::StatusOr<std::vector<std::string>> SplitTargets(const std::string& target);
 
 // The partition map of `spec` over `parts` daemons (version 1, `part` 0):
-// tensors in job order, each on one daemon, balancing the parameters the
-// daemons host (2-D tensors that are not local; every tensor in
-// zero_offload mode) greedily, largest first; a daemon with fewer tensors
-// wins a tie, then the lower index. INVALID_ARGUMENT when there are fewer
-// tensors than daemons.
-absl::StatusOr<v1::Partition> PlanPartition(const v1::JobSpec& spec, int parts);
+// tensors in job order, balancing the parameters the daemons host (2-D
+// tensors that are not local; every tensor in zero_offload mode). A hosted
+// 2-D tensor (not local) with more parameters than `split_params` is split
+// into ceil(params / split_params) column blocks; with split_params 0, one
+// of more than twice a daemon's share (share = ceil(hosted / parts)) into
+// ceil(params / share). Blocks: at most `parts` and the tensor's columns,
+// near-equal, the first ones a column wider. Then whole
+// tensors and blocks go greedily, largest first, onto the daemon with the
+// fewest hosted parameters that holds no other block of the same tensor; a
+// daemon with fewer entries wins a tie, then the lower index.
+// INVALID_ARGUMENT when there are fewer entries than daemons.
+absl::StatusOr<v1::Partition> PlanPartition(const v1::JobSpec& spec, int parts,
+                                            int64_t split_params = 0);
 // The spec daemon `part` gets: its tensors, and the map with its index.
 v1::JobSpec PartSpec(const v1::JobSpec& spec, const v1::Partition& map, int part);
 
 class Client::Parts {
  public:
-  Parts(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients);
+  Parts(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients,
+        int64_t split_params);
 
   absl::StatusOr<v1::JobSpec> CreateJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::UploadParametersResponse> UploadParameters(
@@ -67,9 +78,29 @@ class Client::Parts {
   absl::StatusOr<std::vector<std::vector<float>>> AllReduce(
       int64_t step, const std::vector<std::pair<std::string, const std::vector<float>*>>& parts);
   absl::Status PushUp(v1::UpMessage msg);
-  // The daemon that hosts `tensor` (FAILED_PRECONDITION before the map is
-  // known); its Client; a status with that daemon named in front.
+  // The daemon that hosts `tensor` (for a split tensor, its first block's;
+  // FAILED_PRECONDITION before the map is known); its Client; a status with
+  // that daemon named in front.
   absl::StatusOr<int> PartOf(const std::string& tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  // One column block of a split tensor: columns [first, first + cols) on `part`.
+  struct Block {
+    int part = 0;
+    int64_t first = 0;
+    int64_t cols = 0;
+  };
+  // A run of a push's columns that goes to one daemon: the input's columns
+  // [begin, end), as `local` columns of that daemon's tensor (for a split
+  // tensor block-local; else the same).
+  struct Piece {
+    int part = 0;
+    int64_t begin = 0, end = 0;
+    std::vector<int32_t> local;
+  };
+  // `n` columns of `tensor` cut into pieces by daemon, in order (one piece
+  // for a tensor that is not split). INVALID_ARGUMENT for a column outside
+  // a split tensor.
+  absl::StatusOr<std::vector<Piece>> Pieces(const std::string& tensor, const int32_t* columns,
+                                            int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
   Client* client(int part) { return clients_[part].get(); }
   absl::Status Named(int part, const absl::Status& s) const;
   absl::Status CloseRound(int64_t round, float lr, int32_t steps, const WorkerReport* report);
@@ -105,14 +136,30 @@ class Client::Parts {
   absl::StatusOr<std::optional<RoundUpdate>> Offer(int part, RoundUpdate u)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(rounds_mu_);
   absl::StatusOr<RoundUpdate> Combine(std::vector<RoundUpdate> parts);
+  // A split tensor's blocks (empty for a tensor that is not split).
+  std::vector<Block> BlocksOf(const std::string& tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  // The block of `tensor` on `part`, or null (not split, or not there).
+  static const Block* BlockOn(const std::vector<Block>& blocks, int part);
+  // The important columns of every tensor of `map`, from each daemon's
+  // answer (a split tensor's blocks joined into one ColumnSet).
+  std::vector<v1::ColumnSet> MergeSelections(const v1::Partition& map,
+                                             const std::vector<const v1::Selection*>& got)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `state` (any columns of a tensor) cut by daemon, in block-local columns.
+  absl::StatusOr<std::vector<std::pair<int, v1::ColumnState>>> SplitState(
+      const v1::ColumnState& state) ABSL_LOCKS_EXCLUDED(mu_);
+  // A push of one shard message, cut by block for a split tensor.
+  absl::Status PushShardMessage(v1::UpMessage msg);
 
   const std::vector<std::string> targets_;
   const std::vector<std::unique_ptr<Client>> clients_;
+  const int64_t split_params_;  // ClientOptions.split_tensor_params
 
   Mutex mu_;
   bool known_ ABSL_GUARDED_BY(mu_) = false;
   v1::Partition map_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> part_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<Block>> blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
   size_t recycle_next_ ABSL_GUARDED_BY(mu_) = 0;
 

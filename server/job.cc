@@ -92,7 +92,7 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
                        " must be 1-D [n] or 2-D [rows, cols]"));
     }
     for (int64_t d : t->shape()) {
-      if (d <= 0 || d > (int64_t{1} << 31)) {
+      if (d <= 0 || d > kMaxTensorDim) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", t->name(), "': shape ", ShapeString(t->shape()),
                          " must have dimensions in [1, 2^31]"));
@@ -261,9 +261,57 @@ absl::Status CheckPartition(const v1::JobSpec& spec) {
       return absl::InvalidArgumentError(absl::StrCat(
           "partition entry #", i, ": tensor name must have 1 to ", kMaxTensorNameBytes, " bytes"));
     }
-    if (!names.insert(e.tensor()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("partition lists tensor ", Quote(e.tensor()), " twice"));
+    // A block continues the previous entry's tensor, or starts a new one at
+    // column 0; a whole tensor appears once.
+    const bool block = e.columns() != 0;
+    const bool continues = i > 0 && p.tensors(i - 1).tensor() == e.tensor();
+    if (block) {
+      if (e.columns() < 0 || e.first_column() < 0 || e.columns() > kMaxTensorDim ||
+          e.first_column() > kMaxTensorDim - e.columns()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: block of tensor ", Quote(e.tensor()), " has first_column ",
+            e.first_column(), " and columns ", e.columns(), "; need columns in [1, 2^31] and the "
+            "block inside [0, 2^31]"));
+      }
+      const v1::PartitionEntry* prev = continues ? &p.tensors(i - 1) : nullptr;
+      const int64_t want = prev == nullptr ? 0 : prev->first_column() + prev->columns();
+      if (prev != nullptr && prev->columns() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition lists tensor ", Quote(e.tensor()), " whole and as a block"));
+      }
+      if (e.first_column() != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: block of tensor ", Quote(e.tensor()), " starts at column ",
+            e.first_column(), ", not ", want, " (a split tensor's blocks come one after another "
+            "in column order, from column 0)"));
+      }
+      if (prev == nullptr && !names.insert(e.tensor()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("partition lists tensor ", Quote(e.tensor()), " twice"));
+      }
+      const bool last = i + 1 == p.tensors_size() || p.tensors(i + 1).tensor() != e.tensor();
+      if (last && prev == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: tensor ", Quote(e.tensor()), " has a single block; a split tensor has "
+            "two or more (list it whole with columns 0)"));
+      }
+      for (int j = i - 1; j >= 0 && p.tensors(j).tensor() == e.tensor(); --j) {
+        if (p.tensors(j).part() == e.part()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "partition: two blocks of tensor ", Quote(e.tensor()), " are on part ", e.part(),
+              " (each block of a tensor has a part of its own)"));
+        }
+      }
+    } else {
+      if (e.first_column() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: tensor ", Quote(e.tensor()), " has first_column ", e.first_column(),
+            " but columns 0 (a whole tensor starts at column 0; a block needs columns > 0)"));
+      }
+      if (!names.insert(e.tensor()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("partition lists tensor ", Quote(e.tensor()), " twice"));
+      }
     }
     if (e.part() < 0 || e.part() >= p.parts()) {
       return absl::InvalidArgumentError(absl::StrCat("partition: tensor ", Quote(e.tensor()),
@@ -282,6 +330,17 @@ absl::Status CheckPartition(const v1::JobSpec& spec) {
           "partition: part ", p.part(), "'s tensors must be the job's tensors in the same order; "
           "the map has ", Quote(e.tensor()), " where the spec has ",
           mine < spec.tensors_size() ? Quote(spec.tensors(mine).name()) : "no more tensors"));
+    }
+    if (block) {
+      // The block is a 2-D tensor of the block's columns, chosen by top-k.
+      const v1::TensorSpec& t = spec.tensors(mine);
+      if (t.shape_size() != 2 || t.shape(1) != e.columns() || t.local()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "partition: tensor ", Quote(e.tensor()), " is split into blocks, so part ", p.part(),
+            "'s spec must give it as a 2-D tensor of its block's ", e.columns(),
+            " columns, not local (it has shape [", absl::StrJoin(t.shape(), ", "), "]",
+            t.local() ? ", local" : "", ")"));
+      }
     }
     ++mine;
   }
@@ -374,6 +433,26 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
     const size_t n = static_cast<size_t>(t.rows * t.cols);
     params_ += static_cast<int64_t>(n);
     t.important.assign(t.cols, 0);  // version 0: every column remote
+    t.select_cols = t.cols;
+  }
+  if (spec.has_partition()) {
+    // Blocks of split tensors (CheckPartition has checked the map): where
+    // this part's block starts and how many columns the whole tensor has.
+    const v1::Partition& p = spec.partition();
+    int mine = 0;
+    for (int i = 0; i < p.tensors_size(); ++i) {
+      const v1::PartitionEntry& e = p.tensors(i);
+      if (e.part() != p.part()) continue;
+      TensorState& t = tensors_[mine++];
+      if (e.columns() == 0) continue;
+      t.block_first = e.first_column();
+      int j = i;
+      while (j > 0 && p.tensors(j - 1).tensor() == e.tensor()) --j;
+      t.select_cols = 0;
+      for (; j < p.tensors_size() && p.tensors(j).tensor() == e.tensor(); ++j) {
+        t.select_cols += p.tensors(j).columns();
+      }
+    }
   }
   std::vector<TensorStore::Shape> shapes;
   for (const TensorState& t : tensors_) shapes.push_back({t.rows, t.cols});
@@ -1410,11 +1489,14 @@ void Job::SubmitImportance(const v1::SubmitImportanceRequest& req, uint64_t call
       }
       given[idx] = true;
       if (t.always_important) continue;  // ignored: fully important anyway
-      if (ti.scores_size() != t.cols) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ",
-                                                       ti.scores_size(),
-                                                       " importance scores for ", t.cols,
-                                                       " columns"));
+      if (ti.scores_size() != t.select_cols) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "': ", ti.scores_size(), " importance scores for ", t.select_cols,
+            " columns",
+            t.select_cols != t.cols
+                ? absl::StrCat(" (this daemon holds its columns [", t.block_first, ", ",
+                               t.block_first + t.cols, "); the scores are the whole tensor's)")
+                : ""));
       }
       for (int c = 0; c < ti.scores_size(); ++c) {
         if (!(ti.scores(c) >= 0 && std::isfinite(ti.scores(c)))) {
@@ -1470,8 +1552,19 @@ std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
       chosen.resize(t.cols);
       for (int64_t c = 0; c < t.cols; ++c) chosen[c] = static_cast<int32_t>(c);
     } else {
-      chosen = SelectTopK(selection_.SummedScores(static_cast<int>(ti), t.cols),
-                          TopKCount(k, t.cols));
+      chosen = SelectTopK(selection_.SummedScores(static_cast<int>(ti), t.select_cols),
+                          TopKCount(k, t.select_cols));
+      if (t.select_cols != t.cols) {
+        // A block: its part of the whole tensor's top-k, in its own columns.
+        std::vector<int32_t> in_block;
+        for (int32_t c : chosen) {
+          if (c >= t.block_first && c < t.block_first + t.cols) {
+            in_block.push_back(static_cast<int32_t>(c - t.block_first));
+          }
+        }
+        std::sort(in_block.begin(), in_block.end());
+        chosen = std::move(in_block);
+      }
     }
     std::fill(t.important.begin(), t.important.end(), 0);
     for (int32_t c : chosen) t.important[c] = 1;

@@ -48,6 +48,7 @@ inline constexpr size_t kMaxJobIdBytes = 128;
 inline constexpr size_t kMaxTensorNameBytes = 256;
 inline constexpr int kMaxTensors = 1 << 16;
 inline constexpr int kMaxPartitionParts = 64;  // daemons one job may spread over
+inline constexpr int64_t kMaxTensorDim = int64_t{1} << 31;  // of a shape's dimension
 
 // Daemon-wide resources a job uses. Not owned.
 struct JobContext {
@@ -261,6 +262,12 @@ class Job : public std::enable_shared_from_this<Job> {
     int64_t cols = 0;
     bool always_important = false;  // 1-D or local (in zenflow mode)
     DType param_dtype = DType::kF32;
+    // A column block of a tensor split over daemons (Partition): this
+    // tensor's columns are the whole tensor's [block_first, block_first +
+    // cols) of its select_cols; its importance covers every column of the
+    // whole tensor and top-k is the whole tensor's. Otherwise 0 and cols.
+    int64_t block_first = 0;
+    int64_t select_cols = 0;
     // (Master, m, v and counts: store_; round sums and arrivals: acc_.)
     std::vector<uint8_t> important;           // current selection
     std::vector<int32_t> important_cols;      // ascending

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -84,9 +85,13 @@ void ExpectSameBits(const std::vector<std::vector<std::vector<float>>>& a,
 
 // Over 2 and 3 daemons, sync and apply delay 1, the ranks end exactly where
 // the same job on one daemon ends; each daemon did its part of the work.
+// With `split` > 0 the partitioned runs split tensors of more than `split`
+// parameters into column blocks (ClientOptions.split_tensor_params): the
+// engine's w1 (8 x 24) and w2 (6 x 20) then lie on several daemons each.
 void RunAndCompare(int delay, const std::string& tag, DaemonProcess* const* daemons,
                    const std::function<std::string(int)>& targets,
-                   const std::function<EngineJob(const std::string&, int, int)>& job) {
+                   const std::function<EngineJob(const std::string&, int, int)>& job,
+                   int64_t split = 0) {
   absl::StatusOr<std::vector<std::vector<std::vector<float>>>> one =
       RunEngineRanks(job(tag + "-one", 1, delay));
   ASSERT_TRUE(one.ok()) << one.status();
@@ -97,7 +102,9 @@ void RunAndCompare(int delay, const std::string& tag, DaemonProcess* const* daem
   EXPECT_NE(std::memcmp((*one)[0][0].data(), (*other)[0][0].data(), (*one)[0][0].size() * 4), 0);
   for (int n : {2, 3}) {
     const std::string id = absl::StrCat(tag, "-", n);
-    absl::StatusOr<std::vector<std::vector<std::vector<float>>>> got = RunEngineRanks(job(id, n, delay));
+    EngineJob parted = job(id, n, delay);
+    parted.split_tensor_params = split;
+    absl::StatusOr<std::vector<std::vector<std::vector<float>>>> got = RunEngineRanks(parted);
     ASSERT_TRUE(got.ok()) << n << " daemons: " << got.status();
     ExpectSameBits(*got, *one, absl::StrCat(n, " daemons"));
     // Every daemon hosts its part of the job and no other.
@@ -110,7 +117,10 @@ void RunAndCompare(int delay, const std::string& tag, DaemonProcess* const* daem
       ASSERT_TRUE(j->spec().has_partition());
       EXPECT_EQ(j->spec().partition().parts(), n);
       EXPECT_EQ(j->spec().partition().part(), i);
-      EXPECT_EQ(j->spec().partition().tensors_size(), 3);
+      // Whole tensors: 3 entries. Split at 70 parameters: w1 (192) in
+      // min(n, 3) blocks, w2 (120) in 2, and b1.
+      const int entries = split == 0 ? 3 : std::min(n, 3) + 1 + 2;
+      EXPECT_EQ(j->spec().partition().tensors_size(), entries) << j->spec().partition().DebugString();
       for (const v1::TensorSpec& t : j->spec().tensors()) tensors_seen.push_back(t.name());
       absl::StatusOr<v1::GetStatsResponse> s = c->GetStats(id);
       ASSERT_TRUE(s.ok()) << s.status();
@@ -124,8 +134,15 @@ void RunAndCompare(int delay, const std::string& tag, DaemonProcess* const* daem
       EXPECT_GT(s->jobs(0).rounds_updated(), 0) << "daemon " << i;
     }
     std::sort(tensors_seen.begin(), tensors_seen.end());
-    EXPECT_EQ(tensors_seen, (std::vector<std::string>{"b1", "w1", "w2"}))
-        << "each tensor on exactly one daemon";
+    if (split == 0) {
+      EXPECT_EQ(tensors_seen, (std::vector<std::string>{"b1", "w1", "w2"}))
+          << "each tensor on exactly one daemon";
+    } else {
+      const std::vector<std::string> want =
+          n == 2 ? std::vector<std::string>{"b1", "w1", "w1", "w2", "w2"}
+                 : std::vector<std::string>{"b1", "w1", "w1", "w1", "w2", "w2"};
+      EXPECT_EQ(tensors_seen, want) << "a block of w1 and of w2 on each of several daemons";
+    }
     // Through the list, the client sees the whole job.
     std::unique_ptr<Client> all = Connect(targets(n));
     ASSERT_NE(all, nullptr);
@@ -135,7 +152,72 @@ void RunAndCompare(int delay, const std::string& tag, DaemonProcess* const* daem
     EXPECT_EQ(whole->spec().tensors(0).name(), "w1");
     EXPECT_EQ(whole->spec().tensors(1).name(), "b1");
     EXPECT_EQ(whole->spec().tensors(2).name(), "w2");
+    EXPECT_EQ(std::vector<int64_t>(whole->spec().tensors(0).shape().begin(),
+                                   whole->spec().tensors(0).shape().end()),
+              (std::vector<int64_t>{8, 24}))
+        << "a split tensor is whole again through the list";
     EXPECT_TRUE(whole->parameters_uploaded());
+    // A tensor's daemon-side state through the list (a split one gathered
+    // from its blocks) is the one-daemon job's, bit for bit.
+    std::unique_ptr<Client> lone = Connect(daemons[0]->target());
+    ASSERT_NE(lone, nullptr);
+    // A new job over the same daemons, set from that state before it starts
+    // (as a resume does), holds it exactly too.
+    const std::string resumed = id + "-resumed";
+    ClientOptions co = TestClientOptions(targets(n));
+    co.split_tensor_params = split;
+    absl::StatusOr<std::unique_ptr<Client>> fresh = Client::Connect(co);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EngineJob rj = parted;
+    rj.job_id = resumed;
+    rj.cfg.world = 1;
+    ASSERT_TRUE((*fresh)->CreateJob(EngineSpec(rj)).ok());
+    std::vector<std::vector<float>> zeros;
+    std::vector<Client::TensorValues> values;
+    for (const SimTensor& t : EngineModel()) zeros.emplace_back(t.rows * t.cols, 0.0f);
+    const std::vector<SimTensor> model = EngineModel();
+    for (size_t t = 0; t < model.size(); ++t) {
+      std::vector<int64_t> shape = model[t].one_d ? std::vector<int64_t>{model[t].cols}
+                                                  : std::vector<int64_t>{model[t].rows, model[t].cols};
+      values.push_back({model[t].name, shape, zeros[t].data(), DType::kF32});
+    }
+    absl::StatusOr<v1::UploadParametersResponse> up = (*fresh)->UploadParameters(resumed, values);
+    ASSERT_TRUE(up.ok()) << up.status();
+    EXPECT_EQ(up->tensors(), 3) << "a split tensor counts once";
+    for (const char* t : {"w1", "w2"}) {
+      absl::StatusOr<v1::ColumnState> mine = all->GetState(id, t, nullptr);
+      absl::StatusOr<v1::ColumnState> ref = lone->GetState(tag + "-one", t, nullptr);
+      ASSERT_TRUE(mine.ok()) << mine.status();
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      EXPECT_GT(mine->columns_size(), 0);
+      EXPECT_EQ(mine->SerializeAsString(), ref->SerializeAsString()) << t << " over " << n;
+      const absl::Status set = (*fresh)->SetState(resumed, *mine);
+      ASSERT_TRUE(set.ok()) << set;
+      // Every column is remote before the first selection: read back the
+      // columns that were set.
+      absl::StatusOr<v1::ColumnState> back = (*fresh)->GetState(resumed, t, nullptr);
+      ASSERT_TRUE(back.ok()) << back.status();
+      const int64_t rows = mine->values_size() / mine->columns_size();
+      for (int k = 0; k < mine->columns_size(); ++k) {
+        const int32_t c = mine->columns(k);
+        ASSERT_LT(c, back->columns_size());
+        EXPECT_EQ(back->columns(c), c);
+        EXPECT_EQ(std::memcmp(back->values().data() + c * rows, mine->values().data() + k * rows,
+                              rows * 4), 0)
+            << t << " column " << c;
+        EXPECT_EQ(back->update_counts(c), mine->update_counts(k));
+      }
+    }
+    EXPECT_TRUE((*fresh)->DeleteJob(resumed).ok());
+    if (split > 0) {
+      // A column the split tensor does not have is refused before any
+      // daemon sees it, and the job still answers.
+      const absl::Status bad =
+          all->PushColumns(0, "w1", 1, {24}, std::vector<float>(8).data(), 8, DType::kF32);
+      EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(bad.message().find("has no column 24"), std::string::npos) << bad;
+      EXPECT_TRUE(all->GetJob(id).ok());
+    }
     EXPECT_TRUE(all->DeleteJob(id).ok());
   }
 }
@@ -146,6 +228,16 @@ TEST_F(PartitionTest, SyncOverTwoAndThreeDaemonsEqualsOneDaemonBitForBit) {
 
 TEST_F(PartitionTest, DelayOneOverTwoAndThreeDaemonsEqualsOneDaemonBitForBit) {
   RunAndCompare(1, "delay1", daemons_, Targets, Job);
+}
+
+// The same with w1 and w2 split into column blocks over the daemons: top-k
+// stays the whole tensor's, so the ranks still end where one daemon takes them.
+TEST_F(PartitionTest, SyncWithTensorsSplitByColumnsEqualsOneDaemonBitForBit) {
+  RunAndCompare(0, "split-sync", daemons_, Targets, Job, /*split=*/70);
+}
+
+TEST_F(PartitionTest, DelayOneWithTensorsSplitByColumnsEqualsOneDaemonBitForBit) {
+  RunAndCompare(1, "split-delay1", daemons_, Targets, Job, /*split=*/70);
 }
 
 TEST_F(PartitionTest, ThePlanBalancesHostedParametersAndNeedsATensorPerDaemon) {
@@ -192,10 +284,54 @@ TEST_F(PartitionTest, ThePlanBalancesHostedParametersAndNeedsATensorPerDaemon) {
   for (const v1::PartitionEntry& e : fp->tensors()) fparts.push_back(e.part());
   EXPECT_EQ(fparts, (std::vector<int>{0, 1, 0, 1}));
   EXPECT_EQ(part1.partition().part(), 1);
-  // More daemons than tensors.
-  absl::StatusOr<v1::Partition> too_many = PlanPartition(spec, 7);
+  // More daemons than tensors (1-D tensors cannot be split).
+  absl::StatusOr<v1::Partition> too_many = PlanPartition(flat, 7);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(too_many.status().message().find("6 tensors"), std::string::npos) << too_many.status();
+  EXPECT_NE(too_many.status().message().find("4 tensors"), std::string::npos) << too_many.status();
+  // A tensor of more than twice a daemon's share is split by columns into
+  // blocks of about a share, each on a daemon of its own: over 4 daemons
+  // (share 1000 of 4000 hosted) "a" (10 x 300) goes in 3 blocks of 100
+  // columns; then the rest onto the lightest daemons.
+  v1::JobSpec big;
+  auto add_big = [&](const std::string& name, std::vector<int64_t> shape) {
+    v1::TensorSpec* t = big.add_tensors();
+    t->set_name(name);
+    t->mutable_shape()->Add(shape.begin(), shape.end());
+  };
+  add_big("a", {10, 300});  // 3000
+  add_big("b", {10, 60});   // 600
+  add_big("c", {10, 40});   // 400
+  absl::StatusOr<v1::Partition> bp = PlanPartition(big, 4);
+  ASSERT_TRUE(bp.ok()) << bp.status();
+  ASSERT_EQ(bp->tensors_size(), 5) << bp->DebugString();
+  std::vector<std::tuple<std::string, int, int64_t, int64_t, int64_t>> got;
+  for (const v1::PartitionEntry& e : bp->tensors()) {
+    got.emplace_back(e.tensor(), e.part(), e.first_column(), e.columns(), e.params());
+  }
+  // Largest first (the three blocks, then b, then c), each to the lightest
+  // daemon that holds no other block of its tensor.
+  EXPECT_EQ(got, (std::vector<std::tuple<std::string, int, int64_t, int64_t, int64_t>>{
+                     {"a", 0, 0, 100, 1000},
+                     {"a", 1, 100, 100, 1000},
+                     {"a", 2, 200, 100, 1000},
+                     {"b", 3, 0, 0, 600},
+                     {"c", 3, 0, 0, 400}}));
+  // Each block's daemon gets the tensor with the block's columns.
+  const v1::JobSpec big1 = PartSpec(big, *bp, 1);
+  ASSERT_EQ(big1.tensors_size(), 1);
+  EXPECT_EQ(big1.tensors(0).name(), "a");
+  EXPECT_EQ(big1.tensors(0).shape(1), 100);
+  // An explicit limit: blocks of at most that many parameters, never more
+  // blocks than daemons (uneven columns: the first blocks one wider).
+  absl::StatusOr<v1::Partition> lp = PlanPartition(big, 2, 250);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  std::vector<std::tuple<std::string, int64_t, int64_t>> blocks;
+  for (const v1::PartitionEntry& e : lp->tensors()) {
+    blocks.emplace_back(e.tensor(), e.first_column(), e.columns());
+  }
+  EXPECT_EQ(blocks, (std::vector<std::tuple<std::string, int64_t, int64_t>>{
+                        {"a", 0, 150}, {"a", 150, 150}, {"b", 0, 30}, {"b", 30, 30},
+                        {"c", 0, 20}, {"c", 20, 20}}));
 }
 
 TEST_F(PartitionTest, TargetListsAreChecked) {
@@ -262,6 +398,72 @@ TEST_F(PartitionTest, TheDaemonRefusesBadMapsAndThenTakesAGoodOne) {
       {"negative params", "params < 0",
        [](v1::JobSpec* s) { s->mutable_partition()->mutable_tensors(0)->set_params(-1); }},
   };
+  // A map whose "x" is split into columns [0, 3) here and [3, 8) on part 1.
+  auto split = [&](v1::JobSpec* s) {
+    s->mutable_tensors(0)->set_shape(1, 3);
+    v1::Partition* p = s->mutable_partition();
+    p->clear_tensors();
+    for (auto [part, first, cols] : {std::tuple<int, int, int>{0, 0, 3}, {1, 3, 5}}) {
+      v1::PartitionEntry* e = p->add_tensors();
+      e->set_tensor("x");
+      e->set_part(part);
+      e->set_first_column(first);
+      e->set_columns(cols);
+      e->set_params(4 * cols);
+    }
+    v1::PartitionEntry* z = p->add_tensors();
+    z->set_tensor("z");
+    z->set_part(0);
+    z->set_params(32);
+  };
+  const std::vector<Case> block_cases = {
+      {"a gap between blocks", "starts at column 4, not 3",
+       [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(1)->set_first_column(4); }},
+      {"not from column 0", "starts at column 1, not 0",
+       [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(0)->set_first_column(1); }},
+      {"two blocks on one part", "two blocks of tensor 'x' are on part 0",
+       [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(1)->set_part(0); }},
+      {"a single block", "has a single block",
+       [&](v1::JobSpec* s) {
+         split(s);
+         s->mutable_partition()->mutable_tensors()->DeleteSubrange(1, 1);
+         s->mutable_partition()->set_parts(2);
+       }},
+      {"whole and a block", "whole and as a block",
+       [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(0)->set_columns(0); }},
+      {"the block's shape", "2-D tensor of its block's 3 columns",
+       [&](v1::JobSpec* s) { split(s); s->mutable_tensors(0)->set_shape(1, 8); }},
+      {"a local block", ", local)",
+       [&](v1::JobSpec* s) { split(s); s->mutable_tensors(0)->set_local(true); }},
+      {"negative columns", "need columns in [1, 2^31]",
+       [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(1)->set_columns(-5); }},
+      {"past 2^31", "the block inside [0, 2^31]",
+       [&](v1::JobSpec* s) {
+         split(s);
+         s->mutable_partition()->mutable_tensors(1)->set_columns(int64_t{1} << 31);
+       }},
+      {"a whole tensor off column 0", "has first_column 2 but columns 0",
+       [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(2)->set_first_column(2); }},
+  };
+  for (const Case& k : block_cases) {
+    v1::JobSpec s = good();
+    k.spoil(&s);
+    absl::StatusOr<v1::JobSpec> r = c->CreateJob(s);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << r.status();
+    EXPECT_NE(r.status().message().find(k.expect), std::string::npos) << k.what << ": " << r.status();
+  }
+  {
+    // The split map itself is good.
+    v1::JobSpec s = good();
+    s.set_job_id("maps-split");
+    split(&s);
+    absl::StatusOr<v1::JobSpec> r = c->CreateJob(s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    absl::StatusOr<v1::GetJobResponse> j = c->GetJob("maps-split");
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(j->spec().partition().SerializeAsString(), s.partition().SerializeAsString());
+    EXPECT_TRUE(c->DeleteJob("maps-split").ok());
+  }
   for (const Case& k : cases) {
     v1::JobSpec s = good();
     k.spoil(&s);

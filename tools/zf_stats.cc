@@ -87,10 +87,15 @@ void Print(const v1::GetStatsResponse& s, const std::string& target) {
       const v1::Partition& p = j.partition();
       std::vector<std::string> here, elsewhere;
       for (const v1::PartitionEntry& e : p.tensors()) {
+        // A column block of a split tensor: name[columns first..end).
+        const std::string name =
+            e.columns() > 0 ? absl::StrCat(e.tensor(), "[columns ", e.first_column(), "..",
+                                           e.first_column() + e.columns(), ")")
+                            : e.tensor();
         if (e.part() == p.part()) {
-          here.push_back(e.tensor());
+          here.push_back(name);
         } else {
-          elsewhere.push_back(absl::StrCat(e.tensor(), "@", e.part()));
+          elsewhere.push_back(absl::StrCat(name, "@", e.part()));
         }
       }
       auto list = [](const std::vector<std::string>& v) {

@@ -143,6 +143,7 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
     grads.push_back(std::move(g));
   }
   ClientOptions co = TestClientOptions(job.target);
+  co.split_tensor_params = job.split_tensor_params;
   co.max_shard_bytes = 256;  // several shards per tensor
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec,

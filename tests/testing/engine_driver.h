@@ -27,6 +27,7 @@ struct EngineJob {
   LocalReducer* reducer = nullptr;
   bool rank_ordered_sums = false;  // JobSpec.rank_ordered_sums (reruns bit-identical)
   EngineOptions engine;            // the engine's options (staging)
+  int64_t split_tensor_params = 0;  // ClientOptions.split_tensor_params (several daemons)
 };
 
 // The model: tensors with fixed targets; initial values.
