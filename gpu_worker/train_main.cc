@@ -63,6 +63,10 @@ ABSL_FLAG(std::string, daemon_wait, "0s",
           "--state_dir), e.g. 60s: the rank reconnects and replays what the daemon may have "
           "lost; 0s = fail at once");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
+ABSL_FLAG(int64_t, split_tensor_params, 0,
+          "with several daemons in --target: split a 2-D tensor of more parameters than this "
+          "into column blocks over them (0: one of more than twice a daemon's share; README "
+          "\"Several daemons\")");
 ABSL_FLAG(std::string, token_file, "",
           "file whose first line is the job's token, sent with every call (README \"Security\"); "
           "every rank of the job uses the same one. Empty: $ZENFLOW_TOKEN; neither: with one "
@@ -324,6 +328,11 @@ absl::Status Run() {
     }
     ZF_ASSIGN_OR_RETURN(co.transport, ParseTransport(absl::GetFlag(FLAGS_transport)));
     co.ucx.tls = absl::GetFlag(FLAGS_ucx_tls);
+    co.split_tensor_params = absl::GetFlag(FLAGS_split_tensor_params);
+    if (co.split_tensor_params < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--split_tensor_params=", co.split_tensor_params, " must be >= 0 (0: automatic)"));
+    }
     if (!absl::ParseDuration(absl::GetFlag(FLAGS_daemon_wait), &co.daemon_wait) ||
         co.daemon_wait < absl::ZeroDuration()) {
       return absl::InvalidArgumentError(absl::StrCat("--daemon_wait=", absl::GetFlag(FLAGS_daemon_wait),

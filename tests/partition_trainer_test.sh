@@ -8,6 +8,8 @@
 #  - daemon B is SIGKILLed mid-run and started again on its port and
 #    --state_dir: it restores its part, the rank rides through
 #    (--daemon_wait) and still ends bit-identical;
+#  - the same with the model's 2-D tensors split by columns over A and B,
+#    uninterrupted and through B's SIGKILL and restart;
 #  - daemon B killed for good: the rank fails after --daemon_wait with
 #    UNAVAILABLE, and the message names B.
 set -euo pipefail
@@ -100,6 +102,30 @@ wait $rank || { echo "the rank failed"; cat "$dir/ride.err"; exit 1; }
 cmp "$dir/ref1.params" "$dir/ride.params" || {
   echo "the run through daemon B's restart differs from the uninterrupted run"; exit 1; }
 echo "daemon B killed and restarted mid-run: bit-identical"
+
+# The model's 2-D tensors split by columns over both daemons
+# (--split_tensor_params): still the one-daemon run's bits, and again through
+# daemon B's SIGKILL and restart (a block's daemon restores its block).
+"$TRAIN" "${one[@]}" --job=split1 --target="$A,$B" --split_tensor_params=1000 \
+  --save="$dir/split1.params" > "$dir/split1.out"
+cmp "$dir/ref1.params" "$dir/split1.params" || {
+  echo "one rank over two daemons with split tensors differs from the same job on one"; exit 1; }
+"$STATS" --target="$A,$B" --job=split1 > "$dir/split_stats.txt"
+grep -q "\[columns 0\.\." "$dir/split_stats.txt" || {
+  echo "./zf stats should show the column blocks:"; cat "$dir/split_stats.txt"; exit 1; }
+echo "tensors split by columns over two daemons: equal one bit for bit"
+"$TRAIN" "${one[@]}" --job=split-ride --target="$A,$B" --split_tensor_params=1000 \
+  --daemon_wait=60s --save="$dir/split-ride.params" > "$dir/split-ride.out" 2> "$dir/split-ride.err" &
+rank=$!
+for _ in $(seq 1 600); do [ "$(rounds_on "$B" split-ride)" -ge 12 ] && break; sleep 0.05; done
+kill -KILL "${pid[B]}"
+wait "${pid[B]}" 2>/dev/null || true
+start B
+wait $rank || { echo "the rank failed (split tensors)"; cat "$dir/split-ride.err"; exit 1; }
+[ "$(summary "$dir/split-ride.out" reconnects)" -ge 1 ] || { echo "the rank did not reconnect"; exit 1; }
+cmp "$dir/ref1.params" "$dir/split-ride.params" || {
+  echo "the split run through daemon B's restart differs from the uninterrupted run"; exit 1; }
+echo "split tensors, daemon B killed and restarted mid-run: bit-identical"
 
 # Daemon B gone for good: the rank fails after --daemon_wait, naming B.
 set +e
