@@ -712,12 +712,11 @@ struct Releaser {
 
 absl::Status Client::PushToParts(
     const std::string& tensor, const int32_t* columns, int64_t ncols,
-    const std::function<absl::Status(Client*, const std::vector<int32_t>&, int64_t, int64_t)>&
-        push) {
+    const std::function<absl::Status(Client*, const int32_t*, int64_t, int64_t)>& push) {
   ZF_ASSIGN_OR_RETURN(std::vector<Parts::Piece> pieces, parts_->Pieces(tensor, columns, ncols));
   for (const Parts::Piece& pc : pieces) {
     ZF_RETURN_IF_ERROR(parts_->Named(
-        pc.part, push(parts_->client(pc.part), pc.local, pc.begin, pc.end - pc.begin)));
+        pc.part, push(parts_->client(pc.part), pc.cols(columns), pc.begin, pc.end - pc.begin)));
   }
   return absl::OkStatus();
 }
@@ -727,8 +726,9 @@ absl::Status Client::PushColumns(int64_t step, const std::string& tensor, int64_
                                  int64_t rows, DType dtype) {
   if (parts_) {
     return PushToParts(tensor, columns.data(), static_cast<int64_t>(columns.size()),
-                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t) {
-                         return c->PushColumns(step, tensor, version, local,
+                       [&](Client* c, const int32_t* cols, int64_t begin, int64_t n) {
+                         return c->PushColumns(step, tensor, version,
+                                               std::vector<int32_t>(cols, cols + n),
                                                col_major + begin * rows, rows, dtype);
                        });
   }
@@ -775,8 +775,8 @@ absl::Status Client::PushEncoded(int64_t step, const std::string& tensor, int64_
   if (parts_) {
     const int64_t col_bytes = rows * static_cast<int64_t>(DTypeSize(dtype));
     return PushToParts(tensor, columns, ncols,
-                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
-                         return c->PushEncoded(step, tensor, version, local.data(), n,
+                       [&](Client* c, const int32_t* cols, int64_t begin, int64_t n) {
+                         return c->PushEncoded(step, tensor, version, cols, n,
                                                payload + begin * col_bytes, rows, dtype);
                        });
   }
@@ -789,8 +789,8 @@ absl::Status Client::PushInt8(int64_t step, const std::string& tensor, int64_t v
                               const float* scales, int64_t rows) {
   if (parts_) {
     return PushToParts(tensor, columns, ncols,
-                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
-                         return c->PushInt8(step, tensor, version, local.data(), n,
+                       [&](Client* c, const int32_t* cols, int64_t begin, int64_t n) {
+                         return c->PushInt8(step, tensor, version, cols, n,
                                             payload + begin * rows, scales + begin, rows);
                        });
   }
@@ -807,8 +807,8 @@ absl::Status Client::PushEncodedBorrowed(int64_t step, const std::string& tensor
     auto hold = std::make_shared<Releaser>(std::move(release));
     const int64_t col_bytes = rows * static_cast<int64_t>(DTypeSize(dtype));
     return PushToParts(tensor, columns, ncols,
-                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
-                         return c->PushEncodedBorrowed(step, tensor, version, local.data(), n,
+                       [&](Client* c, const int32_t* cols, int64_t begin, int64_t n) {
+                         return c->PushEncodedBorrowed(step, tensor, version, cols, n,
                                                        payload + begin * col_bytes, rows, dtype,
                                                        [hold] {});
                        });
@@ -825,8 +825,8 @@ absl::Status Client::PushInt8Borrowed(int64_t step, const std::string& tensor, i
   if (parts_) {
     auto hold = std::make_shared<Releaser>(std::move(release));
     return PushToParts(tensor, columns, ncols,
-                       [&](Client* c, const std::vector<int32_t>& local, int64_t begin, int64_t n) {
-                         return c->PushInt8Borrowed(step, tensor, version, local.data(), n,
+                       [&](Client* c, const int32_t* cols, int64_t begin, int64_t n) {
+                         return c->PushInt8Borrowed(step, tensor, version, cols, n,
                                                     payload + begin * rows, scales + begin, rows,
                                                     [hold] {});
                        });

@@ -286,12 +286,11 @@ class Client {
                                  const int32_t* columns, int64_t ncols, const char* payload,
                                  int64_t col_bytes, v1::DType dtype, const float* scales,
                                  std::function<void()> release);
-  // With several daemons: `push(daemon's client, local columns, first, n)`
-  // for each daemon's run of the columns (first and n index `columns`).
+  // With several daemons: `push(daemon's client, its columns, first, n)` for
+  // each daemon's run of the columns (first and n index `columns`).
   absl::Status PushToParts(
       const std::string& tensor, const int32_t* columns, int64_t ncols,
-      const std::function<absl::Status(Client*, const std::vector<int32_t>&, int64_t, int64_t)>&
-          push);
+      const std::function<absl::Status(Client*, const int32_t*, int64_t, int64_t)>& push);
   std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout);
   // ---- Riding through a daemon restart ----
   bool ride_through() const { return options_.daemon_wait > absl::ZeroDuration(); }

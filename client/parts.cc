@@ -64,6 +64,30 @@ void AppendState(const v1::ColumnState& block, int64_t first, v1::ColumnState* t
   to->mutable_update_counts()->MergeFrom(block.update_counts());
 }
 
+// The important columns of every tensor of `map`, from each daemon's
+// answer (a split tensor's blocks joined into one ColumnSet).
+std::vector<v1::ColumnSet> MergeSelections(const v1::Partition& map,
+                                           const std::vector<const v1::Selection*>& got) {
+  std::vector<v1::ColumnSet> out;
+  const auto& entries = map.tensors();
+  for (int i = 0; i < entries.size(); ++i) {
+    const v1::PartitionEntry& e = entries[i];
+    const bool continues = i > 0 && entries[i - 1].tensor() == e.tensor();
+    if (!continues) {
+      out.emplace_back();
+      out.back().set_tensor(e.tensor());
+    }
+    // (A daemon names every tensor it hosts, as one daemon does.)
+    for (const v1::ColumnSet& cs : got[e.part()]->important()) {
+      if (cs.tensor() != e.tensor()) continue;
+      for (int32_t c : cs.columns()) {
+        out.back().add_columns(static_cast<int32_t>(c + e.first_column()));
+      }
+    }
+  }
+  return out;
+}
+
 // The map without the part it was sent to: what every daemon must agree on.
 std::string MapKey(v1::Partition p) {
   p.set_part(0);
@@ -265,9 +289,13 @@ absl::Status Client::Parts::Learn(const std::vector<v1::JobSpec>& specs) {
   map_.set_part(0);
   part_of_.clear();
   blocks_.clear();
+  std::map<std::string, std::vector<Block>> split;
   for (const v1::PartitionEntry& e : map_.tensors()) {
     part_of_.emplace(e.tensor(), e.part());  // a split tensor: its first block's
-    if (e.columns() > 0) blocks_[e.tensor()].push_back({e.part(), e.first_column(), e.columns()});
+    if (e.columns() > 0) split[e.tensor()].push_back({e.part(), e.first_column(), e.columns()});
+  }
+  for (auto& [name, blocks] : split) {
+    blocks_[name] = std::make_shared<const std::vector<Block>>(std::move(blocks));
   }
   known_ = true;
   return absl::OkStatus();
@@ -305,7 +333,7 @@ absl::StatusOr<v1::JobSpec> Client::Parts::Merge(const std::vector<v1::JobSpec>&
   return out;
 }
 
-absl::StatusOr<int> Client::Parts::PartOf(const std::string& tensor) {
+absl::StatusOr<Client::Parts::Place> Client::Parts::Locate(const std::string& tensor) {
   MutexLock lock(&mu_);
   if (!known_) {
     return absl::FailedPreconditionError(
@@ -316,17 +344,26 @@ absl::StatusOr<int> Client::Parts::PartOf(const std::string& tensor) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", tensor, "' is not in the job's partition map"));
   }
-  return it->second;
+  Place place;
+  place.part = it->second;
+  if (auto b = blocks_.find(tensor); b != blocks_.end()) place.blocks = b->second;
+  return place;
 }
 
-std::vector<Client::Parts::Block> Client::Parts::BlocksOf(const std::string& tensor) {
+absl::StatusOr<int> Client::Parts::PartOf(const std::string& tensor) {
+  ZF_ASSIGN_OR_RETURN(Place place, Locate(tensor));
+  return place.part;
+}
+
+Client::Parts::Blocks Client::Parts::SplitOf(const std::string& tensor) {
   MutexLock lock(&mu_);
   auto it = blocks_.find(tensor);
-  return it == blocks_.end() ? std::vector<Block>{} : it->second;
+  return it == blocks_.end() ? nullptr : it->second;
 }
 
-const Client::Parts::Block* Client::Parts::BlockOn(const std::vector<Block>& blocks, int part) {
-  for (const Block& b : blocks) {
+const Client::Parts::Block* Client::Parts::BlockOn(const Blocks& blocks, int part) {
+  if (blocks == nullptr) return nullptr;
+  for (const Block& b : *blocks) {
     if (b.part == part) return &b;
   }
   return nullptr;
@@ -335,13 +372,13 @@ const Client::Parts::Block* Client::Parts::BlockOn(const std::vector<Block>& blo
 absl::StatusOr<std::vector<Client::Parts::Piece>> Client::Parts::Pieces(const std::string& tensor,
                                                                        const int32_t* columns,
                                                                        int64_t n) {
-  ZF_ASSIGN_OR_RETURN(int p, PartOf(tensor));
-  const std::vector<Block> blocks = BlocksOf(tensor);
+  ZF_ASSIGN_OR_RETURN(Place place, Locate(tensor));
   std::vector<Piece> out;
-  if (blocks.empty()) {
-    out.push_back({p, 0, n, std::vector<int32_t>(columns, columns + n)});
+  if (place.blocks == nullptr) {
+    out.push_back({place.part, 0, n, {}});  // the input's columns as they are
     return out;
   }
+  const std::vector<Block>& blocks = *place.blocks;
   // A new piece wherever the block changes (ascending columns: one per block).
   size_t at = 0;  // the block of the previous column
   for (int64_t i = 0; i < n; ++i) {
@@ -366,40 +403,19 @@ absl::StatusOr<std::vector<Client::Parts::Piece>> Client::Parts::Pieces(const st
   return out;
 }
 
-std::vector<v1::ColumnSet> Client::Parts::MergeSelections(
-    const v1::Partition& map, const std::vector<const v1::Selection*>& got) {
-  std::vector<v1::ColumnSet> out;
-  const auto& entries = map.tensors();
-  for (int i = 0; i < entries.size(); ++i) {
-    const v1::PartitionEntry& e = entries[i];
-    const bool continues = i > 0 && entries[i - 1].tensor() == e.tensor();
-    if (!continues) {
-      out.emplace_back();
-      out.back().set_tensor(e.tensor());
-    }
-    // (A daemon names every tensor it hosts, as one daemon does.)
-    for (const v1::ColumnSet& cs : got[e.part()]->important()) {
-      if (cs.tensor() != e.tensor()) continue;
-      for (int32_t c : cs.columns()) {
-        out.back().add_columns(static_cast<int32_t>(c + e.first_column()));
-      }
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<std::vector<std::pair<int, v1::ColumnState>>> Client::Parts::SplitState(
     const v1::ColumnState& state) {
+  ZF_ASSIGN_OR_RETURN(Place place, Locate(state.tensor()));
+  std::vector<std::pair<int, v1::ColumnState>> out;
+  if (place.blocks == nullptr) {
+    out.push_back({place.part, state});  // not split: as it is (the daemon checks it)
+    return out;
+  }
   const int n = state.columns_size();
   const int rows = n == 0 ? 0 : state.values_size() / n;
   const bool counts = state.update_counts_size() == n;
   const bool moments = state.m_size() == state.values_size() && state.v_size() == state.values_size();
   ZF_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(state.tensor(), state.columns().data(), n));
-  std::vector<std::pair<int, v1::ColumnState>> out;
-  if (pieces.size() == 1 && BlocksOf(state.tensor()).empty()) {
-    out.push_back({pieces[0].part, state});  // not split: as it is (the daemon checks it)
-    return out;
-  }
   if (static_cast<int64_t>(rows) * n != state.values_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "state of tensor '", state.tensor(), "': ", state.values_size(), " values for ", n,
@@ -468,13 +484,15 @@ absl::StatusOr<v1::UploadParametersResponse> Client::Parts::UploadParameters(
     const std::string& job_id, const std::vector<TensorValues>& tensors) {
   std::vector<std::vector<TensorValues>> by(n());
   std::deque<std::string> cut;  // a split tensor's blocks, row-major
+  int64_t extra = 0;            // blocks beyond a split tensor's first
   for (const TensorValues& t : tensors) {
-    ZF_ASSIGN_OR_RETURN(int p, PartOf(t.name));
-    const std::vector<Block> blocks = BlocksOf(t.name);
-    if (blocks.empty()) {
-      by[p].push_back(t);
+    ZF_ASSIGN_OR_RETURN(Place place, Locate(t.name));
+    if (place.blocks == nullptr) {
+      by[place.part].push_back(t);
       continue;
     }
+    const std::vector<Block>& blocks = *place.blocks;
+    extra += static_cast<int64_t>(blocks.size()) - 1;
     const int64_t cols = blocks.back().first + blocks.back().cols;
     if (t.shape.size() != 2 || t.shape[1] != cols || t.shape[0] < 1 || t.data == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -511,11 +529,7 @@ absl::StatusOr<v1::UploadParametersResponse> Client::Parts::UploadParameters(
     out.set_tensors(out.tensors() + r->tensors());
   }
   if (!exists.ok()) return exists;
-  // A split tensor counts once, as on one daemon.
-  for (const TensorValues& t : tensors) {
-    const size_t blocks = BlocksOf(t.name).size();
-    if (blocks > 1) out.set_tensors(out.tensors() - static_cast<int64_t>(blocks - 1));
-  }
+  out.set_tensors(out.tensors() - extra);  // a split tensor counts once, as on one daemon
   return out;
 }
 
@@ -606,9 +620,9 @@ absl::Status Client::Parts::DeleteJob(const std::string& job_id) {
 absl::StatusOr<v1::ColumnState> Client::Parts::GetState(const std::string& job_id,
                                                         const std::string& tensor,
                                                         int64_t* selection_version) {
-  ZF_ASSIGN_OR_RETURN(int p, PartOf(tensor));
-  const std::vector<Block> blocks = BlocksOf(tensor);
-  if (blocks.empty()) {
+  ZF_ASSIGN_OR_RETURN(Place place, Locate(tensor));
+  if (place.blocks == nullptr) {
+    const int p = place.part;
     absl::StatusOr<v1::ColumnState> s = clients_[p]->GetState(job_id, tensor, selection_version);
     if (!s.ok()) return Named(p, s.status());
     return s;
@@ -617,7 +631,7 @@ absl::StatusOr<v1::ColumnState> Client::Parts::GetState(const std::string& job_i
   v1::ColumnState out;
   out.set_tensor(tensor);
   int64_t version = -1;
-  for (const Block& b : blocks) {
+  for (const Block& b : *place.blocks) {
     int64_t v = -1;
     absl::StatusOr<v1::ColumnState> s = clients_[b.part]->GetState(job_id, tensor, &v);
     if (!s.ok()) return Named(b.part, s.status());
@@ -658,14 +672,13 @@ absl::StatusOr<v1::Selection> Client::Parts::SubmitImportance(
     int64_t step, const std::vector<v1::TensorImportance>& tensors) {
   std::vector<std::vector<v1::TensorImportance>> by(n());
   for (const v1::TensorImportance& t : tensors) {
-    ZF_ASSIGN_OR_RETURN(int p, PartOf(t.tensor()));
-    const std::vector<Block> blocks = BlocksOf(t.tensor());
-    if (blocks.empty()) {
-      by[p].push_back(t);
+    ZF_ASSIGN_OR_RETURN(Place place, Locate(t.tensor()));
+    if (place.blocks == nullptr) {
+      by[place.part].push_back(t);
       continue;
     }
     // Every block's daemon chooses from the whole tensor's scores.
-    for (const Block& b : blocks) by[b.part].push_back(t);
+    for (const Block& b : *place.blocks) by[b.part].push_back(t);
   }
   // Every daemon takes part in every selection (its version counts them),
   // whether or not it has a tensor to choose for.
@@ -705,13 +718,12 @@ absl::StatusOr<v1::HandOffResponse> Client::Parts::HandOff(
     for (auto& [p, piece] : pieces) leave[p].push_back(std::move(piece));
   }
   for (const std::string& t : tensors) {
-    ZF_ASSIGN_OR_RETURN(int p, PartOf(t));
-    const std::vector<Block> blocks = BlocksOf(t);
-    if (blocks.empty()) {
-      names[p].push_back(t);
+    ZF_ASSIGN_OR_RETURN(Place place, Locate(t));
+    if (place.blocks == nullptr) {
+      names[place.part].push_back(t);
       continue;
     }
-    for (const Block& b : blocks) names[b.part].push_back(t);
+    for (const Block& b : *place.blocks) names[b.part].push_back(t);
   }
   // Every daemon when no tensors are named (all of them), else those of
   // the named tensors.
@@ -730,9 +742,8 @@ absl::StatusOr<v1::HandOffResponse> Client::Parts::HandOff(
   std::map<std::string, std::vector<std::pair<int64_t, v1::ColumnState>>> split;
   for (int i : which) {
     for (v1::ColumnState& cs : *got[i].mutable_joining()) {
-      const std::vector<Block> blocks = BlocksOf(cs.tensor());
-      const Block* b = BlockOn(blocks, i);
-      if (blocks.empty() || b == nullptr) {
+      const Block* b = BlockOn(SplitOf(cs.tensor()), i);
+      if (b == nullptr) {
         *out.add_joining() = std::move(cs);
         continue;
       }
@@ -793,8 +804,8 @@ absl::Status Client::Parts::PushUp(v1::UpMessage msg) {
 
 absl::Status Client::Parts::PushShardMessage(v1::UpMessage msg) {
   const v1::GradientShard& shard = msg.shard();
-  ZF_ASSIGN_OR_RETURN(int p, PartOf(shard.tensor()));
-  if (BlocksOf(shard.tensor()).empty()) return Named(p, clients_[p]->PushUp(std::move(msg)));
+  ZF_ASSIGN_OR_RETURN(Place place, Locate(shard.tensor()));
+  if (place.blocks == nullptr) return Named(place.part, clients_[place.part]->PushUp(std::move(msg)));
   const int64_t n = shard.columns_size();
   const size_t per = n == 0 ? 0 : shard.payload().size() / static_cast<size_t>(n);
   if (n == 0 || per * static_cast<size_t>(n) != shard.payload().size() ||
@@ -847,7 +858,7 @@ absl::StatusOr<RoundUpdate> Client::Parts::Combine(std::vector<RoundUpdate> part
   out.done = parts[0].done;
   double norm2 = 0;
   int32_t messages = 0;
-  std::map<std::string, std::vector<Block>> blocks;  // of the deltas' tensors
+  std::map<std::string, Blocks> blocks;  // of the deltas' tensors (null: not split)
   for (int i = 0; i < n(); ++i) {
     RoundUpdate& u = parts[i];
     const v1::RoundDone& d = u.done;
@@ -860,7 +871,7 @@ absl::StatusOr<RoundUpdate> Client::Parts::Combine(std::vector<RoundUpdate> part
     for (v1::ParameterDelta& delta : u.deltas) {
       // A split tensor's block: back to the tensor's columns.
       auto it = blocks.find(delta.tensor());
-      if (it == blocks.end()) it = blocks.emplace(delta.tensor(), BlocksOf(delta.tensor())).first;
+      if (it == blocks.end()) it = blocks.emplace(delta.tensor(), SplitOf(delta.tensor())).first;
       if (const Block* b = BlockOn(it->second, i); b != nullptr && b->first != 0) {
         for (int32_t& c : *delta.mutable_columns()) c = static_cast<int32_t>(c + b->first);
       }

@@ -89,12 +89,16 @@ class Client::Parts {
     int64_t cols = 0;
   };
   // A run of a push's columns that goes to one daemon: the input's columns
-  // [begin, end), as `local` columns of that daemon's tensor (for a split
-  // tensor block-local; else the same).
+  // [begin, end). For a split tensor `local` holds them block-local; for a
+  // tensor that is not split it is empty (the daemon's columns are the
+  // input's): cols() gives the daemon's columns either way.
   struct Piece {
     int part = 0;
     int64_t begin = 0, end = 0;
     std::vector<int32_t> local;
+    const int32_t* cols(const int32_t* input) const {
+      return local.empty() ? input + begin : local.data();
+    }
   };
   // `n` columns of `tensor` cut into pieces by daemon, in order (one piece
   // for a tensor that is not split). INVALID_ARGUMENT for a column outside
@@ -136,15 +140,18 @@ class Client::Parts {
   absl::StatusOr<std::optional<RoundUpdate>> Offer(int part, RoundUpdate u)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(rounds_mu_);
   absl::StatusOr<RoundUpdate> Combine(std::vector<RoundUpdate> parts);
-  // A split tensor's blocks (empty for a tensor that is not split).
-  std::vector<Block> BlocksOf(const std::string& tensor) ABSL_LOCKS_EXCLUDED(mu_);
-  // The block of `tensor` on `part`, or null (not split, or not there).
-  static const Block* BlockOn(const std::vector<Block>& blocks, int part);
-  // The important columns of every tensor of `map`, from each daemon's
-  // answer (a split tensor's blocks joined into one ColumnSet).
-  std::vector<v1::ColumnSet> MergeSelections(const v1::Partition& map,
-                                             const std::vector<const v1::Selection*>& got)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  using Blocks = std::shared_ptr<const std::vector<Block>>;
+  // Where a tensor lives: its daemon (a split tensor's first block's), and
+  // for a split tensor its blocks (null otherwise). One lookup.
+  struct Place {
+    int part = 0;
+    Blocks blocks;
+  };
+  absl::StatusOr<Place> Locate(const std::string& tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  // A split tensor's blocks; null for one that is not split (or unknown).
+  Blocks SplitOf(const std::string& tensor) ABSL_LOCKS_EXCLUDED(mu_);
+  // The block on `part` of a split tensor, or null (not split, or not there).
+  static const Block* BlockOn(const Blocks& blocks, int part);
   // `state` (any columns of a tensor) cut by daemon, in block-local columns.
   absl::StatusOr<std::vector<std::pair<int, v1::ColumnState>>> SplitState(
       const v1::ColumnState& state) ABSL_LOCKS_EXCLUDED(mu_);
@@ -159,7 +166,7 @@ class Client::Parts {
   bool known_ ABSL_GUARDED_BY(mu_) = false;
   v1::Partition map_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> part_of_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::vector<Block>> blocks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Blocks> blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
   size_t recycle_next_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -445,13 +445,17 @@ TEST_F(PartitionTest, TheDaemonRefusesBadMapsAndThenTakesAGoodOne) {
       {"a whole tensor off column 0", "has first_column 2 but columns 0",
        [&](v1::JobSpec* s) { split(s); s->mutable_partition()->mutable_tensors(2)->set_first_column(2); }},
   };
-  for (const Case& k : block_cases) {
-    v1::JobSpec s = good();
-    k.spoil(&s);
-    absl::StatusOr<v1::JobSpec> r = c->CreateJob(s);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << r.status();
-    EXPECT_NE(r.status().message().find(k.expect), std::string::npos) << k.what << ": " << r.status();
-  }
+  // Each spoiled spec is refused with its reason.
+  auto refuse = [&](const std::vector<Case>& all) {
+    for (const Case& k : all) {
+      v1::JobSpec s = good();
+      k.spoil(&s);
+      absl::StatusOr<v1::JobSpec> r = c->CreateJob(s);
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << r.status();
+      EXPECT_NE(r.status().message().find(k.expect), std::string::npos) << k.what << ": " << r.status();
+    }
+  };
+  refuse(block_cases);
   {
     // The split map itself is good.
     v1::JobSpec s = good();
@@ -464,13 +468,7 @@ TEST_F(PartitionTest, TheDaemonRefusesBadMapsAndThenTakesAGoodOne) {
     EXPECT_EQ(j->spec().partition().SerializeAsString(), s.partition().SerializeAsString());
     EXPECT_TRUE(c->DeleteJob("maps-split").ok());
   }
-  for (const Case& k : cases) {
-    v1::JobSpec s = good();
-    k.spoil(&s);
-    absl::StatusOr<v1::JobSpec> r = c->CreateJob(s);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << r.status();
-    EXPECT_NE(r.status().message().find(k.expect), std::string::npos) << k.what << ": " << r.status();
-  }
+  refuse(cases);
   absl::StatusOr<v1::JobSpec> r = c->CreateJob(good());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->partition().tensors_size(), 3);
