@@ -55,6 +55,10 @@ struct ZenFlowOptimizer::Tensor {
   // m, v and (16-bit parameters only) the fp32 master of the important
   // columns: compact, column-major, like the packed gradients in gbuf.
   worker::DeviceBuffer d_important, d_remote, d_steps, m, v, master, gbuf, scores;
+  // The daemon's columns' gradients, packed like the shards (column-major,
+  // in `remote` order) and reduced across ranks, for the predicted step;
+  // reserved at the first one.
+  worker::DeviceBuffer pbuf;
 
   bool fp32() const { return dtype == DType::kF32; }
   float* param_f32() const { return static_cast<float*>(param); }
@@ -118,7 +122,14 @@ ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::J
       rank_(rank),
       interval_(std::max(1, spec.zenflow().update_interval())),
       zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD),
-      auto_interval_(spec.zenflow().auto_update_interval() && !zero_offload_) {}
+      auto_interval_(spec.zenflow().auto_update_interval() && !zero_offload_) {
+  // As the daemon decides which deltas carry the state (its job.cc).
+  const v1::ZenFlowConfig& z = spec.zenflow();
+  predicted_step_ = !zero_offload_ && z.predicted_step() &&
+                    spec.delta_kind() != v1::DELTA_ARITHMETIC &&
+                    z.apply_delay().kind_case() != v1::ApplyDelay::kSync &&
+                    (interval_ == 1 || auto_interval_);
+}
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
   // The client may still be sending from the host buffers: wait for it to
@@ -317,6 +328,11 @@ int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
       const double step_seconds = last_round_interval_ / static_cast<double>(last_done_steps_);
       const double want = std::ceil(1.2 * last_close_to_done_ / step_seconds);
       s = !(want < s_max) ? s_max : want <= 1 ? 1 : static_cast<int32_t>(want);  // NaN: S_max
+    } else if (predicted_step_ && last_done_round_ < 0) {
+      // Nothing measured yet: with the predicted step, start at one step
+      // per round (the first steps of fine-tuning weigh the most); the
+      // first RoundDone, at step 1's end, sets the pace from step 2 on.
+      s = 1;
     }
   }
   // The previous round, if still in flight, is applied before the round
@@ -387,6 +403,7 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   const ClientStats before = have_snapshot_ ? snapshot_ : client_->stats();
   last_ = StepStats();
   last_.step = step;
+  predict_now_ = false;  // a drain below applies without one
   if (IsSelectionStep(step)) {
     ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/true));  // rule 8: drain first
     ZF_RETURN_IF_ERROR(Reselect(step));
@@ -395,6 +412,8 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   }
   if (round_steps_ == 0) round_steps_ = ChooseInterval(step);  // the round's first step
   last_.update_interval = round_steps_;
+  predict_now_ = WillPredict(step);
+  predict_lr_ = lr;
   const double t_imp = Now();
   ZF_RETURN_IF_ERROR(UpdateImportant(step, lr));
   last_.important_seconds = Now() - t_imp;
@@ -411,6 +430,8 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   next_step_ = step + 1;
   last_lr_ = lr;
   ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/false));
+  if (predict_now_ && step == 0) ZF_RETURN_IF_ERROR(PredictFromZero());
+  predict_now_ = false;
   const ClientStats after = client_->stats();
   snapshot_ = after;
   have_snapshot_ = true;
@@ -521,40 +542,73 @@ absl::StatusOr<std::vector<v1::ColumnState>> ZenFlowOptimizer::LocalState() {
 }
 
 absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
-  std::vector<Tensor*> active;
+  std::vector<Tensor*> active, predicted;
   for (auto& t : tensors_) {
     if (!t->important.empty()) active.push_back(t.get());
+    if (predict_now_ && !t->remote.empty()) predicted.push_back(t.get());
   }
-  if (active.empty()) return absl::OkStatus();
+  if (active.empty() && predicted.empty()) return absl::OkStatus();
   for (Tensor* t : active) {
     ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_important.i32(),
                                              static_cast<int64_t>(t->important.size()),
                                              PackDType::kF32, t->gbuf.p(), nullptr));
   }
+  if (predict_now_) ZF_RETURN_IF_ERROR(PackPredicted());
+  // Every rank reduces the same parts in the same order: a tensor's
+  // important columns, then (with a predicted step this step) its daemon
+  // columns.
+  struct Part {
+    Tensor* t;
+    float* device;
+    int64_t n;
+  };
+  std::vector<Part> reduce;
+  for (auto& tp : tensors_) {
+    Tensor* t = tp.get();
+    if (!t->important.empty()) {
+      reduce.push_back({t, t->gbuf.f32(), static_cast<int64_t>(t->important.size()) * t->rows});
+    }
+    if (predict_now_ && !t->remote.empty()) {
+      reduce.push_back({t, t->pbuf.f32(), static_cast<int64_t>(t->remote.size()) * t->rows});
+    }
+  }
   if (spec_.world_size() > 1 && reducer_) {
     // Important gradients are reduced across ranks first (rule 4), here by
     // the caller's collective, device to device.
     std::vector<ReducePart> parts;
-    for (Tensor* t : active) {
-      parts.push_back({t->name, t->gbuf.f32(),
-                       static_cast<int64_t>(t->important.size()) * t->rows});
-    }
+    for (const Part& p : reduce) parts.push_back({p.t->name, p.device, p.n});
     ZF_RETURN_IF_ERROR(backend_->Synchronize());  // the packed gradients are there
     ZF_RETURN_IF_ERROR(reducer_(step, parts));
   } else if (spec_.world_size() > 1) {
-    // Important gradients are reduced across ranks first (rule 4).
-    std::vector<std::vector<float>> host(active.size());
-    for (size_t i = 0; i < active.size(); ++i) {
-      host[i].resize(active[i]->important.size() * active[i]->rows);
-      ZF_RETURN_IF_ERROR(backend_->CopyToHost(host[i].data(), active[i]->gbuf.p(), host[i].size() * 4));
+    // Important gradients are reduced across ranks first (rule 4): one part
+    // per tensor, its important columns' then its daemon columns' values.
+    std::vector<std::vector<float>> host;
+    std::vector<std::pair<std::string, const std::vector<float>*>> parts;
+    std::vector<int> part_of(reduce.size());
+    for (size_t i = 0; i < reduce.size(); ++i) {
+      if (i == 0 || reduce[i].t != reduce[i - 1].t) host.emplace_back();
+      part_of[i] = static_cast<int>(host.size()) - 1;
+      host.back().resize(host.back().size() + reduce[i].n);
+    }
+    std::vector<size_t> at(host.size(), 0);
+    for (size_t i = 0; i < reduce.size(); ++i) {
+      const int k = part_of[i];
+      ZF_RETURN_IF_ERROR(backend_->CopyToHost(host[k].data() + at[k], reduce[i].device, reduce[i].n * 4));
+      at[k] += reduce[i].n;
     }
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
-    std::vector<std::pair<std::string, const std::vector<float>*>> parts;
-    for (size_t i = 0; i < active.size(); ++i) parts.push_back({active[i]->name, &host[i]});
+    for (size_t i = 0; i < reduce.size(); ++i) {
+      if (i == 0 || part_of[i] != part_of[i - 1]) parts.push_back({reduce[i].t->name, &host[part_of[i]]});
+    }
     ZF_ASSIGN_OR_RETURN(std::vector<std::vector<float>> mean, client_->AllReduce(step, parts));
-    for (size_t i = 0; i < active.size(); ++i) {
-      if (mean[i].size() != host[i].size()) return absl::InternalError("all-reduce size mismatch");
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(active[i]->gbuf.p(), mean[i].data(), mean[i].size() * 4));
+    at.assign(host.size(), 0);
+    for (size_t i = 0; i < reduce.size(); ++i) {
+      const int k = part_of[i];
+      if (mean.size() != host.size() || mean[k].size() != host[k].size()) {
+        return absl::InternalError("all-reduce size mismatch");
+      }
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(reduce[i].device, mean[k].data() + at[k], reduce[i].n * 4));
+      at[k] += reduce[i].n;
     }
   }
   const v1::AdamWConfig& a = spec_.adamw();
@@ -718,6 +772,11 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
       ZF_RETURN_IF_ERROR(
           backend_->ApplyColumns16(t->param, p16, t->rows, t->cols, cols, n, p16, vals));
     }
+    // Rule 11: a one-step round applied one step late, with this step's
+    // gradient at hand: the daemon's next step of these columns, here.
+    if (predict_now_ && p.steps == 1 && step == p.close_step + 1 && !d.m().empty()) {
+      ZF_RETURN_IF_ERROR(PredictDelta(t, d, cols));
+    }
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     client_->Recycle(std::move(*d.mutable_payload()));
   }
@@ -727,6 +786,125 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
   last_done_steps_ = u.done.steps() > 0 ? u.done.steps() : p.steps;
   last_.rounds_applied += 1;
   last_.max_staleness_steps = std::max(last_.max_staleness_steps, step - p.close_step);
+  return absl::OkStatus();
+}
+
+bool ZenFlowOptimizer::WillPredict(int64_t step) const {
+  if (!predicted_step_ || round_steps_ != 1) return false;
+  // A new job's daemon columns start from m = v = 0 and no updates: step
+  // 0's prediction needs no message (round 0 is applied at step 1's end,
+  // as its delay is at least 1 without sync).
+  if (step == 0) return true;
+  // Otherwise the one-step round of the previous step, applied at this
+  // step's end (delay 1), carries the state. (A selection step drained it
+  // already: no prediction there.)
+  if (pending_.size() != 1) return false;
+  const Pending& p = pending_.front();
+  return p.close_step == step - 1 && p.steps == 1 && p.delay == 1;
+}
+
+absl::Status ZenFlowOptimizer::PackPredicted() {
+  for (auto& tp : tensors_) {
+    Tensor* t = tp.get();
+    if (t->remote.empty()) continue;
+    const int64_t n = static_cast<int64_t>(t->remote.size());
+    ZF_RETURN_IF_ERROR(t->pbuf.Reserve(backend_, static_cast<size_t>(t->cols * t->rows) * 4));
+    ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_remote.i32(), n,
+                                             PackDType::kF32, t->pbuf.p(), nullptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols) {
+  const int64_t n = d.columns_size();
+  const size_t bytes = static_cast<size_t>(n * t->rows) * 4;
+  if (d.m().size() != bytes || d.v().size() != bytes || d.update_counts_size() != n ||
+      d.master().size() != (t->fp32() ? 0 : bytes)) {
+    return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' (round ", d.round(),
+                                            ") carries a malformed state for the predicted step"));
+  }
+  // The message's columns are a run of the rank's daemon columns.
+  const auto first = std::lower_bound(t->remote.begin(), t->remote.end(), d.columns(0));
+  const int64_t at = first - t->remote.begin();
+  if (at + n > static_cast<int64_t>(t->remote.size()) ||
+      !std::equal(d.columns().begin(), d.columns().end(), first)) {
+    return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' (round ", d.round(),
+                                            ") is not for this rank's daemon columns"));
+  }
+  std::vector<int64_t> steps(d.update_counts().begin(), d.update_counts().end());
+  for (int64_t& c : steps) c += 1;
+  float* m = reinterpret_cast<float*>(d.mutable_m()->data());
+  float* v = reinterpret_cast<float*>(d.mutable_v()->data());
+  float* master = t->fp32() ? nullptr : reinterpret_cast<float*>(d.mutable_master()->data());
+  const int64_t* dsteps = steps.data();
+  if (backend_->name() != "cpu") {  // stage through device scratch
+    ZF_RETURN_IF_ERROR(scratch_m_.Reserve(backend_, bytes));
+    ZF_RETURN_IF_ERROR(scratch_v_.Reserve(backend_, bytes));
+    ZF_RETURN_IF_ERROR(scratch_steps_.Reserve(backend_, n * 8));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_m_.p(), m, bytes));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_v_.p(), v, bytes));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_steps_.p(), steps.data(), n * 8));
+    m = scratch_m_.f32();
+    v = scratch_v_.f32();
+    dsteps = scratch_steps_.i64();
+    if (master != nullptr) {
+      ZF_RETURN_IF_ERROR(scratch_master_.Reserve(backend_, bytes));
+      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_master_.p(), master, bytes));
+      master = scratch_master_.f32();
+    }
+  }
+  const v1::AdamWConfig& a = spec_.adamw();
+  const AdamWHyper h{predict_lr_, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
+  const float* g = t->pbuf.f32() + at * t->rows;
+  if (t->fp32()) {
+    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols, cols, n,
+                                                dsteps, g, m, v));
+  } else {
+    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(h, 1.0f, t->param, Param16(t->dtype), t->rows,
+                                                  t->cols, cols, n, dsteps, g, master, m, v));
+  }
+  // The scratch (and, on the CPU, the message's own buffers) is reused.
+  return backend_->Synchronize();
+}
+
+absl::Status ZenFlowOptimizer::PredictFromZero() {
+  const v1::AdamWConfig& a = spec_.adamw();
+  const AdamWHyper h{predict_lr_, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
+  for (auto& tp : tensors_) {
+    Tensor* t = tp.get();
+    if (t->remote.empty()) continue;
+    const int64_t n = static_cast<int64_t>(t->remote.size());
+    const size_t bytes = static_cast<size_t>(n * t->rows) * 4;
+    const std::vector<float> zeros(static_cast<size_t>(n * t->rows), 0.0f);
+    const std::vector<int64_t> ones(static_cast<size_t>(n), 1);
+    ZF_RETURN_IF_ERROR(scratch_m_.Reserve(backend_, bytes));
+    ZF_RETURN_IF_ERROR(scratch_v_.Reserve(backend_, bytes));
+    ZF_RETURN_IF_ERROR(scratch_steps_.Reserve(backend_, n * 8));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_m_.p(), zeros.data(), bytes));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_v_.p(), zeros.data(), bytes));
+    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_steps_.p(), ones.data(), n * 8));
+    const float* g = t->pbuf.f32();
+    if (t->fp32()) {
+      ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols,
+                                                  t->d_remote.i32(), n, scratch_steps_.i64(), g,
+                                                  scratch_m_.f32(), scratch_v_.f32()));
+    } else {
+      // The daemon's master of these columns is the uploaded parameters'
+      // exact value.
+      const PackDType p16 = Param16(t->dtype);
+      const size_t all = static_cast<size_t>(t->rows * t->cols);
+      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, all * 4));
+      ZF_RETURN_IF_ERROR(scratch_master_.Reserve(backend_, bytes));
+      ZF_RETURN_IF_ERROR(backend_->Convert(t->param, p16, scratch_vals_.p(), PackDType::kF32, all));
+      ZF_RETURN_IF_ERROR(backend_->PackColumns(scratch_vals_.f32(), t->rows, t->cols,
+                                               t->d_remote.i32(), n, PackDType::kF32,
+                                               scratch_master_.p(), nullptr));
+      ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(
+          h, 1.0f, t->param, p16, t->rows, t->cols, t->d_remote.i32(), n, scratch_steps_.i64(), g,
+          scratch_master_.f32(), scratch_m_.f32(), scratch_v_.f32()));
+    }
+    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+  }
   return absl::OkStatus();
 }
 

@@ -209,6 +209,15 @@ class ZenFlowOptimizer {
   absl::Status ApplyDue(int64_t step, bool drain);
   int32_t DecideDelay(const Pending& p);
   absl::Status SetImportant(Tensor& t, std::vector<int32_t> cols);
+  // The predicted step (DESIGN rule 11): whether this step ends with one,
+  // decided at its start; the daemon's columns' gradients packed (and
+  // reduced across ranks) for it; and the step itself on the columns of
+  // one delta message (state from the message) or, at step 0, of every
+  // tensor's daemon columns from the zero state of a new job.
+  bool WillPredict(int64_t step) const;
+  absl::Status PackPredicted();
+  absl::Status PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols);
+  absl::Status PredictFromZero();
 
   worker::Backend* const backend_;
   Client* const client_;
@@ -255,6 +264,11 @@ class ZenFlowOptimizer {
   std::unique_ptr<worker::DeviceBuffer[]> scales_dev_;  // int8 wire: per-column scales
   std::vector<std::vector<float>> scales_host_;
   float last_lr_ = 0;
+  // The predicted step: enabled for the job; this step has one; its lr.
+  bool predicted_step_ = false;
+  bool predict_now_ = false;
+  float predict_lr_ = 0;
+  worker::DeviceBuffer scratch_m_, scratch_v_, scratch_master_, scratch_steps_;
   ClientStats snapshot_;  // client stats at the end of the last step
   bool have_snapshot_ = false;
   StepStats last_;

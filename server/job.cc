@@ -171,7 +171,14 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
     z->set_full_warmup_rounds(0);
     z->set_auto_update_interval(false);
     z->mutable_apply_delay()->set_sync(true);
+    z->set_predicted_step(false);
   } else if (spec->mode() == v1::MODE_ZENFLOW) {
+    if (!z->has_predicted_step()) z->set_predicted_step(spec->delta_kind() != v1::DELTA_ARITHMETIC);
+    if (z->predicted_step() && spec->delta_kind() == v1::DELTA_ARITHMETIC) {
+      return absl::InvalidArgumentError(
+          "zenflow.predicted_step needs DELTA_VALUES: a rank's predicted step is replaced by the "
+          "next round's values, which arithmetic deltas would add to it instead");
+    }
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
     if (z->update_interval() == 0) z->set_update_interval(4);
     // (Only for an update_interval in range, checked below: 25 x a larger
@@ -360,6 +367,17 @@ absl::Status CheckPartition(const v1::JobSpec& spec) {
 
 // ---------------------------------------------------------------------------
 
+namespace {
+// Whether a job's rounds can have one step and carry the predicted step's
+// state (ZenFlowConfig.predicted_step): a normalized spec.
+bool MayCarryMoments(const v1::JobSpec& spec) {
+  const v1::ZenFlowConfig& z = spec.zenflow();
+  return spec.mode() == v1::MODE_ZENFLOW && z.predicted_step() &&
+         z.apply_delay().kind_case() != v1::ApplyDelay::kSync &&
+         (z.update_interval() == 1 || z.auto_update_interval());
+}
+}  // namespace
+
 absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
   JobFootprint f;
   bool overflow = false;
@@ -382,7 +400,10 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     add(&f.bookkeeping_bytes, mul(cols, sizeof(int64_t) + 1 + 2 * sizeof(int32_t)));
     add(&f.bookkeeping_bytes,
         mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
-    const int64_t out = arithmetic ? 2 * 4 : (t.dtype() == v1::DTYPE_FP32 ? 4 : 2);
+    int64_t out = arithmetic ? 2 * 4 : (t.dtype() == v1::DTYPE_FP32 ? 4 : 2);
+    // One-step rounds' deltas carry fp32 m, v (and master) for the
+    // predicted step.
+    if (MayCarryMoments(spec)) out += t.dtype() == v1::DTYPE_FP32 ? 8 : 12;
     add(&delta_round, mul(n, out));
   }
   f.delta_bytes = mul(delta_round, 2);
@@ -1314,6 +1335,8 @@ namespace {
 
 }  // namespace
 
+bool Job::WithMoments(int32_t steps) const { return steps == 1 && MayCarryMoments(spec_); }
+
 std::vector<std::vector<int32_t>> Job::RemoteColumnsLocked() const {
   std::vector<std::vector<int32_t>> remote(tensors_.size());
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
@@ -1351,6 +1374,7 @@ void Job::RunUpdate(UpdateLease lease) {
   in.hyper = AdamWHyper{rs.lr, cfg.beta1(), cfg.beta2(), cfg.eps(), cfg.weight_decay()};
   in.max_grad_norm = cfg.max_grad_norm();
   in.arithmetic = spec_.delta_kind() == v1::DELTA_ARITHMETIC;
+  in.moments = WithMoments(rs.steps);
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
   in.pool = ctx_.pool;
@@ -1361,7 +1385,9 @@ void Job::RunUpdate(UpdateLease lease) {
 
   int64_t delta_bytes = 0;
   for (const v1::DownMessage& d : deltas) {
-    delta_bytes += static_cast<int64_t>(d.delta().payload().size());
+    const v1::ParameterDelta& x = d.delta();
+    delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
+                                        x.master().size() + 8 * x.update_counts_size());
   }
   // One copy of each delta, shared by every rank's outbox.
   std::vector<Mailbox::Message> shared;

@@ -180,6 +180,9 @@ class Job : public std::enable_shared_from_this<Job> {
  private:
   // Per tensor: the daemon's (unimportant) columns now, ascending.
   std::vector<std::vector<int32_t>> RemoteColumnsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the deltas of a round of `steps` steps carry the columns' state
+  // for the ranks' predicted step (ZenFlowConfig.predicted_step).
+  bool WithMoments(int32_t steps) const;
 
  public:
 

@@ -49,6 +49,45 @@ TEST(NormalizeJobSpecTest, FillsDefaults) {
   EXPECT_EQ(spec.max_shard_bytes(), 4 << 20);
 }
 
+TEST(NormalizeJobSpecTest, PredictedStepIsOnUnlessArithmeticOrZeroOffload) {
+  v1::JobSpec spec = OneTensorSpec(1, 1);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_TRUE(spec.zenflow().has_predicted_step());
+  EXPECT_TRUE(spec.zenflow().predicted_step());
+  spec = OneTensorSpec(1, 1);
+  spec.mutable_zenflow()->set_predicted_step(false);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().predicted_step());
+  spec = OneTensorSpec(1, 1);
+  spec.set_delta_kind(v1::DELTA_ARITHMETIC);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().predicted_step());
+  spec.mutable_zenflow()->set_predicted_step(true);
+  const absl::Status bad = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  spec = OneTensorSpec(1, 1);
+  spec.set_mode(v1::MODE_ZERO_OFFLOAD);
+  spec.mutable_zenflow()->set_predicted_step(true);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().predicted_step());
+}
+
+// One-step rounds' deltas carry fp32 m and v (and, 16-bit, the master):
+// the footprint counts them where rounds can have one step.
+TEST(JobFootprintTest, CountsThePredictedStepsStateWhereRoundsCanHaveOneStep) {
+  v1::JobSpec four = OneTensorSpec(1, 4), one = OneTensorSpec(1, 1);
+  ASSERT_TRUE(NormalizeJobSpec(&four, 64 << 20).ok());
+  ASSERT_TRUE(NormalizeJobSpec(&one, 64 << 20).ok());
+  absl::StatusOr<JobFootprint> f4 = ComputeJobFootprint(four), f1 = ComputeJobFootprint(one);
+  ASSERT_TRUE(f4.ok() && f1.ok());
+  EXPECT_EQ(f1->delta_bytes, 3 * f4->delta_bytes);  // fp32: values + m + v, twice
+  v1::JobSpec automatic = four;
+  automatic.mutable_zenflow()->set_auto_update_interval(true);
+  EXPECT_EQ(ComputeJobFootprint(automatic)->delta_bytes, f1->delta_bytes);
+  one.mutable_zenflow()->set_predicted_step(false);
+  EXPECT_EQ(ComputeJobFootprint(one)->delta_bytes, f4->delta_bytes);
+}
+
 TEST(NormalizeJobSpecTest, ZeroOffloadForcesItsSettings) {
   v1::JobSpec spec = OneTensorSpec(1, 4);
   spec.set_mode(v1::MODE_ZERO_OFFLOAD);
@@ -457,7 +496,9 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   EXPECT_EQ(f->params, 6);
   EXPECT_EQ(f->state_bytes, 6 * 20);
   EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
-  EXPECT_EQ(f->delta_bytes, 2 * 6 * 2);                   // two rounds of bf16 deltas
+  // Two rounds of bf16 deltas, each with fp32 m, v and master (one-step
+  // rounds carry the predicted step's state).
+  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 12));
   EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
   // Rank-ordered sums: two accumulation buffers per rank.
   spec.set_rank_ordered_sums(true);

@@ -32,7 +32,7 @@ struct ColumnRun {
 std::vector<v1::DownMessage> EncodeDeltas(
     int64_t round, const std::vector<RoundUpdateTensor>& tensors,
     const std::vector<std::vector<int32_t>>& remote, TensorStore* store,
-    const std::vector<std::vector<float>>* old_values, int64_t max_shard_bytes,
+    const std::vector<std::vector<float>>* old_values, int64_t max_shard_bytes, bool moments,
     const std::function<void(size_t, const std::function<void(size_t, size_t)>&)>& parallel) {
   const bool arithmetic = old_values != nullptr;
   struct Chunk {
@@ -43,8 +43,10 @@ std::vector<v1::DownMessage> EncodeDeltas(
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const RoundUpdateTensor& t = tensors[ti];
     const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-    const size_t per = static_cast<size_t>(
-        ColumnsPerMessage(max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out))));
+    // With moments every element also takes fp32 m and v (and master).
+    const int64_t state_bytes = moments ? (t.param_dtype == DType::kF32 ? 8 : 12) : 0;
+    const size_t per = static_cast<size_t>(ColumnsPerMessage(
+        max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out)) + state_bytes));
     for (size_t i = 0; i < remote[ti].size(); i += per) {
       chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
     }
@@ -65,6 +67,13 @@ std::vector<v1::DownMessage> EncodeDeltas(
       std::string* payload = d->mutable_payload();
       payload->resize(n * t.rows * DTypeSize(out));
       char* dst = payload->data();
+      const bool master = moments && t.param_dtype != DType::kF32;
+      const size_t col_bytes = static_cast<size_t>(t.rows) * sizeof(float);
+      if (moments) {
+        d->mutable_m()->resize(n * col_bytes);
+        d->mutable_v()->resize(n * col_bytes);
+        if (master) d->mutable_master()->resize(n * col_bytes);
+      }
       for (size_t i = ch.begin; i < ch.end; ++i) {
         const int32_t c = remote[ch.tensor][i];
         d->add_columns(c);
@@ -74,6 +83,13 @@ std::vector<v1::DownMessage> EncodeDeltas(
           const float* old = (*old_values)[ch.tensor].data() + i * t.rows;
           for (int64_t r = 0; r < t.rows; ++r) diff[r] = src[r] - old[r];
           src = diff.data();
+        }
+        if (moments) {
+          const size_t at = (i - ch.begin) * col_bytes;
+          std::memcpy(d->mutable_m()->data() + at, store->m(ch.tensor, c), col_bytes);
+          std::memcpy(d->mutable_v()->data() + at, store->v(ch.tensor, c), col_bytes);
+          if (master) std::memcpy(d->mutable_master()->data() + at, src, col_bytes);
+          d->add_update_counts(store->count(ch.tensor, c));
         }
         Encode(out, src, t.rows, dst);
         dst += t.rows * DTypeSize(out);
@@ -87,8 +103,9 @@ std::vector<v1::DownMessage> EncodeDeltas(
 
 std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundUpdateTensor>& tensors,
                                          const std::vector<std::vector<int32_t>>& remote,
-                                         TensorStore* store, int64_t max_shard_bytes) {
-  return EncodeDeltas(round, tensors, remote, store, nullptr, max_shard_bytes,
+                                         TensorStore* store, int64_t max_shard_bytes,
+                                         bool moments) {
+  return EncodeDeltas(round, tensors, remote, store, nullptr, max_shard_bytes, moments,
                       [](size_t n, const std::function<void(size_t, size_t)>& fn) {
                         if (n > 0) fn(0, n);
                       });
@@ -225,7 +242,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
   std::vector<v1::DownMessage> deltas;
   if (!skip) {
     deltas = EncodeDeltas(round, tensors_, remote, store_, arithmetic ? &old_values : nullptr,
-                          in.max_shard_bytes, parallel);
+                          in.max_shard_bytes, in.moments && !arithmetic, parallel);
   }
   RoundUpdateResult out;
   out.skipped = skip;

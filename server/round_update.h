@@ -2,7 +2,8 @@
 // mean of the round's sums (clipped if asked), one AdamW step on the
 // daemon's columns of the tensor store (bias correction by each column's own
 // count), the round's sums cleared, and the new values (or arithmetic
-// deltas) encoded as ParameterDelta messages of at most max_shard_bytes. A
+// deltas) encoded as ParameterDelta messages of at most max_shard_bytes
+// (with the columns' state for the predicted step, if asked). A
 // round whose shards were non-finite, or whose mean cannot give a finite
 // update, is skipped: the store is untouched and the sums are cleared.
 //
@@ -78,6 +79,10 @@ struct RoundUpdateInput {
   AdamWHyper hyper;  // its lr is replaced by `lr`
   float max_grad_norm = 0;  // 0: no clipping
   bool arithmetic = false;  // deltas as fp32 new - old instead of new values
+  // The deltas also carry the columns' m, v, update counts and (16-bit
+  // parameters) fp32 master after the update (ParameterDelta.m ...), for
+  // the ranks' predicted step; values kind only.
+  bool moments = false;
   int64_t max_shard_bytes = 4 << 20;
   SimdLevel simd = SimdLevel::kScalar;
   ThreadPool* pool = nullptr;  // large updates are spread over it
@@ -98,7 +103,8 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease);
 // same messages, byte for byte. For a rank that lost them in a restart.
 std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundUpdateTensor>& tensors,
                                          const std::vector<std::vector<int32_t>>& remote,
-                                         TensorStore* store, int64_t max_shard_bytes);
+                                         TensorStore* store, int64_t max_shard_bytes,
+                                         bool moments);
 
 }  // namespace zenflow
 

@@ -240,11 +240,16 @@ TEST_F(BadInputTest, CreateJobBadSpecsAreInvalidArgument) {
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
                "tensor 'w' is bf16: DELTA_ARITHMETIC needs fp32 parameters");
   t->set_dtype(v1::DTYPE_FP32);
+  spec.mutable_zenflow()->set_predicted_step(true);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "zenflow.predicted_step needs DELTA_VALUES");
+  spec.mutable_zenflow()->clear_predicted_step();
   spec.clear_delta_kind();
   ASSERT_OK((*c)->CreateJob(spec).status());
   absl::StatusOr<v1::GetJobResponse> job = (*c)->GetJob("badspec");
   ASSERT_OK(job.status());
   EXPECT_EQ(job->spec().zenflow().apply_delay().steps(), 4) << "overlap_step means d = S";
+  EXPECT_TRUE(job->spec().zenflow().predicted_step()) << "the predicted step is the default";
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kAlreadyExists, "already exists");
   ASSERT_OK((*c)->DeleteJob("badspec"));
   ExpectStatus((*c)->GetJob("badspec").status(), StatusCode::kNotFound, "no job");

@@ -62,6 +62,25 @@ TEST_F(DaemonE2ETest, TwoRanksFourStepsFp32MatchReferenceAdamW) {
   }
 }
 
+// One-step rounds (not sync) carry the columns' m, v and update counts for
+// the ranks' predicted step (checked against the reference in
+// CheckRound), and only those: four-step rounds carry none (the other
+// tests).
+TEST_F(DaemonE2ETest, OneStepRoundsCarryTheStateForThePredictedStep) {
+  JobOptions o;
+  o.job_id = "one-step";
+  o.interval = 1;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  for (float lr : {1e-2f, 5e-3f, 2e-3f, 1e-3f}) ASSERT_OK(h.GoodRound(lr));
+  // Reselection hands state both ways; the next rounds' state follows.
+  std::vector<float> imp(16, 1.0f);
+  imp[3] = imp[11] = 50.0f;
+  ASSERT_OK(h.Reselect({imp, {}}));
+  ASSERT_OK(h.GoodRound(1e-3f));
+  ASSERT_OK(h.GoodRound(1e-3f));
+}
+
 TEST_F(DaemonE2ETest, TwoRanksFourStepsBf16MatchReferenceOnBf16Inputs) {
   JobOptions o;
   o.job_id = "bf16";

@@ -60,6 +60,16 @@ class WorkerEngineTest : public ::testing::Test {
     j.cfg.interval_chooser = Cycle(std::move(chooser));
     return j;
   }
+  // The predicted step's jobs: S = 1, delay 1, reselecting every 4 steps.
+  EngineJob PredictedJob(const std::string& id, int world, int steps) {
+    EngineJob j = Job(id);
+    j.cfg.world = world;
+    j.cfg.S = 1;
+    j.cfg.R = 4;
+    j.cfg.delay = 1;
+    j.steps = steps;
+    return j;
+  }
   static DaemonProcess* daemon_;
 };
 
@@ -297,6 +307,68 @@ TEST_F(WorkerEngineTest, ALocalReducerGivesTheDaemonAllReducesBits) {
   EXPECT_EQ(group.completed(), j.steps);
 }
 
+// Rule 11 (the predicted step): with S = 1 and delay 1 every round is
+// followed on the ranks by the daemon's next AdamW step of its columns,
+// from the state that came with the round's values and the step's mean
+// gradient (step 0 from the zero state). The engine matches a simulation
+// of that, not one without it; and with it off matches that one.
+TEST_F(WorkerEngineTest, PredictedStepMatchesSimulatorAcrossReselections) {
+  // Selections drain: no predicted step at steps 4, 8, 12.
+  EngineJob j = PredictedJob("predicted", 2, 16);
+  ExpectMatchesSim(j);
+  j.job_id = "predicted-again";
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> ranks = RunEngineRanks(j);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EngineJob off = j;
+  off.cfg.predicted_step = false;
+  std::string where;
+  EXPECT_GT(Mismatch((*ranks)[0], RunSim(off), 2e-5, 1e-4, &where), 1.0)
+      << "the engine also matches a simulation without the predicted step";
+  off.job_id = "predicted-off";
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> plain = RunEngineRanks(off);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_LE(Mismatch((*plain)[0], RunSim(off), 2e-5, 1e-4, &where), 1.0)
+      << "predicted_step false vs its simulation: " << where;
+  EXPECT_GT(Mismatch((*plain)[0], RunSim(j), 2e-5, 1e-4, &where), 1.0);
+}
+
+TEST_F(WorkerEngineTest, PredictedStepBf16ParamsTwoRanksMatchSimulatorBitForBit) {
+  EngineJob j = PredictedJob("predicted-bf16", 2, 12);
+  j.cfg.bf16_wire = true;
+  j.cfg.param_dtype = SimParamDType::kBF16;
+  ExpectMatchesSim16(j);
+}
+
+TEST_F(WorkerEngineTest, PredictedStepFp16ParamsWithWarmupMatchSimulatorBitForBit) {
+  EngineJob j = PredictedJob("predicted-fp16", 1, 12);
+  j.cfg.warmup_rounds = 2;  // steps 0 and 1: every column through the daemon
+  j.cfg.param_dtype = SimParamDType::kF16;
+  ExpectMatchesSim16(j);
+}
+
+// The predicted step's gradients are reduced with the important ones: a
+// device-side reducer gives the daemon's AllReduce's bits.
+TEST_F(WorkerEngineTest, PredictedStepALocalReducerGivesTheDaemonAllReducesBits) {
+  EngineJob j = PredictedJob("predicted-reduce-daemon", 2, 10);
+  j.rank_ordered_sums = true;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> daemon = RunEngineRanks(j);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  LocalReducer group(2);
+  j.job_id = "predicted-reduce-local";
+  j.reducer = &group;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> local = RunEngineRanks(j);
+  ASSERT_TRUE(local.ok()) << local.status();
+  for (int r = 0; r < 2; ++r) {
+    for (size_t t = 0; t < (*daemon)[0].size(); ++t) {
+      EXPECT_EQ(std::memcmp((*local)[r][t].data(), (*daemon)[r][t].data(),
+                            (*daemon)[r][t].size() * 4), 0)
+          << "rank " << r << " tensor " << t;
+    }
+  }
+  std::string where;
+  EXPECT_LE(Mismatch((*local)[0], RunSim(j), 2e-5, 1e-4, &where), 1.0) << where;
+}
+
 TEST_F(WorkerEngineTest, ZenFlowDelayOneMatchesSimulatorAcrossReselections) {
   EngineJob j = Job("sim-d1");
   j.cfg.world = 2;
@@ -478,12 +550,14 @@ TEST_F(WorkerEngineTest, AutoIntervalTotalsCountRoundsAndSteps) {
 // time (timing-dependent), the same on every rank: parameters and the
 // lengths chosen are identical, each in [1, S_max], and S_max until a
 // measurement exists.
-TEST_F(WorkerEngineTest, AutoIntervalFromMeasuredRoundTimeIsIdenticalOnAllRanks) {
-  EngineJob j = Job("auto-measured");
+// Without the predicted step, rounds start at S_max until a measurement
+// exists; with it (the default) at one step (see the next test).
+void ExpectMeasuredIntervalsIdentical(EngineJob j, bool predicted_step) {
   j.cfg.world = 2;
   j.cfg.S = 4;
   j.cfg.R = 8;
   j.cfg.auto_interval = true;
+  j.cfg.predicted_step = predicted_step;
   j.adaptive = true;
   j.steps = 32;
   std::vector<std::vector<int32_t>> intervals;
@@ -500,9 +574,24 @@ TEST_F(WorkerEngineTest, AutoIntervalFromMeasuredRoundTimeIsIdenticalOnAllRanks)
     EXPECT_GE(s, 1);
     EXPECT_LE(s, 4);
   }
+  if (predicted_step) {
+    // Rounds 0 (step 0) and 1 (step 1) of one step: round 0's RoundDone is
+    // applied at step 1's end, the first measurement.
+    EXPECT_EQ(intervals[0][0], 1);
+    EXPECT_EQ(intervals[0][1], 1);
+    return;
+  }
   // Round 0 and round 1 (no measurement before round 1's update is applied
   // at the earliest during round 2).
   for (int t = 0; t < 8; ++t) EXPECT_EQ(intervals[0][t], 4) << "step " << t;
+}
+
+TEST_F(WorkerEngineTest, AutoIntervalFromMeasuredRoundTimeIsIdenticalOnAllRanks) {
+  ExpectMeasuredIntervalsIdentical(Job("auto-measured"), /*predicted_step=*/false);
+}
+
+TEST_F(WorkerEngineTest, AutoIntervalWithThePredictedStepStartsAtOneStep) {
+  ExpectMeasuredIntervalsIdentical(Job("auto-measured-predicted"), /*predicted_step=*/true);
 }
 
 TEST_F(WorkerEngineTest, AdaptiveDelayIsIdenticalOnAllRanks) {

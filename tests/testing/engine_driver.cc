@@ -103,6 +103,7 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   z->set_select_interval(job.cfg.R);
   z->set_full_warmup_rounds(job.cfg.warmup_rounds);
   z->set_auto_update_interval(job.cfg.auto_interval);
+  z->set_predicted_step(job.cfg.predicted_step);
   if (job.adaptive) {
     z->mutable_apply_delay()->set_adaptive(true);
   } else if (job.cfg.delay == 0) {

@@ -232,9 +232,46 @@ absl::Status Harness::CheckRound(int64_t round) {
       return absl::InternalError("unexpected delta encoding");
     }
     Decode(DType::kF32, d.payload().data(), vals.size(), vals.data());
+    // The predicted step's state (ZenFlowConfig.predicted_step, on by
+    // default): exactly in the deltas of one-step rounds of value deltas
+    // (this harness's apply delay is 1, never sync).
+    const bool moments = opts_.interval == 1 && opts_.delta_kind != v1::DELTA_ARITHMETIC;
+    if (moments != !d.m().empty()) {
+      return absl::InternalError(absl::StrCat("round ", round, " tensor '", t.name, "': the delta ",
+                                              moments ? "lacks" : "carries", " m and v"));
+    }
+    std::vector<float> dm, dv;
+    if (moments) {
+      if (d.m().size() != vals.size() * 4 || d.v().size() != vals.size() * 4 ||
+          d.update_counts_size() != d.columns_size() || !d.master().empty()) {
+        return absl::InternalError(absl::StrCat("round ", round, " tensor '", t.name,
+                                                "': malformed predicted-step state"));
+      }
+      dm.resize(vals.size());
+      dv.resize(vals.size());
+      Decode(DType::kF32, d.m().data(), dm.size(), dm.data());
+      Decode(DType::kF32, d.v().data(), dv.size(), dv.data());
+    }
     for (int i = 0; i < d.columns_size(); ++i) {
       const int32_t c = d.columns(i);
       seen[ti][c] += 1;
+      if (moments) {
+        if (d.update_counts(i) != t.count[c]) {
+          return absl::InternalError(absl::StrCat("round ", round, " tensor '", t.name, "' column ",
+                                                  c, ": update count ", d.update_counts(i),
+                                                  " want ", t.count[c]));
+        }
+        for (int64_t r = 0; r < t.rows; ++r) {
+          const float wm = t.m[r * t.cols + c], wv = t.v[r * t.cols + c];
+          const float gm = dm[i * t.rows + r], gv = dv[i * t.rows + r];
+          if (!(std::fabs(gm - wm) <= 1e-6f + 1e-5f * std::fabs(wm)) ||
+              !(std::fabs(gv - wv) <= 1e-9f + 1e-5f * std::fabs(wv))) {
+            return absl::InternalError(absl::StrCat("round ", round, " tensor '", t.name, "' [", r,
+                                                    ", ", c, "]: m, v ", gm, ", ", gv, " want ",
+                                                    wm, ", ", wv));
+          }
+        }
+      }
       for (int64_t r = 0; r < t.rows; ++r) {
         const float got = vals[i * t.rows + r];
         const float want = t.p[r * t.cols + c];

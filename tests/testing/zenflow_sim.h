@@ -45,6 +45,12 @@ struct SimConfig {
   // steps). Without a chooser every round has S steps.
   bool auto_interval = false;
   std::function<int32_t(int64_t round, int64_t start_step)> interval_chooser;
+  // The predicted step (rule 11; the daemon's default): with S = 1 or
+  // auto and a delay other than sync, a one-step round applied one step
+  // after its close is followed, on the workers, by one AdamW step of its
+  // columns from the state that round left, with the current step's mean
+  // gradient; at step 0 (of a one-step round) from the zero state.
+  bool predicted_step = true;
 };
 
 struct SimTensor {
@@ -155,8 +161,36 @@ class ZenFlowSim {
     }
     next_ = t + 1;
     last_lr_ = lr;
+    // Rule 11: the state the predicted step starts from is the daemon's
+    // before this step's round closes (the previous round's, or at step 0
+    // the new job's).
+    const bool predict =
+        cfg_.predicted_step && !cfg_.zero_offload && cfg_.delay != 0 &&
+        (cfg_.S == 1 || cfg_.auto_interval) && steps_ == 1 &&
+        (t == 0 || (pending_.size() == 1 && pending_.front().close == t - 1 &&
+                    pending_.front().steps == 1 && pending_.front().delay == 1));
+    std::vector<State> before;
+    if (predict) before = st_;
     if (t == start_ + steps_ - 1) Close(t, lr, Delay(steps_));
     while (!pending_.empty() && pending_.front().due <= t) ApplyFront();
+    if (predict) {
+      for (size_t ti = 0; ti < t_.size(); ++ti) {
+        SimTensor& x = t_[ti];
+        State& b = before[ti];
+        for (int64_t c = 0; c < x.cols; ++c) {
+          if (b.important[c]) continue;
+          for (int64_t r = 0; r < x.rows; ++r) {
+            const size_t i = r * x.cols + c;
+            float g = 0;
+            for (int k = 0; k < cfg_.world; ++k) g += grads[k][ti][i];
+            g *= inv_world;
+            float w = b.master[i], m = b.md[i], v = b.vd[i];
+            Adam(&w, &m, &v, g, lr, b.cd[c] + 1);
+            x.w[i] = Round(w);
+          }
+        }
+      }
+    }
   }
 
   void Finish() {
@@ -176,6 +210,8 @@ class ZenFlowSim {
     int64_t round;
     int delay;
     int64_t due;
+    int64_t close = 0;  // the round's last step
+    int steps = 0;
     std::vector<std::vector<std::pair<int32_t, std::vector<float>>>> cols;  // per tensor
   };
 
@@ -193,6 +229,8 @@ class ZenFlowSim {
     p.round = round_;
     p.delay = d;
     p.due = t + d;
+    p.close = t;
+    p.steps = steps;
     const float scale = static_cast<float>(1.0 / (static_cast<double>(cfg_.world) * steps));
     for (size_t ti = 0; ti < t_.size(); ++ti) {
       SimTensor& x = t_[ti];
