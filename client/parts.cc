@@ -885,6 +885,7 @@ absl::StatusOr<RoundUpdate> Client::Parts::Combine(std::vector<RoundUpdate> part
         std::max(out.done.close_to_done_seconds(), d.close_to_done_seconds()));
     out.done.set_round_interval_seconds(
         std::max(out.done.round_interval_seconds(), d.round_interval_seconds()));
+    out.done.set_stall_seconds(std::max(out.done.stall_seconds(), d.stall_seconds()));
     out.done.set_durable_rounds(std::min(out.done.durable_rounds(), d.durable_rounds()));
     out.done.set_skipped_nonfinite(out.done.skipped_nonfinite() || d.skipped_nonfinite());
   }

@@ -66,6 +66,10 @@ inline absl::string_view SplitFrameShared(const v1::DownMessage& m, std::string*
     *o->mutable_columns() = d.columns();
     o->set_dtype(d.dtype());
     o->set_kind(d.kind());
+    // The predicted step's state (one-step rounds only) rides in the header.
+    o->set_m(d.m());
+    o->set_v(d.v());
+    *o->mutable_update_counts() = d.update_counts();
     h.AppendToString(header);
     payload = d.payload();
   } else {

@@ -427,7 +427,7 @@ TEST(UcxFrame, RoundTripsEveryKind) {
 TEST(UcxFrame, SharedMessageRoundTripsUntouched) {
   // SplitFrameShared copies ParameterDelta field by field: a new field must
   // be added there (and here).
-  EXPECT_EQ(v1::ParameterDelta::descriptor()->field_count(), 6);
+  EXPECT_EQ(v1::ParameterDelta::descriptor()->field_count(), 9);
   v1::DownMessage down;
   v1::ParameterDelta* d = down.mutable_delta();
   d->set_round(9);
@@ -437,6 +437,10 @@ TEST(UcxFrame, SharedMessageRoundTripsUntouched) {
   d->set_dtype(v1::DTYPE_FP16);
   d->set_kind(v1::DELTA_ARITHMETIC);
   d->set_payload(Pattern(256, 3));
+  d->set_m(Pattern(64, 5));
+  d->set_v(Pattern(64, 6));
+  d->add_update_counts(4);
+  d->add_update_counts(11);
   const std::string want = down.SerializeAsString();
   std::string header;
   const absl::string_view payload = SplitFrameShared(down, &header);

@@ -83,9 +83,13 @@ ABSL_FLAG(int, steps, 200, "optimizer steps");
 ABSL_FLAG(double, lr, 3e-3, "learning rate (constant)");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(double, topk, 0.1, "zenflow: fraction of columns updated on the worker");
-ABSL_FLAG(std::string, interval, "4",
-          "zenflow: update_interval S (steps per round), or auto: each round's S chosen from the "
-          "daemon's measured round time, 1..--max_interval (DESIGN rule 10)");
+ABSL_FLAG(std::string, interval, "auto",
+          "zenflow: update_interval S (steps per round), or auto (the default): each round's S "
+          "chosen from the daemon's measured round time, 1..--max_interval (DESIGN rule 10)");
+ABSL_FLAG(bool, predicted_step, true,
+          "zenflow: the predicted step (DESIGN rule 11): a one-step round applied a step late is "
+          "followed by the daemon's next AdamW step of its columns, run here with this step's "
+          "gradient and the moments sent with the round");
 ABSL_FLAG(int, max_interval, 4, "zenflow with --interval=auto: the longest round (S_max)");
 ABSL_FLAG(std::string, interval_schedule, "",
           "zenflow with --interval=auto: round lengths to use instead of the measured choice, "
@@ -372,6 +376,7 @@ absl::Status Run() {
           absl::StrCat("--interval must be auto or a number of steps >= 1, not '", interval, "'"));
     }
     if (absl::GetFlag(FLAGS_select_interval) > 0) z->set_select_interval(absl::GetFlag(FLAGS_select_interval));
+    z->set_predicted_step(absl::GetFlag(FLAGS_predicted_step));
     z->set_full_warmup_rounds(absl::GetFlag(FLAGS_warmup_rounds));
     const std::string delay = absl::GetFlag(FLAGS_delay);
     int d = 0;

@@ -253,6 +253,16 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     ZF_RETURN_IF_ERROR(SetImportant(*t, {}));  // version 0: every column remote
     tensors_.push_back(std::move(t));
   }
+  // Delta bytes of a one-step round with the predicted step's state over
+  // those without.
+  double plain = 0, with_state = 0;
+  for (const auto& t : tensors_) {
+    if (t->always_important) continue;
+    const double n = static_cast<double>(t->rows * t->cols);
+    plain += n * (t->fp32() ? 4 : 2);
+    with_state += n * (t->fp32() ? 8 : 6);  // + bf16 m and v
+  }
+  moment_factor_ = plain > 0 ? with_state / plain : 1.0;
   stage_bytes_ = kStageBytes;
   for (const auto& t : tensors_) {
     stage_bytes_ = std::max<size_t>(stage_bytes_, t->rows * 4);  // at least one column
@@ -314,6 +324,20 @@ int64_t ZenFlowOptimizer::NextSelectionStep(int64_t step) const {
   return (step / r + 1) * r;
 }
 
+// Medians of the recent measures (robust to one slow step or update): the
+// lower one of the step time, the upper one of the update time.
+double ZenFlowOptimizer::MeasuredStepSeconds() const {
+  std::vector<double> x(step_seconds_seen_.begin(), step_seconds_seen_.end());
+  std::sort(x.begin(), x.end());
+  return x[(x.size() - 1) / 2];
+}
+
+double ZenFlowOptimizer::MeasuredRoundSeconds() const {
+  std::vector<double> x(round_seconds_seen_.begin(), round_seconds_seen_.end());
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
 int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
   const int32_t s_max = static_cast<int32_t>(interval_);
   if (!auto_interval_) return s_max;
@@ -321,17 +345,25 @@ int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
   if (round_ >= spec_.zenflow().full_warmup_rounds()) {
     if (chooser_) {
       s = std::max(1, std::min(chooser_(round_, start), s_max));
-    } else if (last_done_round_ >= 0 && last_round_interval_ > 0 && last_done_steps_ > 0) {
+    } else if (last_done_round_ >= 0 && !step_seconds_seen_.empty()) {
       // The smallest S whose device steps cover the measured close-to-done
       // time with a margin: the inputs of the adaptive apply delay (rule 7),
       // from a RoundDone every rank applied by this step.
-      const double step_seconds = last_round_interval_ / static_cast<double>(last_done_steps_);
-      const double want = std::ceil(1.2 * last_close_to_done_ / step_seconds);
+      const double step_seconds = MeasuredStepSeconds();
+      const double want = std::ceil(1.2 * MeasuredRoundSeconds() / step_seconds);
       s = !(want < s_max) ? s_max : want <= 1 ? 1 : static_cast<int32_t>(want);  // NaN: S_max
-    } else if (predicted_step_ && last_done_round_ < 0) {
+      // A one-step round's deltas carry the predicted step's state too
+      // (several times the bytes): measured on a longer round, one step
+      // must fit that as well.
+      if (s == 1 && predicted_step_ && last_done_steps_ > 1 &&
+          !(1.2 * MeasuredRoundSeconds() * moment_factor_ <= step_seconds)) {
+        s = std::min<int32_t>(2, s_max);
+      }
+    } else if (predicted_step_) {
       // Nothing measured yet: with the predicted step, start at one step
-      // per round (the first steps of fine-tuning weigh the most); the
-      // first RoundDone, at step 1's end, sets the pace from step 2 on.
+      // per round (the first steps of fine-tuning weigh the most: every
+      // column takes its AdamW steps at once). The first measure is round
+      // 2's RoundDone, at step 3's end: the pace from step 4 on.
       s = 1;
     }
   }
@@ -374,9 +406,9 @@ int32_t ZenFlowOptimizer::DecideDelay(const Pending& p) {
     // there is a measurement (the first two rounds), assume the update does
     // not fit and overlap fully (d = S).
     d = steps;
-    if (last_done_round_ == round - 1 && last_round_interval_ > 0 && last_done_steps_ > 0) {
-      const double step_seconds = last_round_interval_ / static_cast<double>(last_done_steps_);
-      d = static_cast<int32_t>(std::ceil(1.2 * last_close_to_done_ / step_seconds));
+    if (last_done_round_ == round - 1 && !step_seconds_seen_.empty()) {
+      const double step_seconds = MeasuredStepSeconds();
+      d = static_cast<int32_t>(std::ceil(1.2 * MeasuredRoundSeconds() / step_seconds));
       d = std::max<int32_t>(1, std::min<int32_t>(d, steps));
     }
   }
@@ -782,6 +814,21 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
   }
   last_close_to_done_ = u.done.close_to_done_seconds();
   last_round_interval_ = u.done.round_interval_seconds();
+  if (last_round_interval_ > 0 && p.round >= 2) {
+    // Seconds per step without the ranks' waits for deltas
+    // (RoundDone.stall_seconds): a stall must not make steps look longer,
+    // or the next rounds would be chosen shorter and stall more. (At least
+    // a twentieth of the interval: the stall is the ranks' own report.)
+    // Round 1's interval holds the rest of step 0, with its one-time work
+    // (first allocations, step 0's predicted step): not a measure.
+    const int32_t steps = u.done.steps() > 0 ? u.done.steps() : p.steps;
+    const double busy = std::max(last_round_interval_ - u.done.stall_seconds(),
+                                 0.05 * last_round_interval_);
+    step_seconds_seen_.push_back(busy / std::max(steps, 1));
+    round_seconds_seen_.push_back(last_close_to_done_);
+    if (step_seconds_seen_.size() > 5) step_seconds_seen_.pop_front();
+    if (round_seconds_seen_.size() > 5) round_seconds_seen_.pop_front();
+  }
   last_done_round_ = p.round;
   last_done_steps_ = u.done.steps() > 0 ? u.done.steps() : p.steps;
   last_.rounds_applied += 1;
@@ -817,9 +864,8 @@ absl::Status ZenFlowOptimizer::PackPredicted() {
 
 absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols) {
   const int64_t n = d.columns_size();
-  const size_t bytes = static_cast<size_t>(n * t->rows) * 4;
-  if (d.m().size() != bytes || d.v().size() != bytes || d.update_counts_size() != n ||
-      d.master().size() != (t->fp32() ? 0 : bytes)) {
+  const size_t values = static_cast<size_t>(n * t->rows);
+  if (d.m().size() != values * 2 || d.v().size() != values * 2 || d.update_counts_size() != n) {
     return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' (round ", d.round(),
                                             ") carries a malformed state for the predicted step"));
   }
@@ -833,11 +879,19 @@ absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, co
   }
   std::vector<int64_t> steps(d.update_counts().begin(), d.update_counts().end());
   for (int64_t& c : steps) c += 1;
-  float* m = reinterpret_cast<float*>(d.mutable_m()->data());
-  float* v = reinterpret_cast<float*>(d.mutable_v()->data());
-  float* master = t->fp32() ? nullptr : reinterpret_cast<float*>(d.mutable_master()->data());
+  // The state in fp32 (m and v come as bf16; a 16-bit tensor's master is
+  // its values as they came).
+  std::vector<float>& host = predict_host_;
+  host.resize(values * (t->fp32() ? 2 : 3));
+  float* m = host.data();
+  float* v = m + values;
+  float* master = t->fp32() ? nullptr : v + values;
+  Decode(DType::kBF16, d.m().data(), values, m);
+  Decode(DType::kBF16, d.v().data(), values, v);
+  if (master != nullptr) Decode(t->dtype, d.payload().data(), values, master);
   const int64_t* dsteps = steps.data();
   if (backend_->name() != "cpu") {  // stage through device scratch
+    const size_t bytes = values * 4;
     ZF_RETURN_IF_ERROR(scratch_m_.Reserve(backend_, bytes));
     ZF_RETURN_IF_ERROR(scratch_v_.Reserve(backend_, bytes));
     ZF_RETURN_IF_ERROR(scratch_steps_.Reserve(backend_, n * 8));
@@ -863,7 +917,7 @@ absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, co
     ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(h, 1.0f, t->param, Param16(t->dtype), t->rows,
                                                   t->cols, cols, n, dsteps, g, master, m, v));
   }
-  // The scratch (and, on the CPU, the message's own buffers) is reused.
+  // The scratch is reused.
   return backend_->Synchronize();
 }
 

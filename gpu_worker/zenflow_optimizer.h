@@ -200,6 +200,10 @@ class ZenFlowOptimizer {
   int64_t NextSelectionStep(int64_t step) const;
   // The steps of round round_, which starts at `start` (DESIGN rule 10).
   int32_t ChooseInterval(int64_t start);
+  // The recent rounds' seconds per step (lower median) and update time
+  // (close to done, upper median).
+  double MeasuredStepSeconds() const;
+  double MeasuredRoundSeconds() const;
   absl::Status Reselect(int64_t step);
   absl::Status UpdateImportant(int64_t step, float lr);
   absl::Status PushRemote(int64_t step);
@@ -243,6 +247,11 @@ class ZenFlowOptimizer {
   // the round's steps.
   double last_close_to_done_ = -1;
   double last_round_interval_ = 0;
+  // Seconds per step of the last (up to) five measured rounds, without
+  // stalls, and their close-to-done times: the choices take medians (one
+  // slow step or update must not set the pace).
+  std::deque<double> step_seconds_seen_;
+  std::deque<double> round_seconds_seen_;
   int64_t last_done_round_ = -1;
   int32_t last_done_steps_ = 0;
   std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent
@@ -268,7 +277,9 @@ class ZenFlowOptimizer {
   bool predicted_step_ = false;
   bool predict_now_ = false;
   float predict_lr_ = 0;
+  double moment_factor_ = 1;  // a one-step round's delta bytes over plain ones
   worker::DeviceBuffer scratch_m_, scratch_v_, scratch_master_, scratch_steps_;
+  std::vector<float> predict_host_;  // a message's m, v (and master) in fp32
   ClientStats snapshot_;  // client stats at the end of the last step
   bool have_snapshot_ = false;
   StepStats last_;

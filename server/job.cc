@@ -180,7 +180,12 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
           "next round's values, which arithmetic deltas would add to it instead");
     }
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
-    if (z->update_interval() == 0) z->set_update_interval(4);
+    // Unset: update_interval auto with S_max 4 (DESIGN rules 10 and 11:
+    // rounds as short as the daemon keeps hidden, one step where it can).
+    if (z->update_interval() == 0) {
+      z->set_update_interval(4);
+      z->set_auto_update_interval(true);
+    }
     // (Only for an update_interval in range, checked below: 25 x a larger
     // one would overflow.)
     if (z->select_interval() == 0 && z->update_interval() >= 1 &&
@@ -401,9 +406,8 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     add(&f.bookkeeping_bytes,
         mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
     int64_t out = arithmetic ? 2 * 4 : (t.dtype() == v1::DTYPE_FP32 ? 4 : 2);
-    // One-step rounds' deltas carry fp32 m, v (and master) for the
-    // predicted step.
-    if (MayCarryMoments(spec)) out += t.dtype() == v1::DTYPE_FP32 ? 8 : 12;
+    // One-step rounds' deltas carry bf16 m and v for the predicted step.
+    if (MayCarryMoments(spec)) out += 4;
     add(&delta_round, mul(n, out));
   }
   f.delta_bytes = mul(delta_round, 2);
@@ -1310,6 +1314,9 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
   round.steps = static_cast<int32_t>(steps);
   round.lr = close.lr();
   round.last_close = std::chrono::steady_clock::now();
+  double stall = 0;
+  for (const v1::StepReport& r : close.step_reports()) stall += r.stall_seconds();
+  round.max_stall_seconds = std::max(round.max_stall_seconds, stall);
   if (round.closed == world_) {
     rounds_closed_ = close.round() + 1;
     last_round_steps_ = static_cast<int32_t>(steps);
@@ -1330,10 +1337,6 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
 }
 
 // ---- Update ----------------------------------------------------------------
-
-namespace {
-
-}  // namespace
 
 bool Job::WithMoments(int32_t steps) const { return steps == 1 && MayCarryMoments(spec_); }
 
@@ -1387,7 +1390,7 @@ void Job::RunUpdate(UpdateLease lease) {
   for (const v1::DownMessage& d : deltas) {
     const v1::ParameterDelta& x = d.delta();
     delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
-                                        x.master().size() + 8 * x.update_counts_size());
+                                        8 * x.update_counts_size());
   }
   // One copy of each delta, shared by every rank's outbox.
   std::vector<Mailbox::Message> shared;
@@ -1410,6 +1413,7 @@ void Job::RunUpdate(UpdateLease lease) {
   rd->set_selection_version(version);
   rd->set_round_interval_seconds(rs.interval_seconds);
   rd->set_steps(rs.steps);
+  rd->set_stall_seconds(rs.max_stall_seconds);
 
   std::vector<std::function<void()>> callbacks;
   {

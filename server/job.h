@@ -304,6 +304,7 @@ class Job : public std::enable_shared_from_this<Job> {
     bool nonfinite = false;
     std::chrono::steady_clock::time_point last_close;
     double interval_seconds = 0;  // previous round's last close -> this one's
+    double max_stall_seconds = 0;  // the largest stall a rank's close reported
     bool first_shard_seen = false;
     std::chrono::steady_clock::time_point first_shard;
   };

@@ -72,15 +72,15 @@ TEST(NormalizeJobSpecTest, PredictedStepIsOnUnlessArithmeticOrZeroOffload) {
   EXPECT_FALSE(spec.zenflow().predicted_step());
 }
 
-// One-step rounds' deltas carry fp32 m and v (and, 16-bit, the master):
-// the footprint counts them where rounds can have one step.
+// One-step rounds' deltas carry bf16 m and v: the footprint counts them
+// where rounds can have one step.
 TEST(JobFootprintTest, CountsThePredictedStepsStateWhereRoundsCanHaveOneStep) {
   v1::JobSpec four = OneTensorSpec(1, 4), one = OneTensorSpec(1, 1);
   ASSERT_TRUE(NormalizeJobSpec(&four, 64 << 20).ok());
   ASSERT_TRUE(NormalizeJobSpec(&one, 64 << 20).ok());
   absl::StatusOr<JobFootprint> f4 = ComputeJobFootprint(four), f1 = ComputeJobFootprint(one);
   ASSERT_TRUE(f4.ok() && f1.ok());
-  EXPECT_EQ(f1->delta_bytes, 3 * f4->delta_bytes);  // fp32: values + m + v, twice
+  EXPECT_EQ(f1->delta_bytes, 2 * f4->delta_bytes);  // fp32 values + bf16 m and v
   v1::JobSpec automatic = four;
   automatic.mutable_zenflow()->set_auto_update_interval(true);
   EXPECT_EQ(ComputeJobFootprint(automatic)->delta_bytes, f1->delta_bytes);
@@ -496,9 +496,9 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   EXPECT_EQ(f->params, 6);
   EXPECT_EQ(f->state_bytes, 6 * 20);
   EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
-  // Two rounds of bf16 deltas, each with fp32 m, v and master (one-step
-  // rounds carry the predicted step's state).
-  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 12));
+  // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
+  // carry the predicted step's state).
+  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 4));
   EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
   // Rank-ordered sums: two accumulation buffers per rank.
   spec.set_rank_ordered_sums(true);

@@ -43,8 +43,8 @@ std::vector<v1::DownMessage> EncodeDeltas(
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const RoundUpdateTensor& t = tensors[ti];
     const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-    // With moments every element also takes fp32 m and v (and master).
-    const int64_t state_bytes = moments ? (t.param_dtype == DType::kF32 ? 8 : 12) : 0;
+    // With moments every element also takes bf16 m and v.
+    const int64_t state_bytes = moments ? 4 : 0;
     const size_t per = static_cast<size_t>(ColumnsPerMessage(
         max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out)) + state_bytes));
     for (size_t i = 0; i < remote[ti].size(); i += per) {
@@ -67,12 +67,10 @@ std::vector<v1::DownMessage> EncodeDeltas(
       std::string* payload = d->mutable_payload();
       payload->resize(n * t.rows * DTypeSize(out));
       char* dst = payload->data();
-      const bool master = moments && t.param_dtype != DType::kF32;
-      const size_t col_bytes = static_cast<size_t>(t.rows) * sizeof(float);
+      const size_t col_bytes = static_cast<size_t>(t.rows) * 2;  // bf16
       if (moments) {
         d->mutable_m()->resize(n * col_bytes);
         d->mutable_v()->resize(n * col_bytes);
-        if (master) d->mutable_master()->resize(n * col_bytes);
       }
       for (size_t i = ch.begin; i < ch.end; ++i) {
         const int32_t c = remote[ch.tensor][i];
@@ -86,9 +84,8 @@ std::vector<v1::DownMessage> EncodeDeltas(
         }
         if (moments) {
           const size_t at = (i - ch.begin) * col_bytes;
-          std::memcpy(d->mutable_m()->data() + at, store->m(ch.tensor, c), col_bytes);
-          std::memcpy(d->mutable_v()->data() + at, store->v(ch.tensor, c), col_bytes);
-          if (master) std::memcpy(d->mutable_master()->data() + at, src, col_bytes);
+          Encode(DType::kBF16, store->m(ch.tensor, c), t.rows, d->mutable_m()->data() + at);
+          Encode(DType::kBF16, store->v(ch.tensor, c), t.rows, d->mutable_v()->data() + at);
           d->add_update_counts(store->count(ch.tensor, c));
         }
         Encode(out, src, t.rows, dst);

@@ -79,9 +79,9 @@ struct RoundUpdateInput {
   AdamWHyper hyper;  // its lr is replaced by `lr`
   float max_grad_norm = 0;  // 0: no clipping
   bool arithmetic = false;  // deltas as fp32 new - old instead of new values
-  // The deltas also carry the columns' m, v, update counts and (16-bit
-  // parameters) fp32 master after the update (ParameterDelta.m ...), for
-  // the ranks' predicted step; values kind only.
+  // The deltas also carry the columns' m and v (bf16) and update counts
+  // after the update (ParameterDelta.m, v, update_counts), for the ranks'
+  // predicted step; values kind only.
   bool moments = false;
   int64_t max_shard_bytes = 4 << 20;
   SimdLevel simd = SimdLevel::kScalar;

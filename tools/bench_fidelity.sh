@@ -56,9 +56,14 @@
 #    runs carry S_mean, the zenflow summary's s_mean (the mean steps per
 #    closed round), averaged over seeds; delay "S" has no fixed value with
 #    auto and stays skipped.
-#  - default: the system's default setting, k 0.1, S 4 (fixed), adaptive
-#    delay, with S_mean 4; default.auto repeats the auto run with the same k
-#    and delay. default.stall_fraction is that run's stall_ms_per_step / mean_step_ms
+#  - Every run has zenflowd's default predicted step (DESIGN rule 11) on:
+#    "predicted_step": true in its row. For k 0.1, S 1 (delay 1 and
+#    adaptive) and S auto (adaptive) are also run with zf_train
+#    --predicted_step=false: rows with "predicted_step": false.
+#  - default: the system's default setting, k 0.1, S auto (S_max 4),
+#    adaptive delay, the predicted step on, with the S_mean auto chose;
+#    default.fixed_S4 is the fixed S 4 (the default before auto became it).
+#    default.stall_fraction is that run's stall_ms_per_step / mean_step_ms
 #    from zf_train's ZF_SUMMARY, averaged over seeds (stall_fraction is given
 #    for every run the same way). With two trainings and the daemon sharing 2
 #    cores, stall and step times are pessimistic; read speed from `./zf bench
@@ -280,6 +285,17 @@ for seed in "${SEEDS[@]}"; do
       done
     done
   done
+  # The predicted step off (k 0.1): S 1 with delay 1 and adaptive, S auto.
+  if printf '%s\n' "${KS[@]}" | grep -qx 0.1; then
+    for sd in 1:1 1:adaptive auto:adaptive; do
+      S=${sd%%:*} delay=${sd#*:}
+      [ "$S" = auto ] && [ "$auto" != true ] && continue
+      printf '%s\n' "${SS[@]}" | grep -qx "$S" || continue
+      name="zf-s$seed-k0.1-S$S-d$delay-nopred"
+      printf '%s\t--mode=zenflow --seed=%s --job=fid-%s-%s --topk=0.1 --interval=%s --select_interval=%s --delay=%s --predicted_step=false\n' \
+        "$name" "$seed" "$$" "$name" "$S" "$select_interval" "$delay" >> "$tasks"
+    done
+  fi
 done
 total=$(wc -l < "$tasks")
 log "$total trainings ($steps steps each, seeds ${SEEDS[*]}), $jobs at a time"
@@ -372,10 +388,12 @@ zo_ratios = [zo[s]["val_loss"] / ref[s]["val_loss"] for s in SEEDS]
 S_MEAN_KEYS = ("s_mean",)  # zf_train ZF_SUMMARY: mean steps per closed round
 
 runs = []
-for k in KS:
-    for S in SS:
-        for delay in DELAYS:
-            row = {"k": float(k), "S": S if S == "auto" else int(S), "delay": delay}
+PLAIN = [(k, S, delay, True) for k in KS for S in SS for delay in DELAYS]
+UNPREDICTED = [("0.1", S, delay, False) for S, delay in (("1", "1"), ("1", "adaptive"), ("auto", "adaptive"))
+               if "0.1" in KS and S in SS and (S != "auto" or auto)]
+for k, S, delay, predicted in PLAIN + UNPREDICTED:
+            row = {"k": float(k), "S": S if S == "auto" else int(S), "delay": delay,
+                   "predicted_step": predicted}
             if S == "auto" and not auto:
                 row.update(ratio=None, ratio_spread=None,
                            skipped="update_interval auto not implemented yet")
@@ -388,7 +406,8 @@ for k in KS:
                 continue
             same = delay == "S" and S == "1"
             d = "1" if same else delay
-            sums = [load("zf-s%d-k%s-S%s-d%s" % (seed, k, S, d)) for seed in SEEDS]
+            sums = [load("zf-s%d-k%s-S%s-d%s%s" % (seed, k, S, d, "" if predicted else "-nopred"))
+                    for seed in SEEDS]
             ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
             row.update(ratio=r6(mean(ratios)), ratio_spread=r6(spread(ratios)))
             if same:
@@ -406,24 +425,23 @@ for k in KS:
                 row["S_mean"] = None if None in got else r6(mean(got))
             runs.append(row)
 
-def find(k, S, delay):
-    return next(r for r in runs if r["k"] == k and str(r["S"]) == S and r["delay"] == delay)
+def find(k, S, delay, predicted=True):
+    return next(r for r in runs if r["k"] == k and str(r["S"]) == S and r["delay"] == delay
+                and r["predicted_step"] == predicted)
 
-# The system's default setting (zenflowd's: k 0.1, S 4, adaptive). Auto is
-# not the default (it can stall where the daemon is slow: README, stall
-# bench); its own rows carry S_mean, and "auto" below repeats the auto
-# setting with the default's k and delay for reading beside it.
+# The system's default setting (zenflowd's: k 0.1, update_interval auto
+# with S_max 4, adaptive delay, the predicted step on), with the S that auto
+# chose on average; fixed_S4 is the fixed S 4 beside it (the default before).
 default = None
-if "0.1" in KS and "4" in SS:
-    r = find(0.1, "4", "adaptive")
-    default = {"k": 0.1, "S": r["S"], "delay": "adaptive",
+if "0.1" in KS and "auto" in SS and auto:
+    r = find(0.1, "auto", "adaptive")
+    default = {"k": 0.1, "S": "auto", "delay": "adaptive", "predicted_step": True,
                "ratio": r["ratio"], "ratio_spread": r["ratio_spread"],
-               "S_mean": 4.0, "stall_fraction": r["stall_fraction"],
-               "note": "the default interval is fixed (S 4); update_interval auto is not the default"}
-    if auto and "auto" in SS:
-        a = find(0.1, "auto", "adaptive")
-        default["auto"] = {"ratio": a["ratio"], "ratio_spread": a["ratio_spread"],
-                           "S_mean": a.get("S_mean"), "stall_fraction": a["stall_fraction"]}
+               "S_mean": r.get("S_mean"), "stall_fraction": r["stall_fraction"]}
+    if "4" in SS:
+        f = find(0.1, "4", "adaptive")
+        default["fixed_S4"] = {"ratio": f["ratio"], "ratio_spread": f["ratio_spread"],
+                               "S_mean": 4.0, "stall_fraction": f["stall_fraction"]}
 
 measured = [r for r in runs if r.get("ratio") is not None and "same_as" not in r]
 doc = {
@@ -488,10 +506,14 @@ for k in KS:
             else:
                 cells.append("%.4f +- %.4f" % (r["ratio"], r["ratio_spread"]))
         print("%-5s %-4s  %-16s %-16s %-16s %-16s" % (k, S, *cells))
+for r in runs:
+    if not r["predicted_step"] and r.get("ratio") is not None:
+        print("k 0.1, S %s, %s, predicted step off: %.4f +- %.4f"
+              % (r["S"], r["delay"], r["ratio"], r["ratio_spread"]))
 if default:
-    print("default (k 0.1, S %s, adaptive): ratio %.4f +- %.4f, stall fraction %.3f%s"
-          % (default["S"], default["ratio"], default["ratio_spread"], default["stall_fraction"],
-             "" if auto else "  (S auto: not implemented yet)"))
+    print("default (k 0.1, S auto, adaptive, predicted step): ratio %.4f +- %.4f, S_mean %.2f, "
+          "stall fraction %.3f" % (default["ratio"], default["ratio_spread"], default["S_mean"] or 0,
+                                   default["stall_fraction"]))
 EOF
 mv -f "$out.tmp" "$out"
 echo "wrote $out in ${runtime}s (grid ${grid_s}s, $total trainings, $jobs at a time)"

@@ -19,7 +19,7 @@ usage: ./zf demo [options]
   --batch=N              sequences per rank per step (default 8)
   --lr=X                 learning rate (default 3e-3)
   --topk=X               zenflow: fraction of columns on the worker (default 0.1)
-  --interval=N|auto      zenflow: update_interval S (default 4); auto: each round's S
+  --interval=N|auto      zenflow: update_interval S (default auto); auto: each round's S
                          chosen from zenflowd's measured round time, 1..4 (DESIGN rule 10)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
   --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
@@ -45,7 +45,7 @@ usage: ./zf demo [options]
 EOF
 }
 
-steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=4
+steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=auto
 delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx param_dtype=fp32
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
 kill_at="" daemons=1

@@ -224,6 +224,28 @@ def test_update_interval_auto_trains_with_rounds_of_changing_length(daemon):
     assert loss_of(m, 0).item() < first
 
 
+def test_defaults_are_auto_with_the_predicted_step_which_a_keyword_turns_off(daemon):
+    m = model()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen-defaults",
+                                        lr=1e-2, topk_ratio=0.25) as opt:
+        assert opt.spec["zenflow"]["auto_update_interval"] is True
+        assert opt.spec["zenflow"]["predicted_step"] is True
+        first = loss_of(m, 0).item()
+        train_on_four_batches(m, opt, 12)
+        s = opt.stats()
+    assert s["totals"]["steps"] == 12
+    assert loss_of(m, 0).item() < first
+    m = model()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen-unpredicted",
+                                        lr=1e-2, update_interval=1,
+                                        config={"zenflowd": {"predicted_step": False}}) as opt:
+        assert opt.spec["zenflow"].get("predicted_step", False) is False
+        train_on_four_batches(m, opt, 4)
+    with pytest.raises(ValueError, match="predicted_step must be True or False"):
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-bad",
+                                       predicted_step="yes")
+
+
 def test_config_file_and_unknown_keys():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"zenflow": {"topk_ratio": 0.1, "update_interval": "auto"},

@@ -13,6 +13,7 @@ DeepSpeed. What this package reads of it:
 - ``zenflowd``, this project's own keys: ``target``, ``job``, ``transport``
   ("grpc" or "ucx"), ``wire_dtype`` ("fp32", "bf16", "fp16", "int8"),
   ``apply_delay`` ("sync", "adaptive" or steps; overrides overlap_step),
+  ``predicted_step`` (true or false; DESIGN rule 11, default true),
   ``mode`` ("zenflow" or "zero_offload"), ``daemon_wait_s``,
   ``rank_ordered_sums``, ``threads``, ``token_file`` (a file whose first line
   is the job's token; read here into the ``token`` setting), ``tls_ca``,
@@ -41,6 +42,7 @@ ZENFLOWD_KEYS = {
     "transport",
     "wire_dtype",
     "apply_delay",
+    "predicted_step",
     "mode",
     "daemon_wait_s",
     "rank_ordered_sums",

@@ -72,7 +72,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     "int8"; "fp16" too), config (a DeepSpeed-style dict or JSON file: see
     zenflow.config). Further keywords: transport ("grpc" or "ucx"),
     topk_ratio, update_interval (steps, or "auto"), select_interval, full_warm_up_rounds,
-    apply_delay ("sync", "adaptive", "overlap_step" or steps), daemon_wait
+    apply_delay ("sync", "adaptive", "overlap_step" or steps), predicted_step
+    (bool; default true: DESIGN rule 11), daemon_wait
     (seconds to ride through a daemon restart; 0 fails at once),
     connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
     token, sent with every call; default: $ZENFLOW_TOKEN; the ranks of a job
@@ -90,14 +91,15 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                  lr=None, betas=None, eps=None, weight_decay=None, mode=None, wire=None,
                  config=None, transport=None, topk_ratio=None, update_interval=None,
                  select_interval=None, full_warm_up_rounds=None, apply_delay=None,
-                 daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
+                 predicted_step=None, daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
                  token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
         given = dict(target=target, job=job, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
                      tls_key=tls_key, tls_server_name=tls_server_name, lr=lr, betas=betas, eps=eps,
                      weight_decay=weight_decay, mode=mode, wire=wire, transport=transport,
                      topk_ratio=topk_ratio, update_interval=update_interval,
                      select_interval=select_interval, full_warm_up_rounds=full_warm_up_rounds,
-                     apply_delay=apply_delay, daemon_wait=daemon_wait,
+                     apply_delay=apply_delay, predicted_step=predicted_step,
+                     daemon_wait=daemon_wait,
                      rank_ordered_sums=rank_ordered_sums, threads=threads)
         s = _config.load(config)
         s.update({k: v for k, v in given.items() if v is not None})
@@ -174,6 +176,10 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                            ("full_warm_up_rounds", "fullWarmupRounds")):
             if key in s:
                 zen[proto] = s[key]
+        if "predicted_step" in s:
+            if not isinstance(s["predicted_step"], bool):
+                raise ValueError(f"predicted_step must be True or False, not {s['predicted_step']!r}")
+            zen["predictedStep"] = s["predicted_step"]
         if zen.get("updateInterval") == "auto":
             # Rounds of 1..S_max steps (the daemon's default S_max), DESIGN rule 10.
             del zen["updateInterval"]

@@ -48,8 +48,9 @@ struct SimConfig {
   // The predicted step (rule 11; the daemon's default): with S = 1 or
   // auto and a delay other than sync, a one-step round applied one step
   // after its close is followed, on the workers, by one AdamW step of its
-  // columns from the state that round left, with the current step's mean
-  // gradient; at step 0 (of a one-step round) from the zero state.
+  // columns from the state that round left (its values, bf16 m and v),
+  // with the current step's mean gradient; at step 0 (of a one-step round)
+  // from the zero state.
   bool predicted_step = true;
 };
 
@@ -184,7 +185,9 @@ class ZenFlowSim {
             float g = 0;
             for (int k = 0; k < cfg_.world; ++k) g += grads[k][ti][i];
             g *= inv_world;
-            float w = b.master[i], m = b.md[i], v = b.vd[i];
+            // From the values the round sent (the master in the parameter
+            // dtype) and its bf16 m and v; at step 0 the zero state.
+            float w = Round(b.master[i]), m = RoundToBf16(b.md[i]), v = RoundToBf16(b.vd[i]);
             Adam(&w, &m, &v, g, lr, b.cd[c] + 1);
             x.w[i] = Round(w);
           }
