@@ -87,7 +87,7 @@ ABSL_FLAG(std::string, interval, "auto",
           "zenflow: update_interval S (steps per round), or auto (the default): each round's S "
           "chosen from the daemon's measured round time, 1..--max_interval (DESIGN rule 10)");
 ABSL_FLAG(bool, predicted_step, true,
-          "zenflow: the predicted step (DESIGN rule 11): a one-step round applied a step late is "
+          "zenflow: the predicted step (README \"Worker engine\"): a one-step round applied a step late is "
           "followed by the daemon's next AdamW step of its columns, run here with this step's "
           "gradient and the moments sent with the round");
 ABSL_FLAG(int, max_interval, 4, "zenflow with --interval=auto: the longest round (S_max)");

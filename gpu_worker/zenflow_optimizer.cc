@@ -339,6 +339,7 @@ double ZenFlowOptimizer::MeasuredRoundSeconds() const {
 }
 
 int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
+  constexpr double kIntervalMargin = 1.5;
   const int32_t s_max = static_cast<int32_t>(interval_);
   if (!auto_interval_) return s_max;
   int32_t s = s_max;
@@ -350,13 +351,15 @@ int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
       // time with a margin: the inputs of the adaptive apply delay (rule 7),
       // from a RoundDone every rank applied by this step.
       const double step_seconds = MeasuredStepSeconds();
-      const double want = std::ceil(1.2 * MeasuredRoundSeconds() / step_seconds);
+      // (A wider margin than the delay's: a round too short to hide stalls
+      // every rank, a round longer than needed only costs fidelity.)
+      const double want = std::ceil(kIntervalMargin * MeasuredRoundSeconds() / step_seconds);
       s = !(want < s_max) ? s_max : want <= 1 ? 1 : static_cast<int32_t>(want);  // NaN: S_max
       // A one-step round's deltas carry the predicted step's state too
       // (several times the bytes): measured on a longer round, one step
       // must fit that as well.
       if (s == 1 && predicted_step_ && last_done_steps_ > 1 &&
-          !(1.2 * MeasuredRoundSeconds() * moment_factor_ <= step_seconds)) {
+          !(kIntervalMargin * MeasuredRoundSeconds() * moment_factor_ <= step_seconds)) {
         s = std::min<int32_t>(2, s_max);
       }
     } else if (predicted_step_) {

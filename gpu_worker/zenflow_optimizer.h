@@ -213,7 +213,7 @@ class ZenFlowOptimizer {
   absl::Status ApplyDue(int64_t step, bool drain);
   int32_t DecideDelay(const Pending& p);
   absl::Status SetImportant(Tensor& t, std::vector<int32_t> cols);
-  // The predicted step (DESIGN rule 11): whether this step ends with one,
+  // The predicted step (rule 11, README "Worker engine"): whether this step ends with one,
   // decided at its start; the daemon's columns' gradients packed (and
   // reduced across ranks) for it; and the step itself on the columns of
   // one delta message (state from the message) or, at step 0, of every

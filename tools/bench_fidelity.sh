@@ -56,7 +56,7 @@
 #    runs carry S_mean, the zenflow summary's s_mean (the mean steps per
 #    closed round), averaged over seeds; delay "S" has no fixed value with
 #    auto and stays skipped.
-#  - Every run has zenflowd's default predicted step (DESIGN rule 11) on:
+#  - Every run has zenflowd's default predicted step (README "Worker engine") on:
 #    "predicted_step": true in its row. For k 0.1, S 1 (delay 1 and
 #    adaptive) and S auto (adaptive) are also run with zf_train
 #    --predicted_step=false: rows with "predicted_step": false.

@@ -233,7 +233,12 @@ for m in zenflow zero_offload local; do
   awk -v m="$m" -v v="${f[0]}" -v st="${f[1]}" -v sl="${f[2]}" -v w="${f[3]}" -v z="$zo_step" \
       'BEGIN { printf "%-14s %10.4f %14.2f %16.2f %16.1f %11.2fx\n", m, v, st, sl, w / 1024, z / st }'
 done
+zo_val=$(summary zero_offload val_loss)
 awk -v a="$zf_val" -v b="$lo_val" 'BEGIN { printf "\nzenflow / local validation loss: %.4f\n", a / b }'
+# Like for like: zero_offload is AdamW on the mean gradient of the same 2
+# ranks and the same data (local runs one rank on other windows).
+awk -v a="$zf_val" -v b="$zo_val" \
+  'BEGIN { printf "zenflow / zero_offload validation loss (2 ranks, the same data: like for like): %.4f\n", a / b }'
 zf_s=$(summary zenflow s_mean)
 awk -v i="$interval" -v s="$zf_s" 'BEGIN { printf "zenflow update interval: %s (mean S over its rounds: %.2f)\n", i, s }'
 if [ "$param_dtype" != fp32 ]; then
