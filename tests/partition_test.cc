@@ -240,6 +240,19 @@ TEST_F(PartitionTest, DelayOneWithTensorsSplitByColumnsEqualsOneDaemonBitForBit)
   RunAndCompare(1, "split-delay1", daemons_, Targets, Job, /*split=*/70);
 }
 
+// One-step rounds with the predicted step: each block's daemon sends its
+// columns' m and v, the rank predicts block by block with the step's
+// gradient (reduced at the tensor's first block's daemon): still one
+// daemon's bits.
+TEST_F(PartitionTest, PredictedStepWithTensorsSplitByColumnsEqualsOneDaemonBitForBit) {
+  auto one_step = [](const std::string& id, int daemons, int delay) {
+    EngineJob j = Job(id, daemons, delay);
+    j.cfg.S = 1;
+    return j;
+  };
+  RunAndCompare(1, "split-predicted", daemons_, Targets, one_step, /*split=*/70);
+}
+
 TEST_F(PartitionTest, ThePlanBalancesHostedParametersAndNeedsATensorPerDaemon) {
   v1::JobSpec spec;
   spec.set_job_id("plan");
