@@ -548,6 +548,7 @@ absl::Status Run() {
     const OptimizerTotals& tot = opt->totals();
     summary.Key("update_interval").String(absl::GetFlag(FLAGS_interval));
     summary.Key("rounds_closed").Int(tot.rounds_closed);
+    summary.Key("predicted_steps").Int(tot.predicted_steps);
     summary.Key("s_mean").Double(tot.rounds_closed > 0 ? static_cast<double>(tot.round_steps) /
                                                              static_cast<double>(tot.rounds_closed)
                                                        : 0.0);

@@ -466,7 +466,12 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   last_lr_ = lr;
   ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/false));
   if (predict_now_ && step == 0) ZF_RETURN_IF_ERROR(PredictFromZero());
+  if (predict_now_ && (step == 0 || predicted_messages_ > 0)) {
+    last_.predicted = true;
+    totals_.predicted_steps += 1;
+  }
   predict_now_ = false;
+  predicted_messages_ = 0;
   const ClientStats after = client_->stats();
   snapshot_ = after;
   have_snapshot_ = true;
@@ -811,6 +816,7 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
     // gradient at hand: the daemon's next step of these columns, here.
     if (predict_now_ && p.steps == 1 && step == p.close_step + 1 && !d.m().empty()) {
       ZF_RETURN_IF_ERROR(PredictDelta(t, d, cols));
+      ++predicted_messages_;
     }
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     client_->Recycle(std::move(*d.mutable_payload()));

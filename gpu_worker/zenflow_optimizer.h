@@ -65,6 +65,8 @@ struct StepStats {
   int64_t rounds_applied = 0;
   int64_t max_staleness_steps = 0;  // step - close step of an applied round
   bool reselected = false;
+  // The step ended with the predicted step (rule 11) on the daemon's columns.
+  bool predicted = false;
   // Steps of the round this step belongs to: the update interval S in use
   // (with auto_update_interval it changes from round to round).
   int32_t update_interval = 0;
@@ -83,6 +85,8 @@ struct OptimizerTotals {
   // steps: round_steps / rounds_closed is the mean update interval.
   int64_t rounds_closed = 0;
   int64_t round_steps = 0;
+  // Steps that ended with the predicted step (rule 11).
+  int64_t predicted_steps = 0;
 };
 
 // Creates the job (rank 0, with the initial parameter values read from the
@@ -276,6 +280,7 @@ class ZenFlowOptimizer {
   // The predicted step: enabled for the job; this step has one; its lr.
   bool predicted_step_ = false;
   bool predict_now_ = false;
+  int64_t predicted_messages_ = 0;  // this step's deltas predicted from
   float predict_lr_ = 0;
   double moment_factor_ = 1;  // a one-step round's delta bytes over plain ones
   worker::DeviceBuffer scratch_m_, scratch_v_, scratch_master_, scratch_steps_;

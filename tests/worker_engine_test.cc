@@ -330,6 +330,18 @@ TEST_F(WorkerEngineTest, PredictedStepMatchesSimulatorAcrossReselections) {
   EXPECT_LE(Mismatch((*plain)[0], RunSim(off), 2e-5, 1e-4, &where), 1.0)
       << "predicted_step false vs its simulation: " << where;
   EXPECT_GT(Mismatch((*plain)[0], RunSim(j), 2e-5, 1e-4, &where), 1.0);
+  // Which steps were predicted: all but the selection steps 4, 8 and 12
+  // (step 0 from the zero state), and none with it off.
+  OptimizerTotals totals;
+  EngineJob one = j;
+  one.cfg.world = 1;
+  one.job_id = "predicted-count";
+  ASSERT_OK(RunEngineRank(one, 0, &totals, nullptr).status());
+  EXPECT_EQ(totals.predicted_steps, 16 - 3);
+  one.cfg.predicted_step = false;
+  one.job_id = "predicted-count-off";
+  ASSERT_OK(RunEngineRank(one, 0, &totals, nullptr).status());
+  EXPECT_EQ(totals.predicted_steps, 0);
 }
 
 TEST_F(WorkerEngineTest, PredictedStepBf16ParamsTwoRanksMatchSimulatorBitForBit) {
