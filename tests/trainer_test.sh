@@ -5,7 +5,7 @@
 #    ends within 2% of local's validation loss;
 #  - two zenflow ranks in two processes end bit-identical;
 #  - the data stream over UCX gives the same parameters, bit for bit, as over
-#    gRPC (zero_offload, and zenflow with a fixed apply delay);
+#    gRPC (zero_offload, and zenflow with a fixed interval and apply delay);
 #  - bf16 parameters (--param_dtype=bf16, fp32 masters): zero_offload with an
 #    fp32 wire equals local bit for bit, and zenflow ends within 2% of local.
 set -euo pipefail
@@ -59,7 +59,9 @@ zo_ucx=$("$TRAIN" --mode=zero_offload --wire=fp32 --job=zo_ucx --transport=ucx -
 echo "$zo_ucx"
 cmp "$dir/zo.params" "$dir/zo_ucx.params" || { echo "zero_offload over UCX differs from gRPC"; exit 1; }
 for t in grpc ucx; do
-  "$TRAIN" --mode=zenflow --delay=1 --job="zf1_$t" --transport=$t --target="$T" \
+  # A fixed interval too (auto, the default, chooses from measured timings):
+  # S 1 with delay 1, the predicted step on every step.
+  "$TRAIN" --mode=zenflow --interval=1 --delay=1 --job="zf1_$t" --transport=$t --target="$T" \
     --save="$dir/zf1_$t.params" "${ft[@]}" > "$dir/zf1_$t.out"
 done
 cmp "$dir/zf1_grpc.params" "$dir/zf1_ucx.params" || { echo "zenflow over UCX differs from gRPC"; exit 1; }
