@@ -1,6 +1,7 @@
 // Rules the daemon and the worker must apply identically: how a tensor's
 // shape maps to rows and columns, which tensors ZenFlow keeps whole on the
-// worker, and how many columns fit in one message.
+// worker, how many columns fit in one message, and which rounds carry the
+// predicted step's state.
 //
 //   const ColumnGeometry g = GeometryOf(spec.tensors(i));      // {rows, cols}
 //   if (AlwaysImportant(spec.tensors(i), spec.mode())) ...
@@ -31,6 +32,21 @@ inline ColumnGeometry GeometryOf(const v1::TensorSpec& t) {
 // on the daemon.
 inline bool AlwaysImportant(const v1::TensorSpec& t, v1::Mode mode) {
   return mode != v1::MODE_ZERO_OFFLOAD && (t.shape_size() == 1 || t.local());
+}
+
+// Whether a job's one-step rounds carry the columns' state for the ranks'
+// predicted step (ZenFlowConfig.predicted_step): a normalized zenflow spec
+// with the option on, values deltas, an apply delay other than sync and
+// rounds that can have one step. The daemon and the ranks decide alike.
+// Bytes that state adds per value of a delta: bf16 m and v.
+inline constexpr int64_t kPredictedStateBytesPerValue = 4;
+
+inline bool RoundsMayCarryPredictedState(const v1::JobSpec& spec) {
+  const v1::ZenFlowConfig& z = spec.zenflow();
+  return spec.mode() == v1::MODE_ZENFLOW && z.predicted_step() &&
+         spec.delta_kind() != v1::DELTA_ARITHMETIC &&
+         z.apply_delay().kind_case() != v1::ApplyDelay::kSync &&
+         (z.update_interval() == 1 || z.auto_update_interval());
 }
 
 // How many whole columns of `rows` values of `value_bytes` each fit in

@@ -123,12 +123,7 @@ ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::J
       interval_(std::max(1, spec.zenflow().update_interval())),
       zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD),
       auto_interval_(spec.zenflow().auto_update_interval() && !zero_offload_) {
-  // As the daemon decides which deltas carry the state (its job.cc).
-  const v1::ZenFlowConfig& z = spec.zenflow();
-  predicted_step_ = !zero_offload_ && z.predicted_step() &&
-                    spec.delta_kind() != v1::DELTA_ARITHMETIC &&
-                    z.apply_delay().kind_case() != v1::ApplyDelay::kSync &&
-                    (interval_ == 1 || auto_interval_);
+  predicted_step_ = RoundsMayCarryPredictedState(spec);  // as the daemon decides
 }
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
@@ -260,7 +255,7 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     if (t->always_important) continue;
     const double n = static_cast<double>(t->rows * t->cols);
     plain += n * (t->fp32() ? 4 : 2);
-    with_state += n * (t->fp32() ? 8 : 6);  // + bf16 m and v
+    with_state += n * ((t->fp32() ? 4 : 2) + kPredictedStateBytesPerValue);
   }
   moment_factor_ = plain > 0 ? with_state / plain : 1.0;
   stage_bytes_ = kStageBytes;
@@ -326,16 +321,11 @@ int64_t ZenFlowOptimizer::NextSelectionStep(int64_t step) const {
 
 // Medians of the recent measures (robust to one slow step or update): the
 // lower one of the step time, the upper one of the update time.
-double ZenFlowOptimizer::MeasuredStepSeconds() const {
-  std::vector<double> x(step_seconds_seen_.begin(), step_seconds_seen_.end());
+double ZenFlowOptimizer::Measured(double Measure::*field, bool upper) const {
+  std::vector<double> x;
+  for (const Measure& m : measures_) x.push_back(m.*field);
   std::sort(x.begin(), x.end());
-  return x[(x.size() - 1) / 2];
-}
-
-double ZenFlowOptimizer::MeasuredRoundSeconds() const {
-  std::vector<double> x(round_seconds_seen_.begin(), round_seconds_seen_.end());
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
+  return x[upper ? x.size() / 2 : (x.size() - 1) / 2];
 }
 
 int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
@@ -346,20 +336,21 @@ int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
   if (round_ >= spec_.zenflow().full_warmup_rounds()) {
     if (chooser_) {
       s = std::max(1, std::min(chooser_(round_, start), s_max));
-    } else if (last_done_round_ >= 0 && !step_seconds_seen_.empty()) {
+    } else if (!measures_.empty()) {
       // The smallest S whose device steps cover the measured close-to-done
       // time with a margin: the inputs of the adaptive apply delay (rule 7),
-      // from a RoundDone every rank applied by this step.
-      const double step_seconds = MeasuredStepSeconds();
+      // from RoundDones every rank applied by this step.
+      const double step_seconds = Measured(&Measure::step_seconds, false);
+      const double round_seconds = Measured(&Measure::round_seconds, true);
       // (A wider margin than the delay's: a round too short to hide stalls
       // every rank, a round longer than needed only costs fidelity.)
-      const double want = std::ceil(kIntervalMargin * MeasuredRoundSeconds() / step_seconds);
+      const double want = std::ceil(kIntervalMargin * round_seconds / step_seconds);
       s = !(want < s_max) ? s_max : want <= 1 ? 1 : static_cast<int32_t>(want);  // NaN: S_max
       // A one-step round's deltas carry the predicted step's state too
       // (several times the bytes): measured on a longer round, one step
       // must fit that as well.
       if (s == 1 && predicted_step_ && last_done_steps_ > 1 &&
-          !(kIntervalMargin * MeasuredRoundSeconds() * moment_factor_ <= step_seconds)) {
+          !(kIntervalMargin * round_seconds * moment_factor_ <= step_seconds)) {
         s = std::min<int32_t>(2, s_max);
       }
     } else if (predicted_step_) {
@@ -409,9 +400,9 @@ int32_t ZenFlowOptimizer::DecideDelay(const Pending& p) {
     // there is a measurement (the first two rounds), assume the update does
     // not fit and overlap fully (d = S).
     d = steps;
-    if (last_done_round_ == round - 1 && !step_seconds_seen_.empty()) {
-      const double step_seconds = MeasuredStepSeconds();
-      d = static_cast<int32_t>(std::ceil(1.2 * MeasuredRoundSeconds() / step_seconds));
+    if (last_done_round_ == round - 1 && !measures_.empty()) {
+      d = static_cast<int32_t>(std::ceil(1.2 * Measured(&Measure::round_seconds, true) /
+                                         Measured(&Measure::step_seconds, false)));
       d = std::max<int32_t>(1, std::min<int32_t>(d, steps));
     }
   }
@@ -582,12 +573,11 @@ absl::StatusOr<std::vector<v1::ColumnState>> ZenFlowOptimizer::LocalState() {
 }
 
 absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
-  std::vector<Tensor*> active, predicted;
+  std::vector<Tensor*> active;
   for (auto& t : tensors_) {
     if (!t->important.empty()) active.push_back(t.get());
-    if (predict_now_ && !t->remote.empty()) predicted.push_back(t.get());
   }
-  if (active.empty() && predicted.empty()) return absl::OkStatus();
+  if (active.empty() && !predict_now_) return absl::OkStatus();
   for (Tensor* t : active) {
     ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_important.i32(),
                                              static_cast<int64_t>(t->important.size()),
@@ -821,25 +811,21 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     client_->Recycle(std::move(*d.mutable_payload()));
   }
-  last_close_to_done_ = u.done.close_to_done_seconds();
-  last_round_interval_ = u.done.round_interval_seconds();
-  if (last_round_interval_ > 0 && p.round >= 2) {
+  const int32_t steps = u.done.steps() > 0 ? u.done.steps() : p.steps;
+  const double interval = u.done.round_interval_seconds();
+  if (interval > 0 && p.round >= 2) {
     // Seconds per step without the ranks' waits for deltas
     // (RoundDone.stall_seconds): a stall must not make steps look longer,
     // or the next rounds would be chosen shorter and stall more. (At least
     // a twentieth of the interval: the stall is the ranks' own report.)
     // Round 1's interval holds the rest of step 0, with its one-time work
     // (first allocations, step 0's predicted step): not a measure.
-    const int32_t steps = u.done.steps() > 0 ? u.done.steps() : p.steps;
-    const double busy = std::max(last_round_interval_ - u.done.stall_seconds(),
-                                 0.05 * last_round_interval_);
-    step_seconds_seen_.push_back(busy / std::max(steps, 1));
-    round_seconds_seen_.push_back(last_close_to_done_);
-    if (step_seconds_seen_.size() > 5) step_seconds_seen_.pop_front();
-    if (round_seconds_seen_.size() > 5) round_seconds_seen_.pop_front();
+    const double busy = std::max(interval - u.done.stall_seconds(), 0.05 * interval);
+    measures_.push_back({busy / std::max(steps, 1), u.done.close_to_done_seconds()});
+    if (measures_.size() > 5) measures_.pop_front();
   }
   last_done_round_ = p.round;
-  last_done_steps_ = u.done.steps() > 0 ? u.done.steps() : p.steps;
+  last_done_steps_ = steps;
   last_.rounds_applied += 1;
   last_.max_staleness_steps = std::max(last_.max_staleness_steps, step - p.close_step);
   return absl::OkStatus();
@@ -871,6 +857,28 @@ absl::Status ZenFlowOptimizer::PackPredicted() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<void*> ZenFlowOptimizer::Staged(worker::DeviceBuffer* buf, void* host, size_t bytes) {
+  if (backend_->name() == "cpu") return host;  // host memory already
+  ZF_RETURN_IF_ERROR(buf->Reserve(backend_, bytes));
+  ZF_RETURN_IF_ERROR(backend_->CopyToDevice(buf->p(), host, bytes));
+  return buf->p();
+}
+
+absl::Status ZenFlowOptimizer::PredictedAdamW(Tensor* t, const int32_t* cols, int64_t n,
+                                              const int64_t* steps, const float* g, float* m,
+                                              float* v, float* master) {
+  const v1::AdamWConfig& a = spec_.adamw();
+  const AdamWHyper h{predict_lr_, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
+  if (t->fp32()) {
+    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols, cols, n,
+                                                steps, g, m, v));
+  } else {
+    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(h, 1.0f, t->param, Param16(t->dtype), t->rows,
+                                                  t->cols, cols, n, steps, g, master, m, v));
+  }
+  return backend_->Synchronize();  // the scratch is reused
+}
+
 absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols) {
   const int64_t n = d.columns_size();
   const size_t values = static_cast<size_t>(n * t->rows);
@@ -898,75 +906,48 @@ absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, co
   Decode(DType::kBF16, d.m().data(), values, m);
   Decode(DType::kBF16, d.v().data(), values, v);
   if (master != nullptr) Decode(t->dtype, d.payload().data(), values, master);
-  const int64_t* dsteps = steps.data();
-  if (backend_->name() != "cpu") {  // stage through device scratch
-    const size_t bytes = values * 4;
-    ZF_RETURN_IF_ERROR(scratch_m_.Reserve(backend_, bytes));
-    ZF_RETURN_IF_ERROR(scratch_v_.Reserve(backend_, bytes));
-    ZF_RETURN_IF_ERROR(scratch_steps_.Reserve(backend_, n * 8));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_m_.p(), m, bytes));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_v_.p(), v, bytes));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_steps_.p(), steps.data(), n * 8));
-    m = scratch_m_.f32();
-    v = scratch_v_.f32();
-    dsteps = scratch_steps_.i64();
-    if (master != nullptr) {
-      ZF_RETURN_IF_ERROR(scratch_master_.Reserve(backend_, bytes));
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_master_.p(), master, bytes));
-      master = scratch_master_.f32();
-    }
+  const size_t bytes = values * 4;
+  ZF_ASSIGN_OR_RETURN(void* dm, Staged(&scratch_m_, m, bytes));
+  ZF_ASSIGN_OR_RETURN(void* dv, Staged(&scratch_v_, v, bytes));
+  ZF_ASSIGN_OR_RETURN(void* ds, Staged(&scratch_steps_, steps.data(), n * 8));
+  void* dmaster = nullptr;
+  if (master != nullptr) {
+    ZF_ASSIGN_OR_RETURN(dmaster, Staged(&scratch_master_, master, bytes));
   }
-  const v1::AdamWConfig& a = spec_.adamw();
-  const AdamWHyper h{predict_lr_, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
-  const float* g = t->pbuf.f32() + at * t->rows;
-  if (t->fp32()) {
-    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols, cols, n,
-                                                dsteps, g, m, v));
-  } else {
-    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(h, 1.0f, t->param, Param16(t->dtype), t->rows,
-                                                  t->cols, cols, n, dsteps, g, master, m, v));
-  }
-  // The scratch is reused.
-  return backend_->Synchronize();
+  return PredictedAdamW(t, cols, n, static_cast<const int64_t*>(ds), t->pbuf.f32() + at * t->rows,
+                        static_cast<float*>(dm), static_cast<float*>(dv),
+                        static_cast<float*>(dmaster));
 }
 
 absl::Status ZenFlowOptimizer::PredictFromZero() {
-  const v1::AdamWConfig& a = spec_.adamw();
-  const AdamWHyper h{predict_lr_, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
   for (auto& tp : tensors_) {
     Tensor* t = tp.get();
     if (t->remote.empty()) continue;
     const int64_t n = static_cast<int64_t>(t->remote.size());
-    const size_t bytes = static_cast<size_t>(n * t->rows) * 4;
-    const std::vector<float> zeros(static_cast<size_t>(n * t->rows), 0.0f);
-    const std::vector<int64_t> ones(static_cast<size_t>(n), 1);
-    ZF_RETURN_IF_ERROR(scratch_m_.Reserve(backend_, bytes));
-    ZF_RETURN_IF_ERROR(scratch_v_.Reserve(backend_, bytes));
-    ZF_RETURN_IF_ERROR(scratch_steps_.Reserve(backend_, n * 8));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_m_.p(), zeros.data(), bytes));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_v_.p(), zeros.data(), bytes));
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_steps_.p(), ones.data(), n * 8));
-    const float* g = t->pbuf.f32();
-    if (t->fp32()) {
-      ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols,
-                                                  t->d_remote.i32(), n, scratch_steps_.i64(), g,
-                                                  scratch_m_.f32(), scratch_v_.f32()));
-    } else {
+    const size_t values = static_cast<size_t>(n * t->rows);
+    std::vector<float>& zeros = predict_host_;  // m, then v: written by the update
+    zeros.assign(2 * values, 0.0f);
+    std::vector<int64_t> ones(static_cast<size_t>(n), 1);
+    ZF_ASSIGN_OR_RETURN(void* dm, Staged(&scratch_m_, zeros.data(), values * 4));
+    ZF_ASSIGN_OR_RETURN(void* dv, Staged(&scratch_v_, zeros.data() + values, values * 4));
+    ZF_ASSIGN_OR_RETURN(void* ds, Staged(&scratch_steps_, ones.data(), n * 8));
+    float* master = nullptr;
+    if (!t->fp32()) {
       // The daemon's master of these columns is the uploaded parameters'
       // exact value.
-      const PackDType p16 = Param16(t->dtype);
       const size_t all = static_cast<size_t>(t->rows * t->cols);
       ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, all * 4));
-      ZF_RETURN_IF_ERROR(scratch_master_.Reserve(backend_, bytes));
-      ZF_RETURN_IF_ERROR(backend_->Convert(t->param, p16, scratch_vals_.p(), PackDType::kF32, all));
+      ZF_RETURN_IF_ERROR(scratch_master_.Reserve(backend_, values * 4));
+      ZF_RETURN_IF_ERROR(
+          backend_->Convert(t->param, Param16(t->dtype), scratch_vals_.p(), PackDType::kF32, all));
       ZF_RETURN_IF_ERROR(backend_->PackColumns(scratch_vals_.f32(), t->rows, t->cols,
                                                t->d_remote.i32(), n, PackDType::kF32,
                                                scratch_master_.p(), nullptr));
-      ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(
-          h, 1.0f, t->param, p16, t->rows, t->cols, t->d_remote.i32(), n, scratch_steps_.i64(), g,
-          scratch_master_.f32(), scratch_m_.f32(), scratch_v_.f32()));
+      master = scratch_master_.f32();
     }
-    ZF_RETURN_IF_ERROR(backend_->Synchronize());
+    ZF_RETURN_IF_ERROR(PredictedAdamW(t, t->d_remote.i32(), n, static_cast<const int64_t*>(ds),
+                                      t->pbuf.f32(), static_cast<float*>(dm),
+                                      static_cast<float*>(dv), master));
   }
   return absl::OkStatus();
 }

@@ -204,10 +204,14 @@ class ZenFlowOptimizer {
   int64_t NextSelectionStep(int64_t step) const;
   // The steps of round round_, which starts at `start` (DESIGN rule 10).
   int32_t ChooseInterval(int64_t start);
-  // The recent rounds' seconds per step (lower median) and update time
-  // (close to done, upper median).
-  double MeasuredStepSeconds() const;
-  double MeasuredRoundSeconds() const;
+  // A recent round's measures: seconds per step without stalls, and its
+  // update time (close to done).
+  struct Measure {
+    double step_seconds;
+    double round_seconds;
+  };
+  // The median of one over measures_: the upper one or the lower one.
+  double Measured(double Measure::*field, bool upper) const;
   absl::Status Reselect(int64_t step);
   absl::Status UpdateImportant(int64_t step, float lr);
   absl::Status PushRemote(int64_t step);
@@ -226,6 +230,12 @@ class ZenFlowOptimizer {
   absl::Status PackPredicted();
   absl::Status PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols);
   absl::Status PredictFromZero();
+  // The daemon's AdamW step on `n` columns of `t` (backend memory; master
+  // for 16-bit tensors only), with the step's lr.
+  absl::Status PredictedAdamW(Tensor* t, const int32_t* cols, int64_t n, const int64_t* steps,
+                              const float* g, float* m, float* v, float* master);
+  // `host` itself on the CPU backend, else a copy in `buf`.
+  absl::StatusOr<void*> Staged(worker::DeviceBuffer* buf, void* host, size_t bytes);
 
   worker::Backend* const backend_;
   Client* const client_;
@@ -247,15 +257,10 @@ class ZenFlowOptimizer {
   int64_t round_start_ = 0;
   int32_t round_steps_ = 0;
   std::deque<Pending> pending_;
-  // RoundDone of the last applied round: close-to-done, round interval and
-  // the round's steps.
-  double last_close_to_done_ = -1;
-  double last_round_interval_ = 0;
-  // Seconds per step of the last (up to) five measured rounds, without
-  // stalls, and their close-to-done times: the choices take medians (one
+  // The last (up to) five measured rounds: the choices take medians (one
   // slow step or update must not set the pace).
-  std::deque<double> step_seconds_seen_;
-  std::deque<double> round_seconds_seen_;
+  std::deque<Measure> measures_;
+  // The last applied round and its steps.
   int64_t last_done_round_ = -1;
   int32_t last_done_steps_ = 0;
   std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent

@@ -180,7 +180,7 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
           "next round's values, which arithmetic deltas would add to it instead");
     }
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
-    // Unset: update_interval auto with S_max 4 (DESIGN rules 10 and 11:
+    // Unset: update_interval auto with S_max 4 (DESIGN rule 10, README's 11:
     // rounds as short as the daemon keeps hidden, one step where it can).
     if (z->update_interval() == 0) {
       z->set_update_interval(4);
@@ -372,17 +372,6 @@ absl::Status CheckPartition(const v1::JobSpec& spec) {
 
 // ---------------------------------------------------------------------------
 
-namespace {
-// Whether a job's rounds can have one step and carry the predicted step's
-// state (ZenFlowConfig.predicted_step): a normalized spec.
-bool MayCarryMoments(const v1::JobSpec& spec) {
-  const v1::ZenFlowConfig& z = spec.zenflow();
-  return spec.mode() == v1::MODE_ZENFLOW && z.predicted_step() &&
-         z.apply_delay().kind_case() != v1::ApplyDelay::kSync &&
-         (z.update_interval() == 1 || z.auto_update_interval());
-}
-}  // namespace
-
 absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
   JobFootprint f;
   bool overflow = false;
@@ -407,7 +396,7 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
         mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
     int64_t out = arithmetic ? 2 * 4 : (t.dtype() == v1::DTYPE_FP32 ? 4 : 2);
     // One-step rounds' deltas carry bf16 m and v for the predicted step.
-    if (MayCarryMoments(spec)) out += 4;
+    if (RoundsMayCarryPredictedState(spec)) out += kPredictedStateBytesPerValue;
     add(&delta_round, mul(n, out));
   }
   f.delta_bytes = mul(delta_round, 2);
@@ -1338,7 +1327,7 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
 
 // ---- Update ----------------------------------------------------------------
 
-bool Job::WithMoments(int32_t steps) const { return steps == 1 && MayCarryMoments(spec_); }
+bool Job::WithMoments(int32_t steps) const { return steps == 1 && RoundsMayCarryPredictedState(spec_); }
 
 std::vector<std::vector<int32_t>> Job::RemoteColumnsLocked() const {
   std::vector<std::vector<int32_t>> remote(tensors_.size());

@@ -44,7 +44,7 @@ std::vector<v1::DownMessage> EncodeDeltas(
     const RoundUpdateTensor& t = tensors[ti];
     const DType out = arithmetic ? DType::kF32 : t.param_dtype;
     // With moments every element also takes bf16 m and v.
-    const int64_t state_bytes = moments ? 4 : 0;
+    const int64_t state_bytes = moments ? kPredictedStateBytesPerValue : 0;
     const size_t per = static_cast<size_t>(ColumnsPerMessage(
         max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out)) + state_bytes));
     for (size_t i = 0; i < remote[ti].size(); i += per) {
