@@ -183,7 +183,8 @@ def check_refs(files, problems):
         return pages.get(name)
 
     design = page("docs/design.md")
-    sources = [f for f in files if f.endswith(CODE_SUFFIXES) or os.path.basename(f) in CODE_NAMES]
+    sources = [f for f in files if f.endswith(CODE_SUFFIXES) or os.path.basename(f) in CODE_NAMES
+               or (f.startswith("deploy/") and f.endswith(".md"))]
     # The check itself names the forms it checks; it is no reference.
     sources = [f for f in sources if not f.startswith(("third_party/", "fuzz/corpus/", "fuzz/regressions/"))
                and f != "tools/docs_check.py"]
