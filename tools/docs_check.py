@@ -170,7 +170,7 @@ def rule_numbers(spec):
 RULES_SPEC = r"rules? ((?:\d+(?:\s*[-–]\s*\d+)?)(?:(?:,\s*|\s+and\s+|\s+or\s+)\d+(?:\s*[-–]\s*\d+)?)*)"
 DOC_REF = re.compile(r"(?<![\w/.-])docs/([\w-]+)\.md(?:#([\w-]+))?(?:,? " + RULES_SPEC + r"| \"([^\"\n]{1,80})\")?")
 README_REF = re.compile(r"\bREADME(?:\.md)?(?:'s)?(?:#([\w-]+)| \"([^\"\n]{1,80})\"|, \"([^\"\n]{1,80})\")")
-DESIGN_REF = re.compile(r"\bDESIGN(?:\.md)?(?:'s)?\b(?: (?:rules?|§)\s*\d+| \d+\s*[-–]\s*\d+)?")
+DESIGN_REF = re.compile(r"\bDESIGN(?:\.md)?(?:'s)?\b(?: (?:rules? |§\s*)" + RULES_SPEC[7:] + r"| \d+\s*[-–]\s*\d+)?")
 BARE_RULE = re.compile(r"(?<![\w.-])[Rr]" + RULES_SPEC[1:])
 
 
@@ -194,8 +194,9 @@ def check_refs(files, problems):
         def where(m, f=f, raw=raw):
             # The match is in the joined text; find its line in the file by
             # its start (shorter when a line break cut it).
-            for n in (20, 12, 6):
-                at = raw.find(m.group(0)[:n])
+            for key in (m.group(0)[:20], m.group(0).replace('"', '\\"')[:20], m.group(0)[:12],
+                        m.group(0)[:6]):
+                at = raw.find(key)
                 if at >= 0:
                     return "%s:%d" % (f, raw.count("\n", 0, at) + 1)
             return f
