@@ -27,7 +27,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gpu_worker/backend.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 #include "google/protobuf/util/json_util.h"
 #include "zenflow/v1/zenflow.pb.h"
 

@@ -100,8 +100,8 @@
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "gpu_worker/kernels/emulated_backend.h"
-#include "gpu_worker/local_reducer.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/local_reducer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "",
           "zenflowd address host:port (required), or several, comma-separated: the matrix runs "
