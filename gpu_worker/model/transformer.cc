@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 
 namespace zenflow {
@@ -289,21 +290,15 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
 // ---------------------------------------------------------------------------
-// Seeded PRNG: splitmix64 with Box-Muller normals.
+// Seeded PRNG: the project's splitmix64 (common/random.h) with Box-Muller
+// normals.
 
-class SplitMix64 {
+class Rng {
  public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() { return NextRandom(&state_); }
   // Uniform in (0, 1].
-  double Uniform() {
-    return (static_cast<double>(Next() >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-  }
+  double Uniform() { return UnitIntervalOpenZero(Next()); }
 
  private:
   uint64_t state_;
@@ -512,8 +507,8 @@ void Transformer::InitParams(float* params) const {
       continue;
     }
     // One independent stream per tensor, keyed by (seed, tensor index).
-    SplitMix64 key(cfg_.seed ^ (0xD1B54A32D192ED03ULL * (i + 1)));
-    SplitMix64 rng(key.Next());
+    Rng key(cfg_.seed ^ (0xD1B54A32D192ED03ULL * (i + 1)));
+    Rng rng(key.Next());
     constexpr double kTwoPi = 6.283185307179586;
     for (size_t j = 0; j < n; j += 2) {
       const double r = std::sqrt(-2.0 * std::log(rng.Uniform()));

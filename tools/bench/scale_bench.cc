@@ -96,6 +96,7 @@
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
@@ -159,13 +160,6 @@ constexpr int64_t kPatternFloats = int64_t{1} << 20;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-uint64_t NextRandom(uint64_t* s) {  // splitmix64
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 // Uniform in [-scale, scale).
