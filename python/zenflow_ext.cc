@@ -1,5 +1,5 @@
 // The Python extension module `_zenflow`: the worker engine
-// (gpu_worker/zenflow_optimizer.h) and the client library, for the `zenflow`
+// (gpu_worker/engine/zenflow_optimizer.h) and the client library, for the `zenflow`
 // package (python/zenflow). The worker-side rules live in the engine; this
 // file only converts: Python values in, absl::Status out as
 // zenflow.ZenFlowError(code, message).

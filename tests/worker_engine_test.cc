@@ -1,4 +1,4 @@
-// The worker engine (gpu_worker/zenflow_optimizer, CPU backend) against a
+// The worker engine (gpu_worker/engine/zenflow_optimizer, CPU backend) against a
 // real zenflowd over loopback gRPC, compared with an independent simulation
 // of the rules (tests/testing/zenflow_sim.h) and with local AdamW.
 #include <sys/wait.h>

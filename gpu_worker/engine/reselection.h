@@ -1,4 +1,4 @@
-// Reselection with an exact state hand-off (DESIGN rule 8): at a selection
+// Reselection with an exact state hand-off (rule 8): at a selection
 // step every rank sends its columns' importance scores to the daemon, which
 // picks the job's new important columns; the columns that leave this rank
 // go to the daemon with their exact values, m, v and update counts, and the

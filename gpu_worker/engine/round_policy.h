@@ -1,4 +1,4 @@
-// The engine's round schedule (DESIGN rules 7, 8 and 10): which steps
+// The engine's round schedule (rules 7, 8 and 10): which steps
 // reselect the important columns, how many steps each round has (fixed, or
 // with auto_update_interval chosen from the daemon's measured round time)
 // and after how many steps a closed round's deltas are applied (the apply
@@ -56,7 +56,7 @@ class RoundPolicy {
   // The first selection step after `step` (zenflow mode).
   int64_t NextSelectionStep(int64_t step) const;
 
-  // The steps of round `round`, which starts at step `start` (rule 10).
+  // The steps of round `round`, which starts at step `start` (DESIGN rule 10).
   // `previous` is round - 1 while it is still in flight (else null): its
   // delay is decided here if it was not yet, and the new round is at least
   // that long (the daemon accumulates two rounds at a time).

@@ -20,7 +20,7 @@
 // ranks before their AdamW (DESIGN rule 4). On GPUs a device collective
 // (NCCL) does that without touching the host or the daemon, so by default
 // (--important_reduce=device) the ranks meet at an in-process rendezvous that
-// stands for it (gpu_worker/local_reducer.h, no arithmetic: emulated memory
+// stands for it (gpu_worker/engine/local_reducer.h, no arithmetic: emulated memory
 // holds no numerics); --important_reduce=daemon sends them through zenflowd's
 // AllReduce call instead (gRPC, host memory: 8 B per important value per
 // rank and step, up and down), the engine's default without a collective.
@@ -141,7 +141,7 @@ ABSL_FLAG(std::string, accumulate_ceiling_source, "",
 ABSL_FLAG(std::string, important_reduce, "device",
           "how a job's ranks reduce their important columns' gradients: device (an in-process "
           "rendezvous standing for a device collective such as NCCL, whose bytes never touch "
-          "the host: gpu_worker/local_reducer.h without arithmetic) or daemon (zenflowd's "
+          "the host: gpu_worker/engine/local_reducer.h without arithmetic) or daemon (zenflowd's "
           "AllReduce call over gRPC, through host memory)");
 ABSL_FLAG(std::string, daemons, "",
           "daemon counts of the several-daemons series (e.g. 1,2,4; each at most the targets "
