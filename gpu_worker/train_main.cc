@@ -43,7 +43,7 @@
 #include "gpu_worker/model/text_data.h"
 #include "gpu_worker/model/transformer.h"
 #include "gpu_worker/model/transformer_cuda.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",

@@ -1,5 +1,5 @@
 // The Python extension module `_zenflow`: the worker engine
-// (gpu_worker/zenflow_optimizer.h) and the client library, for the `zenflow`
+// (gpu_worker/engine/zenflow_optimizer.h) and the client library, for the `zenflow`
 // package (python/zenflow). The worker-side rules live in the engine; this
 // file only converts: Python values in, absl::Status out as
 // zenflow.ZenFlowError(code, message).
@@ -27,7 +27,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gpu_worker/backend.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 #include "google/protobuf/util/json_util.h"
 #include "zenflow/v1/zenflow.pb.h"
 

@@ -1,4 +1,4 @@
-// The worker engine (gpu_worker/zenflow_optimizer, CPU backend) against a
+// The worker engine (gpu_worker/engine/zenflow_optimizer, CPU backend) against a
 // real zenflowd over loopback gRPC, compared with an independent simulation
 // of the rules (tests/testing/zenflow_sim.h) and with local AdamW.
 #include <sys/wait.h>
@@ -15,7 +15,7 @@
 #include "client/client.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_driver.h"

@@ -5,7 +5,7 @@
 # loopback ports, runs the scale benchmark against them (1, 2, 4, 8 EMULATED
 # ranks on one job and over 2 jobs, per-rank vs shared sums, on the first;
 # then one job of 2 ranks spread over 1, 2 and 4 daemons; see
-# gpu_worker/scale_bench.cc), stops the daemons and exits with the
+# tools/bench/scale_bench.cc), stops the daemons and exits with the
 # benchmark's status. Arguments go to scale_bench, e.g.
 #   tools/bench_scale.sh --out=/tmp/scale.json --ranks=1,2 --steps=24
 # An --accumulate_ceiling_bytes_per_s argument skips the adam_bench run.
@@ -15,8 +15,8 @@ ROOT=$(pwd)
 
 log() { printf '\033[1mbench_scale:\033[0m %s\n' "$*" >&2; }
 
-log "building (bazel build -c opt //gpu_worker:scale_bench //server:adam_bench //server:zenflowd)"
-bazel build -c opt //gpu_worker:scale_bench //server:adam_bench //server:zenflowd
+log "building (bazel build -c opt //tools/bench:scale_bench //server:adam_bench //server:zenflowd)"
+bazel build -c opt //tools/bench:scale_bench //server:adam_bench //server:zenflowd
 # The opt outputs, wherever the bazel-bin link points after other builds.
 BIN=$(bazel info -c opt bazel-bin)
 
@@ -74,7 +74,7 @@ log "zenflowd x4 (pids ${pids[*]}) serving on $target"
 
 rc=0
 start=$(date +%s)
-"$BIN/gpu_worker/scale_bench" --target="$target" --daemon_pid="$(IFS=,; echo "${pids[*]}")" \
+"$BIN/tools/bench/scale_bench" --target="$target" --daemon_pid="$(IFS=,; echo "${pids[*]}")" \
   --daemons=1,2,4 "${ceiling_args[@]}" "$@" || rc=$?
 log "scale_bench exited with $rc after $(( $(date +%s) - start )) s"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench_stall.sh: builds stall_bench and zenflowd, starts zenflowd on a free
 # loopback port, runs the stall benchmark against it (zero_offload vs zenflow,
-# EMULATED device time; see gpu_worker/stall_bench.cc), stops the daemon and
+# EMULATED device time; see tools/bench/stall_bench.cc), stops the daemon and
 # exits with the benchmark's status. Arguments go to stall_bench, e.g.
 #   tools/bench_stall.sh --out=/tmp/stall.json --steps=16
 # Where the engine's kernels run: with no --device argument, a machine with a
@@ -17,8 +17,8 @@ ROOT=$(pwd)
 
 log() { printf '\033[1mbench_stall:\033[0m %s\n' "$*" >&2; }
 
-log "building (bazel build -c opt //gpu_worker:stall_bench //server:zenflowd)"
-bazel build -c opt //gpu_worker:stall_bench //server:zenflowd
+log "building (bazel build -c opt //tools/bench:stall_bench //server:zenflowd)"
+bazel build -c opt //tools/bench:stall_bench //server:zenflowd
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/bench_stall.XXXXXX")
 pid=""
@@ -76,7 +76,7 @@ log "device: ${device_args[*]:-(from the arguments)}"
 
 rc=0
 start=$(date +%s)
-"$ROOT/bazel-bin/gpu_worker/stall_bench" --target="$target" "${device_args[@]}" "$@" || rc=$?
+"$ROOT/bazel-bin/tools/bench/stall_bench" --target="$target" "${device_args[@]}" "$@" || rc=$?
 log "stall_bench exited with $rc after $(( $(date +%s) - start )) s"
 
 stop_daemon

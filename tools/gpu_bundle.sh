@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu_bundle: needs /usr/local/cuda/bin/nvcc" >&2; exit 1; }
 targets=(//gpu_worker/kernels:kernels_test //gpu_worker/model:transformer_cuda_test
-         //gpu_worker/kernels:worker_bench //gpu_worker:zf_train //gpu_worker:stall_bench
+         //tools/bench:worker_bench //gpu_worker:zf_train //tools/bench:stall_bench
          //server:zenflowd)
 # Tests link their libraries dynamically by default: link everything in.
 bazel build -c opt --dynamic_mode=off "${targets[@]}"

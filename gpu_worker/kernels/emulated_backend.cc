@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 #include "gpu_worker/kernels/backend_common.h"
 
@@ -81,13 +82,9 @@ absl::StatusOr<void*> AllocZeroed(size_t bytes, const char* what) {
 // A fixed pseudo-random score for column j of a [rows, cols] tensor, in
 // [0, 1): splitmix64 of (j, shape). Not a gradient statistic.
 float PseudoScore(int64_t j, int64_t rows, int64_t cols) {
-  uint64_t z = static_cast<uint64_t>(j) * 0x9E3779B97F4A7C15ull ^
-               static_cast<uint64_t>(rows) * 0xC2B2AE3D27D4EB4Full ^
-               static_cast<uint64_t>(cols);
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
+  const uint64_t z = HashRandom(static_cast<uint64_t>(j) * kSplitMix64Gamma ^
+                                static_cast<uint64_t>(rows) * 0xC2B2AE3D27D4EB4Full ^
+                                static_cast<uint64_t>(cols));
   return static_cast<float>(static_cast<double>(z >> 40) * (1.0 / (1ull << 24)));
 }
 

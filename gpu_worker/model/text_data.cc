@@ -8,18 +8,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 
 namespace zenflow {
 namespace model {
-namespace {
-
-uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 absl::StatusOr<TextData> TextData::FromBytes(std::string bytes,
                                              double val_fraction) {
@@ -65,12 +57,10 @@ void TextData::SampleBatch(bool validation, int batch, int seq, uint64_t step,
   const uint8_t* data = reinterpret_cast<const uint8_t*>(bytes_.data()) + begin;
   // Window starts in [0, size - width] when the split is long enough.
   const size_t starts = size >= width ? size - width + 1 : size;
-  uint64_t state = Mix64(seed ^ 0x6A09E667F3BCC909ULL) ^
-                   Mix64(step + 0x9E3779B97F4A7C15ULL) ^
+  uint64_t state = Mix64(seed ^ 0x6A09E667F3BCC909ULL) ^ HashRandom(step) ^
                    (validation ? 0xBB67AE8584CAA73BULL : 0);
   for (int b = 0; b < batch; ++b) {
-    state += 0x9E3779B97F4A7C15ULL;
-    const size_t start = static_cast<size_t>(Mix64(state) % starts);
+    const size_t start = static_cast<size_t>(NextRandom(&state) % starts);
     uint8_t* row = out->data() + static_cast<size_t>(b) * width;
     for (size_t i = 0; i < width; ++i) row[i] = data[(start + i) % size];
   }

@@ -1,5 +1,6 @@
-// Decoder-only byte-level transformer: layout, init, forward, backward and
-// parameter files. See transformer.h.
+// Decoder-only byte-level transformer: init, forward and backward (the
+// layout is in layout.cc, the parameter files in param_file.cc). See
+// transformer.h.
 //
 // Determinism: every matrix product is partitioned over fixed 4-row tiles of
 // its output, and each output element is a k-ordered sum computed by the same
@@ -21,6 +22,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 
 namespace zenflow {
@@ -289,173 +291,21 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
 // ---------------------------------------------------------------------------
-// Seeded PRNG: splitmix64 with Box-Muller normals.
+// Seeded PRNG: the project's splitmix64 (common/random.h) with Box-Muller
+// normals.
 
-class SplitMix64 {
+class Rng {
  public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() { return NextRandom(&state_); }
   // Uniform in (0, 1].
-  double Uniform() {
-    return (static_cast<double>(Next() >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-  }
+  double Uniform() { return UnitIntervalOpenZero(Next()); }
 
  private:
   uint64_t state_;
 };
 
-// ---------------------------------------------------------------------------
-// Parameter file helpers.
-
-constexpr char kMagic[8] = {'Z', 'F', 'M', 'O', 'D', 'E', 'L', '\0'};
-constexpr uint32_t kFileVersion = 1;
-constexpr size_t kHeaderBytes = 56;
-constexpr size_t kChecksumBytes = 8;
-
-void PutU32(std::string* s, uint32_t v) {
-  for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-void PutU64(std::string* s, uint64_t v) {
-  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
-}
-uint32_t GetU32(const unsigned char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-uint64_t GetU64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-uint64_t Fnv1a64(const unsigned char* p, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ULL;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001B3ULL;
-  }
-  return h;
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// Config and layout.
-
-absl::Status ModelConfig::Validate() const {
-  if (vocab < 2 || vocab > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab must be in [2, 256] (byte tokens), got ", vocab));
-  }
-  if (layers < 1 || layers > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layers must be in [1, 256], got ", layers));
-  }
-  if (width < 1 || width > 16384) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("width must be in [1, 16384], got ", width));
-  }
-  if (heads < 1 || heads > width || width % heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "heads must divide width; got width ", width, ", heads ", heads));
-  }
-  if (context < 1 || context > 8192) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("context must be in [1, 8192], got ", context));
-  }
-  if (mlp_mult < 1 || mlp_mult > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mlp_mult must be in [1, 16], got ", mlp_mult));
-  }
-  return absl::OkStatus();
-}
-
-size_t TensorInfo::numel() const {
-  size_t n = 1;
-  for (int64_t s : shape) n *= static_cast<size_t>(s);
-  return n;
-}
-
-std::vector<TensorInfo> BuildTensorLayout(const ModelConfig& cfg) {
-  std::vector<TensorInfo> out;
-  size_t offset = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorInfo t;
-    t.name = std::move(name);
-    t.shape = std::move(shape);
-    t.offset = offset;
-    offset += t.numel();
-    out.push_back(std::move(t));
-  };
-  const int64_t v = cfg.vocab, d = cfg.width, f = int64_t{cfg.mlp_mult} * d;
-  add("tok_emb", {v, d});
-  add("pos_emb", {cfg.context, d});
-  for (int l = 0; l < cfg.layers; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    add(p + "ln1.g", {d});
-    add(p + "ln1.b", {d});
-    add(p + "attn.wqkv", {3 * d, d});
-    add(p + "attn.bqkv", {3 * d});
-    add(p + "attn.wo", {d, d});
-    add(p + "attn.bo", {d});
-    add(p + "ln2.g", {d});
-    add(p + "ln2.b", {d});
-    add(p + "mlp.w1", {f, d});
-    add(p + "mlp.b1", {f});
-    add(p + "mlp.w2", {d, f});
-    add(p + "mlp.b2", {d});
-  }
-  add("ln_f.g", {d});
-  add("ln_f.b", {d});
-  add("head", {v, d});
-  return out;
-}
-
-absl::StatusOr<size_t> NumParams(const ModelConfig& cfg) {
-  ZF_RETURN_IF_ERROR(cfg.Validate());
-  const std::vector<TensorInfo> t = BuildTensorLayout(cfg);
-  return t.back().offset + t.back().numel();
-}
-
-ParamOffsets BuildParamOffsets(const ModelConfig& cfg) {
-  const std::vector<TensorInfo> layout = BuildTensorLayout(cfg);
-  auto off = [&layout](const std::string& name) -> size_t {
-    for (const TensorInfo& t : layout) {
-      if (t.name == name) return t.offset;
-    }
-    return 0;  // Unreachable: the layout defines every name asked for below.
-  };
-  ParamOffsets out;
-  out.tok_emb = off("tok_emb");
-  out.pos_emb = off("pos_emb");
-  out.lnf_g = off("ln_f.g");
-  out.lnf_b = off("ln_f.b");
-  out.head = off("head");
-  for (int l = 0; l < cfg.layers; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    LayerOffsets o;
-    o.ln1_g = off(p + "ln1.g");
-    o.ln1_b = off(p + "ln1.b");
-    o.wqkv = off(p + "attn.wqkv");
-    o.bqkv = off(p + "attn.bqkv");
-    o.wo = off(p + "attn.wo");
-    o.bo = off(p + "attn.bo");
-    o.ln2_g = off(p + "ln2.g");
-    o.ln2_b = off(p + "ln2.b");
-    o.w1 = off(p + "mlp.w1");
-    o.b1 = off(p + "mlp.b1");
-    o.w2 = off(p + "mlp.w2");
-    o.b2 = off(p + "mlp.b2");
-    out.layers.push_back(o);
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------
 // Transformer.
@@ -512,8 +362,8 @@ void Transformer::InitParams(float* params) const {
       continue;
     }
     // One independent stream per tensor, keyed by (seed, tensor index).
-    SplitMix64 key(cfg_.seed ^ (0xD1B54A32D192ED03ULL * (i + 1)));
-    SplitMix64 rng(key.Next());
+    Rng key(cfg_.seed ^ (0xD1B54A32D192ED03ULL * (i + 1)));
+    Rng rng(key.Next());
     constexpr double kTwoPi = 6.283185307179586;
     for (size_t j = 0; j < n; j += 2) {
       const double r = std::sqrt(-2.0 * std::log(rng.Uniform()));
@@ -933,131 +783,6 @@ absl::Status Transformer::Backward(const float* params, float* grads) {
     }
   }
   return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
-// Parameter files.
-
-absl::Status SaveParams(const std::string& path, const ModelConfig& cfg,
-                        const float* params, size_t n) {
-  ZF_ASSIGN_OR_RETURN(const size_t expected, NumParams(cfg));
-  if (n != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SaveParams: config has ", expected,
-                     " parameters but ", n, " were given"));
-  }
-  if (params == nullptr && n > 0) {
-    return absl::InvalidArgumentError("SaveParams: null params");
-  }
-  std::string buf;
-  buf.reserve(kHeaderBytes + n * sizeof(float) + kChecksumBytes);
-  buf.append(kMagic, sizeof(kMagic));
-  PutU32(&buf, kFileVersion);
-  for (int v : {cfg.vocab, cfg.layers, cfg.width, cfg.heads, cfg.context,
-                cfg.mlp_mult}) {
-    PutU32(&buf, static_cast<uint32_t>(v));
-  }
-  PutU32(&buf, 0);  // Reserved.
-  PutU64(&buf, cfg.seed);
-  PutU64(&buf, n);
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &params[i], sizeof(bits));
-    PutU32(&buf, bits);
-  }
-  PutU64(&buf, Fnv1a64(reinterpret_cast<const unsigned char*>(buf.data()),
-                       buf.size()));
-
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      return absl::UnavailableError(
-          absl::StrCat("SaveParams: cannot open ", tmp, " for writing"));
-    }
-    out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::UnavailableError(
-          absl::StrCat("SaveParams: write to ", tmp, " failed"));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("SaveParams: cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<float>> LoadParams(const std::string& path,
-                                              ModelConfig* cfg_out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("LoadParams: cannot open ", path));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string buf = ss.str();
-  const auto* p = reinterpret_cast<const unsigned char*>(buf.data());
-  if (buf.size() < sizeof(kMagic) ||
-      std::memcmp(p, kMagic, sizeof(kMagic)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoadParams: ", path, " is not a ZenFlow model file"));
-  }
-  if (buf.size() < kHeaderBytes + kChecksumBytes) {
-    return absl::DataLossError(absl::StrCat(
-        "LoadParams: ", path, " is truncated (", buf.size(), " bytes)"));
-  }
-  const uint32_t version = GetU32(p + 8);
-  if (version != kFileVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoadParams: ", path, " has unsupported version ",
-                     version, " (expected ", kFileVersion, ")"));
-  }
-  ModelConfig cfg;
-  cfg.vocab = static_cast<int32_t>(GetU32(p + 12));
-  cfg.layers = static_cast<int32_t>(GetU32(p + 16));
-  cfg.width = static_cast<int32_t>(GetU32(p + 20));
-  cfg.heads = static_cast<int32_t>(GetU32(p + 24));
-  cfg.context = static_cast<int32_t>(GetU32(p + 28));
-  cfg.mlp_mult = static_cast<int32_t>(GetU32(p + 32));
-  cfg.seed = GetU64(p + 40);
-  const uint64_t n = GetU64(p + 48);
-  const uint64_t max_n = (buf.size() - kHeaderBytes - kChecksumBytes) / 4;
-  if (n > max_n ||
-      buf.size() != kHeaderBytes + n * sizeof(float) + kChecksumBytes) {
-    return absl::DataLossError(absl::StrCat(
-        "LoadParams: ", path, " size mismatch: header declares ", n,
-        " parameters (", kHeaderBytes + n * 4 + kChecksumBytes,
-        " bytes) but the file has ", buf.size(), " bytes"));
-  }
-  const size_t body = buf.size() - kChecksumBytes;
-  const uint64_t stored = GetU64(p + body);
-  const uint64_t actual = Fnv1a64(p, body);
-  if (stored != actual) {
-    return absl::DataLossError(
-        absl::StrCat("LoadParams: ", path, " checksum mismatch (corrupted)"));
-  }
-  if (absl::Status s = cfg.Validate(); !s.ok()) {
-    return absl::DataLossError(absl::StrCat(
-        "LoadParams: ", path, " holds an invalid config: ", s.message()));
-  }
-  ZF_ASSIGN_OR_RETURN(const size_t expected, NumParams(cfg));
-  if (n != expected) {
-    return absl::DataLossError(
-        absl::StrCat("LoadParams: ", path, " declares ", n,
-                     " parameters but its config needs ", expected));
-  }
-  std::vector<float> params(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t bits = GetU32(p + kHeaderBytes + 4 * i);
-    std::memcpy(&params[i], &bits, sizeof(bits));
-  }
-  if (cfg_out != nullptr) *cfg_out = cfg;
-  return params;
 }
 
 }  // namespace model

@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 #include "tests/testing/harness.h"
 
 namespace zenflow::testing {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "gpu_worker/zenflow_optimizer.h"
-#include "gpu_worker/local_reducer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
+#include "gpu_worker/engine/local_reducer.h"
 #include "tests/testing/zenflow_sim.h"
 #include "zenflow/v1/zenflow.pb.h"
 

@@ -1,11 +1,10 @@
 // The worker side of ZenFlow; see zenflow_optimizer.h.
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -30,39 +29,7 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The backend's name for a 16-bit parameter dtype.
-PackDType Param16(DType d) { return d == DType::kF16 ? PackDType::kF16 : PackDType::kBF16; }
-
-std::vector<int32_t> Difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  std::vector<int32_t> out;
-  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  return out;
-}
-
 }  // namespace
-
-struct ZenFlowOptimizer::Tensor {
-  std::string name;
-  int64_t rows = 0, cols = 0;
-  bool always_important = false;
-  DType dtype = DType::kF32;  // of param
-  void* param = nullptr;
-  float* grad = nullptr;
-  std::vector<int32_t> important, remote;  // ascending
-  std::vector<int64_t> steps;              // per important column
-  // Mirrors of m, v and master (only at reselection).
-  std::vector<float> host_m, host_v, host_master;
-  // m, v and (16-bit parameters only) the fp32 master of the important
-  // columns: compact, column-major, like the packed gradients in gbuf.
-  worker::DeviceBuffer d_important, d_remote, d_steps, m, v, master, gbuf, scores;
-  // The daemon's columns' gradients, packed like the shards (column-major,
-  // in `remote` order) and reduced across ranks, for the predicted step;
-  // reserved at the first one.
-  worker::DeviceBuffer pbuf;
-
-  bool fp32() const { return dtype == DType::kF32; }
-  float* param_f32() const { return static_cast<float*>(param); }
-};
 
 absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& want, int32_t rank,
                                             worker::Backend* backend,
@@ -120,11 +87,10 @@ ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::J
       client_(client),
       spec_(spec),
       rank_(rank),
-      interval_(std::max(1, spec.zenflow().update_interval())),
-      zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD),
-      auto_interval_(spec.zenflow().auto_update_interval() && !zero_offload_) {
-  predicted_step_ = RoundsMayCarryPredictedState(spec);  // as the daemon decides
-}
+      // The predicted step as the daemon decides it.
+      policy_(spec, RoundsMayCarryPredictedState(spec)),
+      predicted_(backend, spec.adamw(), RoundsMayCarryPredictedState(spec)),
+      reselection_(backend, client, spec.zenflow().importance()) {}
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
   // The client may still be sending from the host buffers: wait for it to
@@ -226,7 +192,7 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
           "deltas (the daemon's fp32 master, rounded); DELTA_ARITHMETIC is for fp32 "
           "parameters only: create the job with delta_kind DELTA_VALUES (the default)"));
     }
-    auto t = std::make_unique<Tensor>();
+    auto t = std::make_unique<EngineTensor>();
     t->name = ts.name();
     t->dtype = p->dtype;
     const ColumnGeometry geo = GeometryOf(ts);
@@ -235,7 +201,7 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     t->always_important = AlwaysImportant(ts, spec_.mode());
     t->param = p->param;
     t->grad = p->grad;
-    const int64_t cap = zero_offload_ ? 0 : t->always_important ? t->cols : TopKCount(k, t->cols);
+    const int64_t cap = policy_.zero_offload() ? 0 : t->always_important ? t->cols : TopKCount(k, t->cols);
     const size_t capn = static_cast<size_t>(std::max<int64_t>(cap, 1) * t->rows);
     ZF_RETURN_IF_ERROR(t->d_important.Reserve(backend_, std::max<int64_t>(cap, 1) * 4));
     ZF_RETURN_IF_ERROR(t->d_remote.Reserve(backend_, t->cols * 4));
@@ -245,7 +211,8 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     if (!t->fp32()) ZF_RETURN_IF_ERROR(t->master.Reserve(backend_, capn * 4));
     ZF_RETURN_IF_ERROR(t->gbuf.Reserve(backend_, capn * 4));
     ZF_RETURN_IF_ERROR(t->scores.Reserve(backend_, t->cols * 4));
-    ZF_RETURN_IF_ERROR(SetImportant(*t, {}));  // version 0: every column remote
+    // Version 0: every column remote.
+    ZF_RETURN_IF_ERROR(SetImportantColumns(backend_, *t, {}));
     tensors_.push_back(std::move(t));
   }
   // Delta bytes of a one-step round with the predicted step's state over
@@ -257,7 +224,7 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
     plain += n * (t->fp32() ? 4 : 2);
     with_state += n * ((t->fp32() ? 4 : 2) + kPredictedStateBytesPerValue);
   }
-  moment_factor_ = plain > 0 ? with_state / plain : 1.0;
+  policy_.set_moment_factor(plain > 0 ? with_state / plain : 1.0);
   stage_bytes_ = kStageBytes;
   for (const auto& t : tensors_) {
     stage_bytes_ = std::max<size_t>(stage_bytes_, t->rows * 4);  // at least one column
@@ -284,133 +251,6 @@ absl::Status ZenFlowOptimizer::Init(std::vector<ParamSpec> params) {
   return absl::OkStatus();
 }
 
-absl::Status ZenFlowOptimizer::SetImportant(Tensor& t, std::vector<int32_t> cols) {
-  t.important = std::move(cols);
-  t.remote.clear();
-  size_t k = 0;
-  for (int32_t c = 0; c < t.cols; ++c) {
-    if (k < t.important.size() && t.important[k] == c) {
-      ++k;
-    } else {
-      t.remote.push_back(c);
-    }
-  }
-  if (!t.important.empty()) {
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.d_important.p(), t.important.data(),
-                                              t.important.size() * 4));
-  }
-  if (!t.remote.empty()) {
-    ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.d_remote.p(), t.remote.data(), t.remote.size() * 4));
-  }
-  return backend_->Synchronize();
-}
-
-bool ZenFlowOptimizer::IsSelectionStep(int64_t step) const {
-  if (zero_offload_) return false;
-  const int64_t warm_end = static_cast<int64_t>(spec_.zenflow().full_warmup_rounds()) * interval_;
-  const int64_t r = std::max(1, spec_.zenflow().select_interval());
-  return step == warm_end || (step > warm_end && step % r == 0);
-}
-
-int64_t ZenFlowOptimizer::NextSelectionStep(int64_t step) const {
-  const int64_t warm_end = static_cast<int64_t>(spec_.zenflow().full_warmup_rounds()) * interval_;
-  if (step < warm_end) return warm_end;
-  const int64_t r = std::max(1, spec_.zenflow().select_interval());
-  return (step / r + 1) * r;
-}
-
-// Medians of the recent measures (robust to one slow step or update): the
-// lower one of the step time, the upper one of the update time.
-double ZenFlowOptimizer::Measured(double Measure::*field, bool upper) const {
-  std::vector<double> x;
-  for (const Measure& m : measures_) x.push_back(m.*field);
-  std::sort(x.begin(), x.end());
-  return x[upper ? x.size() / 2 : (x.size() - 1) / 2];
-}
-
-int32_t ZenFlowOptimizer::ChooseInterval(int64_t start) {
-  constexpr double kIntervalMargin = 1.5;
-  const int32_t s_max = static_cast<int32_t>(interval_);
-  if (!auto_interval_) return s_max;
-  int32_t s = s_max;
-  if (round_ >= spec_.zenflow().full_warmup_rounds()) {
-    if (chooser_) {
-      s = std::max(1, std::min(chooser_(round_, start), s_max));
-    } else if (!measures_.empty()) {
-      // The smallest S whose device steps cover the measured close-to-done
-      // time with a margin: the inputs of the adaptive apply delay (rule 7),
-      // from RoundDones every rank applied by this step.
-      const double step_seconds = Measured(&Measure::step_seconds, false);
-      const double round_seconds = Measured(&Measure::round_seconds, true);
-      // (A wider margin than the delay's: a round too short to hide stalls
-      // every rank, a round longer than needed only costs fidelity.)
-      const double want = std::ceil(kIntervalMargin * round_seconds / step_seconds);
-      s = !(want < s_max) ? s_max : want <= 1 ? 1 : static_cast<int32_t>(want);  // NaN: S_max
-      // A one-step round's deltas carry the predicted step's state too
-      // (several times the bytes): measured on a longer round, one step
-      // must fit that as well.
-      if (s == 1 && predicted_step_ && last_done_steps_ > 1 &&
-          !(kIntervalMargin * round_seconds * moment_factor_ <= step_seconds)) {
-        s = std::min<int32_t>(2, s_max);
-      }
-    } else if (predicted_step_) {
-      // Nothing measured yet: with the predicted step, start at one step
-      // per round (the first steps of fine-tuning weigh the most: every
-      // column takes its AdamW steps at once). The first measure is round
-      // 2's RoundDone, at step 3's end: the pace from step 4 on.
-      s = 1;
-    }
-  }
-  // The previous round, if still in flight, is applied before the round
-  // after this one starts: the daemon accumulates two rounds at a time.
-  if (!pending_.empty() && pending_.back().round == round_ - 1) {
-    Pending& p = pending_.back();
-    if (p.delay < 0) p.delay = DecideDelay(p);
-    s = std::max(s, p.delay);
-  }
-  // A round never spans a selection step.
-  return static_cast<int32_t>(std::min<int64_t>(s, NextSelectionStep(start) - start));
-}
-
-int32_t ZenFlowOptimizer::apply_delay(int64_t round) const {
-  for (const auto& [r, d] : delays_) {
-    if (r == round) return d;
-  }
-  return -1;
-}
-
-int32_t ZenFlowOptimizer::DecideDelay(const Pending& p) {
-  const int64_t round = p.round;
-  // The round's own steps: update_interval, but for a partial last round or
-  // with auto_update_interval.
-  const int32_t steps = p.steps > 0 ? p.steps : static_cast<int32_t>(interval_);
-  int32_t d = 1;
-  const v1::ApplyDelay& ad = spec_.zenflow().apply_delay();
-  if (zero_offload_ || ad.kind_case() == v1::ApplyDelay::kSync) {
-    d = 0;
-  } else if (ad.kind_case() == v1::ApplyDelay::kSteps) {
-    // At most the round's steps (the daemon holds it to update_interval,
-    // which a shorter auto round may undercut).
-    d = auto_interval_ ? std::max(1, std::min(ad.steps(), steps)) : ad.steps();
-  } else if (ad.kind_case() == v1::ApplyDelay::kOverlapStep) {
-    d = steps;
-  } else {
-    // Adaptive, from round-1's RoundDone, which every rank has applied by
-    // the time this is asked (d <= S): the same answer on every rank. Until
-    // there is a measurement (the first two rounds), assume the update does
-    // not fit and overlap fully (d = S).
-    d = steps;
-    if (last_done_round_ == round - 1 && !measures_.empty()) {
-      d = static_cast<int32_t>(std::ceil(1.2 * Measured(&Measure::round_seconds, true) /
-                                         Measured(&Measure::step_seconds, false)));
-      d = std::max<int32_t>(1, std::min<int32_t>(d, steps));
-    }
-  }
-  delays_.push_back({round, d});
-  if (delays_.size() > 64) delays_.erase(delays_.begin());
-  return d;
-}
-
 absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   if (step != next_step_) {
     return step < next_step_
@@ -429,17 +269,20 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   const ClientStats before = have_snapshot_ ? snapshot_ : client_->stats();
   last_ = StepStats();
   last_.step = step;
-  predict_now_ = false;  // a drain below applies without one
-  if (IsSelectionStep(step)) {
+  predicted_.Begin(false, lr);  // a drain below applies without one
+  if (policy_.IsSelectionStep(step)) {
     ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/true));  // rule 8: drain first
-    ZF_RETURN_IF_ERROR(Reselect(step));
+    ZF_ASSIGN_OR_RETURN(version_, reselection_.Run(step, tensors_));
     last_.reselected = true;
     ++totals_.reselections;
   }
-  if (round_steps_ == 0) round_steps_ = ChooseInterval(step);  // the round's first step
+  if (round_steps_ == 0) {  // the round's first step
+    PendingRound* previous =
+        !pending_.empty() && pending_.back().round == round_ - 1 ? &pending_.back() : nullptr;
+    round_steps_ = policy_.ChooseInterval(round_, step, previous);
+  }
   last_.update_interval = round_steps_;
-  predict_now_ = WillPredict(step);
-  predict_lr_ = lr;
+  predicted_.Begin(PredictedStep::Decide(predicted_.enabled(), step, round_steps_, pending_), lr);
   const double t_imp = Now();
   ZF_RETURN_IF_ERROR(UpdateImportant(step, lr));
   last_.important_seconds = Now() - t_imp;
@@ -456,13 +299,11 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   next_step_ = step + 1;
   last_lr_ = lr;
   ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/false));
-  if (predict_now_ && step == 0) ZF_RETURN_IF_ERROR(PredictFromZero());
-  if (predict_now_ && (step == 0 || predicted_messages_ > 0)) {
+  if (predicted_.now() && step == 0) ZF_RETURN_IF_ERROR(predicted_.FromZero(tensors_));
+  if (predicted_.End(step)) {
     last_.predicted = true;
     totals_.predicted_steps += 1;
   }
-  predict_now_ = false;
-  predicted_messages_ = 0;
   const ClientStats after = client_->stats();
   snapshot_ = after;
   have_snapshot_ = true;
@@ -504,7 +345,7 @@ absl::Status ZenFlowOptimizer::CloseRound(int64_t round, float lr, int32_t steps
     unreported_.erase(unreported_.begin() + 1);
   }
   report.steps = unreported_;
-  const int32_t delay = apply_delay(round - 1);
+  const int32_t delay = policy_.apply_delay(round - 1);
   report.apply_delay_steps = std::max(delay, 0);
   report.staleness_steps = static_cast<int32_t>(std::min<int64_t>(last_staleness_, 1 << 30));
   ZF_RETURN_IF_ERROR(client_->CloseRound(round, lr, steps, report));
@@ -545,7 +386,7 @@ absl::Status ZenFlowOptimizer::Drain() {
 absl::StatusOr<std::vector<v1::ColumnState>> ZenFlowOptimizer::LocalState() {
   std::vector<v1::ColumnState> out;
   for (auto& tp : tensors_) {
-    Tensor& t = *tp;
+    EngineTensor& t = *tp;
     const int64_t n = static_cast<int64_t>(t.important.size());
     if (n == 0) continue;
     const int64_t values = n * t.rows;
@@ -573,32 +414,32 @@ absl::StatusOr<std::vector<v1::ColumnState>> ZenFlowOptimizer::LocalState() {
 }
 
 absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
-  std::vector<Tensor*> active;
+  std::vector<EngineTensor*> active;
   for (auto& t : tensors_) {
     if (!t->important.empty()) active.push_back(t.get());
   }
-  if (active.empty() && !predict_now_) return absl::OkStatus();
-  for (Tensor* t : active) {
+  if (active.empty() && !predicted_.now()) return absl::OkStatus();
+  for (EngineTensor* t : active) {
     ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_important.i32(),
                                              static_cast<int64_t>(t->important.size()),
                                              PackDType::kF32, t->gbuf.p(), nullptr));
   }
-  if (predict_now_) ZF_RETURN_IF_ERROR(PackPredicted());
+  if (predicted_.now()) ZF_RETURN_IF_ERROR(predicted_.Pack(tensors_));
   // Every rank reduces the same parts in the same order: a tensor's
   // important columns, then (with a predicted step this step) its daemon
   // columns.
   struct Part {
-    Tensor* t;
+    EngineTensor* t;
     float* device;
     int64_t n;
   };
   std::vector<Part> reduce;
   for (auto& tp : tensors_) {
-    Tensor* t = tp.get();
+    EngineTensor* t = tp.get();
     if (!t->important.empty()) {
       reduce.push_back({t, t->gbuf.f32(), static_cast<int64_t>(t->important.size()) * t->rows});
     }
-    if (predict_now_ && !t->remote.empty()) {
+    if (predicted_.now() && !t->remote.empty()) {
       reduce.push_back({t, t->pbuf.f32(), static_cast<int64_t>(t->remote.size()) * t->rows});
     }
   }
@@ -643,7 +484,7 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
   }
   const v1::AdamWConfig& a = spec_.adamw();
   const AdamWHyper h{lr, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
-  for (Tensor* t : active) {
+  for (EngineTensor* t : active) {
     for (int64_t& s : t->steps) s += 1;
     ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t->d_steps.p(), t->steps.data(), t->steps.size() * 8));
     const int64_t n = static_cast<int64_t>(t->important.size());
@@ -666,13 +507,13 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
   std::shared_ptr<StageRing> ring = ring_;
   // The step's shards in send order: (tensor, first remote column, columns).
   struct Chunk {
-    Tensor* t;
+    EngineTensor* t;
     int64_t first, n;
     int buf;
   };
   std::vector<Chunk> chunks;
   for (auto& tp : tensors_) {
-    Tensor* t = tp.get();
+    EngineTensor* t = tp.get();
     const int64_t per =
         ColumnsPerMessage(static_cast<int64_t>(stage_bytes_), t->rows, static_cast<int64_t>(esize));
     for (int64_t first = 0; first < static_cast<int64_t>(t->remote.size()); first += per) {
@@ -705,7 +546,7 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
         scales_host_[c.buf].resize(c.n);
         scales = scales_dev_[c.buf].f32();
       }
-      Tensor* t = c.t;
+      EngineTensor* t = c.t;
       ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols,
                                                t->d_remote.i32() + c.first, c.n, pack_wire_,
                                                stage_dev_[c.buf], scales));
@@ -733,7 +574,7 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
         MutexLock lock(&ring->mu);
         ring->busy[buf] = false;
       };
-      Tensor* t = c.t;
+      EngineTensor* t = c.t;
       absl::Status s =
           int8 ? client_->PushInt8Borrowed(step, t->name, version_, t->remote.data() + c.first,
                                            c.n, static_cast<const int8_t*>(stage_host_[buf]),
@@ -750,8 +591,8 @@ absl::Status ZenFlowOptimizer::PushRemote(int64_t step) {
 
 absl::Status ZenFlowOptimizer::ApplyDue(int64_t step, bool drain) {
   while (!pending_.empty()) {
-    Pending& p = pending_.front();
-    if (p.delay < 0) p.delay = DecideDelay(p);
+    PendingRound& p = pending_.front();
+    policy_.DecideDelayOf(&p);
     if (!drain && step < p.close_step + p.delay) break;
     ZF_RETURN_IF_ERROR(ApplyRound(p, step));
     pending_.pop_front();
@@ -759,7 +600,7 @@ absl::Status ZenFlowOptimizer::ApplyDue(int64_t step, bool drain) {
   return absl::OkStatus();
 }
 
-absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
+absl::Status ZenFlowOptimizer::ApplyRound(const PendingRound& p, int64_t step) {
   const double t0 = Now();
   ZF_ASSIGN_OR_RETURN(RoundUpdate u, client_->WaitRound(p.round, absl::Minutes(10)));
   const double t_apply = Now();
@@ -767,7 +608,7 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
   absl::Cleanup count = [&] { last_.apply_seconds += Now() - t_apply; };
   const bool host_memory = backend_->name() == "cpu";
   for (v1::ParameterDelta& d : u.deltas) {
-    Tensor* t = nullptr;
+    EngineTensor* t = nullptr;
     for (auto& x : tensors_) {
       if (x->name == d.tensor()) t = x.get();
     }
@@ -804,318 +645,15 @@ absl::Status ZenFlowOptimizer::ApplyRound(const Pending& p, int64_t step) {
     }
     // Rule 11: a one-step round applied one step late, with this step's
     // gradient at hand: the daemon's next step of these columns, here.
-    if (predict_now_ && p.steps == 1 && step == p.close_step + 1 && !d.m().empty()) {
-      ZF_RETURN_IF_ERROR(PredictDelta(t, d, cols));
-      ++predicted_messages_;
-    }
+    if (predicted_.Carries(p, step, d)) ZF_RETURN_IF_ERROR(predicted_.FromDelta(t, d, cols));
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     client_->Recycle(std::move(*d.mutable_payload()));
   }
   const int32_t steps = u.done.steps() > 0 ? u.done.steps() : p.steps;
-  const double interval = u.done.round_interval_seconds();
-  if (interval > 0 && p.round >= 2) {
-    // Seconds per step without the ranks' waits for deltas
-    // (RoundDone.stall_seconds): a stall must not make steps look longer,
-    // or the next rounds would be chosen shorter and stall more. (At least
-    // a twentieth of the interval: the stall is the ranks' own report.)
-    // Round 1's interval holds the rest of step 0, with its one-time work
-    // (first allocations, step 0's predicted step): not a measure.
-    const double busy = std::max(interval - u.done.stall_seconds(), 0.05 * interval);
-    measures_.push_back({busy / std::max(steps, 1), u.done.close_to_done_seconds()});
-    if (measures_.size() > 5) measures_.pop_front();
-  }
-  last_done_round_ = p.round;
-  last_done_steps_ = steps;
+  policy_.RoundApplied(p.round, steps, u.done.round_interval_seconds(), u.done.stall_seconds(),
+                       u.done.close_to_done_seconds());
   last_.rounds_applied += 1;
   last_.max_staleness_steps = std::max(last_.max_staleness_steps, step - p.close_step);
-  return absl::OkStatus();
-}
-
-bool ZenFlowOptimizer::WillPredict(int64_t step) const {
-  if (!predicted_step_ || round_steps_ != 1) return false;
-  // A new job's daemon columns start from m = v = 0 and no updates: step
-  // 0's prediction needs no message (round 0 is applied at step 1's end,
-  // as its delay is at least 1 without sync).
-  if (step == 0) return true;
-  // Otherwise the one-step round of the previous step, applied at this
-  // step's end (delay 1), carries the state. (A selection step drained it
-  // already: no prediction there.)
-  if (pending_.size() != 1) return false;
-  const Pending& p = pending_.front();
-  return p.close_step == step - 1 && p.steps == 1 && p.delay == 1;
-}
-
-absl::Status ZenFlowOptimizer::PackPredicted() {
-  for (auto& tp : tensors_) {
-    Tensor* t = tp.get();
-    if (t->remote.empty()) continue;
-    const int64_t n = static_cast<int64_t>(t->remote.size());
-    ZF_RETURN_IF_ERROR(t->pbuf.Reserve(backend_, static_cast<size_t>(t->cols * t->rows) * 4));
-    ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_remote.i32(), n,
-                                             PackDType::kF32, t->pbuf.p(), nullptr));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<void*> ZenFlowOptimizer::Staged(worker::DeviceBuffer* buf, void* host, size_t bytes) {
-  if (backend_->name() == "cpu") return host;  // host memory already
-  ZF_RETURN_IF_ERROR(buf->Reserve(backend_, bytes));
-  ZF_RETURN_IF_ERROR(backend_->CopyToDevice(buf->p(), host, bytes));
-  return buf->p();
-}
-
-absl::Status ZenFlowOptimizer::PredictedAdamW(Tensor* t, const int32_t* cols, int64_t n,
-                                              const int64_t* steps, const float* g, float* m,
-                                              float* v, float* master) {
-  const v1::AdamWConfig& a = spec_.adamw();
-  const AdamWHyper h{predict_lr_, a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
-  if (t->fp32()) {
-    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW(h, 1.0f, t->param_f32(), t->rows, t->cols, cols, n,
-                                                steps, g, m, v));
-  } else {
-    ZF_RETURN_IF_ERROR(backend_->SelectiveAdamW16(h, 1.0f, t->param, Param16(t->dtype), t->rows,
-                                                  t->cols, cols, n, steps, g, master, m, v));
-  }
-  return backend_->Synchronize();  // the scratch is reused
-}
-
-absl::Status ZenFlowOptimizer::PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols) {
-  const int64_t n = d.columns_size();
-  const size_t values = static_cast<size_t>(n * t->rows);
-  if (d.m().size() != values * 2 || d.v().size() != values * 2 || d.update_counts_size() != n) {
-    return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' (round ", d.round(),
-                                            ") carries a malformed state for the predicted step"));
-  }
-  // The message's columns are a run of the rank's daemon columns.
-  const auto first = std::lower_bound(t->remote.begin(), t->remote.end(), d.columns(0));
-  const int64_t at = first - t->remote.begin();
-  if (at + n > static_cast<int64_t>(t->remote.size()) ||
-      !std::equal(d.columns().begin(), d.columns().end(), first)) {
-    return absl::InternalError(absl::StrCat("delta of tensor '", t->name, "' (round ", d.round(),
-                                            ") is not for this rank's daemon columns"));
-  }
-  std::vector<int64_t> steps(d.update_counts().begin(), d.update_counts().end());
-  for (int64_t& c : steps) c += 1;
-  // The state in fp32 (m and v come as bf16; a 16-bit tensor's master is
-  // its values as they came).
-  std::vector<float>& host = predict_host_;
-  host.resize(values * (t->fp32() ? 2 : 3));
-  float* m = host.data();
-  float* v = m + values;
-  float* master = t->fp32() ? nullptr : v + values;
-  Decode(DType::kBF16, d.m().data(), values, m);
-  Decode(DType::kBF16, d.v().data(), values, v);
-  if (master != nullptr) Decode(t->dtype, d.payload().data(), values, master);
-  const size_t bytes = values * 4;
-  ZF_ASSIGN_OR_RETURN(void* dm, Staged(&scratch_m_, m, bytes));
-  ZF_ASSIGN_OR_RETURN(void* dv, Staged(&scratch_v_, v, bytes));
-  ZF_ASSIGN_OR_RETURN(void* ds, Staged(&scratch_steps_, steps.data(), n * 8));
-  void* dmaster = nullptr;
-  if (master != nullptr) {
-    ZF_ASSIGN_OR_RETURN(dmaster, Staged(&scratch_master_, master, bytes));
-  }
-  return PredictedAdamW(t, cols, n, static_cast<const int64_t*>(ds), t->pbuf.f32() + at * t->rows,
-                        static_cast<float*>(dm), static_cast<float*>(dv),
-                        static_cast<float*>(dmaster));
-}
-
-absl::Status ZenFlowOptimizer::PredictFromZero() {
-  for (auto& tp : tensors_) {
-    Tensor* t = tp.get();
-    if (t->remote.empty()) continue;
-    const int64_t n = static_cast<int64_t>(t->remote.size());
-    const size_t values = static_cast<size_t>(n * t->rows);
-    std::vector<float>& zeros = predict_host_;  // m, then v: written by the update
-    zeros.assign(2 * values, 0.0f);
-    std::vector<int64_t> ones(static_cast<size_t>(n), 1);
-    ZF_ASSIGN_OR_RETURN(void* dm, Staged(&scratch_m_, zeros.data(), values * 4));
-    ZF_ASSIGN_OR_RETURN(void* dv, Staged(&scratch_v_, zeros.data() + values, values * 4));
-    ZF_ASSIGN_OR_RETURN(void* ds, Staged(&scratch_steps_, ones.data(), n * 8));
-    float* master = nullptr;
-    if (!t->fp32()) {
-      // The daemon's master of these columns is the uploaded parameters'
-      // exact value.
-      const size_t all = static_cast<size_t>(t->rows * t->cols);
-      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, all * 4));
-      ZF_RETURN_IF_ERROR(scratch_master_.Reserve(backend_, values * 4));
-      ZF_RETURN_IF_ERROR(
-          backend_->Convert(t->param, Param16(t->dtype), scratch_vals_.p(), PackDType::kF32, all));
-      ZF_RETURN_IF_ERROR(backend_->PackColumns(scratch_vals_.f32(), t->rows, t->cols,
-                                               t->d_remote.i32(), n, PackDType::kF32,
-                                               scratch_master_.p(), nullptr));
-      master = scratch_master_.f32();
-    }
-    ZF_RETURN_IF_ERROR(PredictedAdamW(t, t->d_remote.i32(), n, static_cast<const int64_t*>(ds),
-                                      t->pbuf.f32(), static_cast<float*>(dm),
-                                      static_cast<float*>(dv), master));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ZenFlowOptimizer::Reselect(int64_t step) {
-  std::vector<v1::TensorImportance> imp;
-  const worker::Importance kind = spec_.zenflow().importance() == v1::IMPORTANCE_L2_SQUARED
-                                      ? worker::Importance::kL2Squared
-                                      : worker::Importance::kL1;
-  for (auto& t : tensors_) {
-    if (t->always_important) continue;
-    ZF_RETURN_IF_ERROR(backend_->ColumnImportance(t->grad, t->rows, t->cols, kind, t->scores.f32()));
-    v1::TensorImportance ti;
-    ti.set_tensor(t->name);
-    ti.mutable_scores()->Resize(static_cast<int>(t->cols), 0.0f);
-    ZF_RETURN_IF_ERROR(backend_->CopyToHost(ti.mutable_scores()->mutable_data(), t->scores.p(), t->cols * 4));
-    ZF_RETURN_IF_ERROR(backend_->Synchronize());
-    imp.push_back(std::move(ti));
-  }
-  ZF_ASSIGN_OR_RETURN(v1::Selection sel, client_->SubmitImportance(step, imp));
-  std::vector<std::vector<int32_t>> chosen(tensors_.size());
-  for (const v1::ColumnSet& cs : sel.important()) {
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      if (tensors_[i]->name == cs.tensor()) chosen[i].assign(cs.columns().begin(), cs.columns().end());
-    }
-  }
-  // Leaving columns: exact values, m, v and counts go to the daemon.
-  std::vector<v1::ColumnState> leaving;
-  std::vector<std::vector<int32_t>> leave_cols(tensors_.size());
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    Tensor& t = *tensors_[i];
-    leave_cols[i] = Difference(t.important, chosen[i]);
-    const size_t nimp = t.important.size();
-    t.host_m.resize(nimp * t.rows);
-    t.host_v.resize(nimp * t.rows);
-    t.host_master.resize(t.fp32() ? 0 : nimp * t.rows);
-    if (nimp > 0) {
-      ZF_RETURN_IF_ERROR(backend_->CopyToHost(t.host_m.data(), t.m.p(), nimp * t.rows * 4));
-      ZF_RETURN_IF_ERROR(backend_->CopyToHost(t.host_v.data(), t.v.p(), nimp * t.rows * 4));
-      if (!t.fp32()) {
-        ZF_RETURN_IF_ERROR(
-            backend_->CopyToHost(t.host_master.data(), t.master.p(), nimp * t.rows * 4));
-      }
-    }
-    if (leave_cols[i].empty()) continue;
-    const int64_t n = static_cast<int64_t>(leave_cols[i].size());
-    v1::ColumnState cs;
-    cs.set_tensor(t.name);
-    if (t.fp32()) {
-      ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
-      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), leave_cols[i].data(), n * 4));
-      ZF_RETURN_IF_ERROR(backend_->PackColumns(t.param_f32(), t.rows, t.cols, scratch_cols_.i32(),
-                                               n, PackDType::kF32, scratch_vals_.p(), nullptr));
-      cs.mutable_values()->Resize(static_cast<int>(n * t.rows), 0.0f);
-      ZF_RETURN_IF_ERROR(backend_->CopyToHost(cs.mutable_values()->mutable_data(), scratch_vals_.p(), n * t.rows * 4));
-    }
-    ZF_RETURN_IF_ERROR(backend_->Synchronize());
-    for (int32_t c : leave_cols[i]) {
-      const size_t k = std::lower_bound(t.important.begin(), t.important.end(), c) - t.important.begin();
-      cs.add_columns(c);
-      if (!t.fp32()) {  // rule 8: the fp32 master moves, not its rounding
-        cs.mutable_values()->Add(t.host_master.begin() + k * t.rows,
-                                 t.host_master.begin() + (k + 1) * t.rows);
-      }
-      cs.mutable_m()->Add(t.host_m.begin() + k * t.rows, t.host_m.begin() + (k + 1) * t.rows);
-      cs.mutable_v()->Add(t.host_v.begin() + k * t.rows, t.host_v.begin() + (k + 1) * t.rows);
-      cs.add_update_counts(t.steps[k]);
-    }
-    leaving.push_back(std::move(cs));
-  }
-  ZF_RETURN_IF_ERROR(backend_->Synchronize());
-  // Hand off in calls of at most ~kHandOffBytes each (by tensor), so no
-  // message outgrows the gRPC limits on large models.
-  constexpr double kHandOffBytes = 64.0 * (1 << 20);
-  v1::HandOffResponse handoff;
-  {
-    std::vector<std::string> names;
-    std::vector<v1::ColumnState> part;
-    double bytes = 0;
-    auto flush = [&]() -> absl::Status {
-      if (names.empty()) return absl::OkStatus();
-      ZF_ASSIGN_OR_RETURN(v1::HandOffResponse r, client_->HandOff(sel.version(), part, names));
-      for (v1::ColumnState& cs : *r.mutable_joining()) *handoff.add_joining() = std::move(cs);
-      names.clear();
-      part.clear();
-      bytes = 0;
-      return absl::OkStatus();
-    };
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      const Tensor& t = *tensors_[i];
-      const double moved = static_cast<double>(Difference(chosen[i], t.important).size() +
-                                               leave_cols[i].size()) *
-                           static_cast<double>(t.rows) * 12.0;
-      if (!names.empty() && bytes + moved > kHandOffBytes) ZF_RETURN_IF_ERROR(flush());
-      names.push_back(t.name);
-      bytes += moved;
-      for (v1::ColumnState& cs : leaving) {
-        if (cs.tensor() == t.name) part.push_back(std::move(cs));
-      }
-    }
-    ZF_RETURN_IF_ERROR(flush());
-  }
-  // New compact state: kept columns keep theirs, joining ones get the daemon's.
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    Tensor& t = *tensors_[i];
-    const v1::ColumnState* join = nullptr;
-    for (const v1::ColumnState& cs : handoff.joining()) {
-      if (cs.tensor() == t.name) join = &cs;
-    }
-    const std::vector<int32_t>& now = chosen[i];
-    std::vector<float> m(now.size() * t.rows), v(now.size() * t.rows);
-    std::vector<float> master(t.fp32() ? 0 : now.size() * t.rows);
-    std::vector<int64_t> steps(now.size());
-    for (size_t j = 0; j < now.size(); ++j) {
-      const int32_t c = now[j];
-      auto it = std::lower_bound(t.important.begin(), t.important.end(), c);
-      if (it != t.important.end() && *it == c) {
-        const size_t k = it - t.important.begin();
-        std::copy_n(t.host_m.begin() + k * t.rows, t.rows, m.begin() + j * t.rows);
-        std::copy_n(t.host_v.begin() + k * t.rows, t.rows, v.begin() + j * t.rows);
-        if (!t.fp32()) {
-          std::copy_n(t.host_master.begin() + k * t.rows, t.rows, master.begin() + j * t.rows);
-        }
-        steps[j] = t.steps[k];
-        continue;
-      }
-      if (join == nullptr) return absl::InternalError(absl::StrCat("no joining state for '", t.name, "'"));
-      int idx = -1;
-      for (int q = 0; q < join->columns_size(); ++q) {
-        if (join->columns(q) == c) idx = q;
-      }
-      if (idx < 0) return absl::InternalError(absl::StrCat("no joining state for column ", c));
-      std::copy_n(join->m().begin() + idx * t.rows, t.rows, m.begin() + j * t.rows);
-      std::copy_n(join->v().begin() + idx * t.rows, t.rows, v.begin() + j * t.rows);
-      if (!t.fp32()) {  // the daemon's fp32 master becomes this rank's
-        std::copy_n(join->values().begin() + idx * t.rows, t.rows, master.begin() + j * t.rows);
-      }
-      steps[j] = join->update_counts(idx);
-    }
-    if (join != nullptr && join->columns_size() > 0) {
-      const int64_t n = join->columns_size();
-      ZF_RETURN_IF_ERROR(scratch_cols_.Reserve(backend_, n * 4));
-      ZF_RETURN_IF_ERROR(scratch_vals_.Reserve(backend_, n * t.rows * 4));
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_cols_.p(), join->columns().data(), n * 4));
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(scratch_vals_.p(), join->values().data(), n * t.rows * 4));
-      if (t.fp32()) {
-        ZF_RETURN_IF_ERROR(backend_->ApplyColumns(t.param_f32(), t.rows, t.cols,
-                                                  scratch_cols_.i32(), n, PackDType::kF32,
-                                                  scratch_vals_.p(), nullptr, false));
-      } else {  // the parameter holds the master's rounding
-        ZF_RETURN_IF_ERROR(backend_->ApplyColumns16(t.param, Param16(t.dtype), t.rows, t.cols,
-                                                    scratch_cols_.i32(), n, PackDType::kF32,
-                                                    scratch_vals_.p()));
-      }
-      ZF_RETURN_IF_ERROR(backend_->Synchronize());
-    }
-    if (!now.empty()) {
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.m.p(), m.data(), m.size() * 4));
-      ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.v.p(), v.data(), v.size() * 4));
-      if (!t.fp32()) {
-        ZF_RETURN_IF_ERROR(backend_->CopyToDevice(t.master.p(), master.data(), master.size() * 4));
-      }
-    }
-    t.steps = std::move(steps);
-    ZF_RETURN_IF_ERROR(SetImportant(t, now));
-  }
-  version_ = sel.version();
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // LocalReducer: the rank-order mean the daemon's AllReduce computes, the
 // rendezvous alone without arithmetic, and its refusals.
-#include "gpu_worker/local_reducer.h"
+#include "gpu_worker/engine/local_reducer.h"
 
 #include <cstring>
 #include <thread>

@@ -20,7 +20,7 @@
 // ranks before their AdamW (DESIGN rule 4). On GPUs a device collective
 // (NCCL) does that without touching the host or the daemon, so by default
 // (--important_reduce=device) the ranks meet at an in-process rendezvous that
-// stands for it (gpu_worker/local_reducer.h, no arithmetic: emulated memory
+// stands for it (gpu_worker/engine/local_reducer.h, no arithmetic: emulated memory
 // holds no numerics); --important_reduce=daemon sends them through zenflowd's
 // AllReduce call instead (gRPC, host memory: 8 B per important value per
 // rank and step, up and down), the engine's default without a collective.
@@ -96,12 +96,13 @@
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
 #include "common/mutex.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "gpu_worker/kernels/emulated_backend.h"
-#include "gpu_worker/local_reducer.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/local_reducer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "",
           "zenflowd address host:port (required), or several, comma-separated: the matrix runs "
@@ -140,7 +141,7 @@ ABSL_FLAG(std::string, accumulate_ceiling_source, "",
 ABSL_FLAG(std::string, important_reduce, "device",
           "how a job's ranks reduce their important columns' gradients: device (an in-process "
           "rendezvous standing for a device collective such as NCCL, whose bytes never touch "
-          "the host: gpu_worker/local_reducer.h without arithmetic) or daemon (zenflowd's "
+          "the host: gpu_worker/engine/local_reducer.h without arithmetic) or daemon (zenflowd's "
           "AllReduce call over gRPC, through host memory)");
 ABSL_FLAG(std::string, daemons, "",
           "daemon counts of the several-daemons series (e.g. 1,2,4; each at most the targets "
@@ -159,13 +160,6 @@ constexpr int64_t kPatternFloats = int64_t{1} << 20;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-uint64_t NextRandom(uint64_t* s) {  // splitmix64
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 // Uniform in [-scale, scale).

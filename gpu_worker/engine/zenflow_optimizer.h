@@ -5,12 +5,17 @@
 // reselects the important columns with an exact state hand-off. With
 // ZenFlowConfig.auto_update_interval it also chooses each round's length.
 //
+// It composes the engine's parts: the round schedule (round_policy.h: the
+// interval and the apply delay), the predicted step (predicted_step.h) and
+// the reselection (reselection.h); it owns the tensors, the staging of the
+// shards on their way out and the application of the rounds coming back.
+//
 //   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(&client, want, rank, backend, params));
 //   ZF_ASSIGN_OR_RETURN(auto opt, ZenFlowOptimizer::Create(backend, &client, spec, rank, params));
 //   for (int64_t t = 0; t < steps; ++t) { Backward(); ZF_RETURN_IF_ERROR(opt->Step(t, lr)); }
 //   ZF_RETURN_IF_ERROR(opt->Finish());
-#ifndef ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
-#define ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
+#ifndef ZENFLOW_GPU_WORKER_ENGINE_ZENFLOW_OPTIMIZER_H_
+#define ZENFLOW_GPU_WORKER_ENGINE_ZENFLOW_OPTIMIZER_H_
 
 #include <array>
 #include <cstdint>
@@ -27,6 +32,10 @@
 #include "common/mutex.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
+#include "gpu_worker/engine/engine_tensor.h"
+#include "gpu_worker/engine/predicted_step.h"
+#include "gpu_worker/engine/reselection.h"
+#include "gpu_worker/engine/round_policy.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
@@ -112,12 +121,6 @@ struct ReducePart {
 using GradientReducer =
     std::function<absl::Status(int64_t step, const std::vector<ReducePart>& parts)>;
 
-// With auto_update_interval: the steps S(r) of round `round`, which starts
-// at step `start_step`, asked at that step. Must answer the same on every
-// rank (it depends on nothing but its arguments, or on what every rank
-// holds alike).
-using IntervalChooser = std::function<int32_t(int64_t round, int64_t start_step)>;
-
 // How the engine holds its shards on the way out.
 struct EngineOptions {
   // Pinned host memory (and as much device memory) for packed shards in
@@ -156,7 +159,7 @@ class ZenFlowOptimizer {
   // the previous round's apply delay while that round is in flight, and cut
   // so that the round ends before the next selection step. Ignored without
   // auto_update_interval. Set before the first Step().
-  void set_interval_chooser(IntervalChooser chooser) { chooser_ = std::move(chooser); }
+  void set_interval_chooser(IntervalChooser chooser) { policy_.set_chooser(std::move(chooser)); }
 
   // Runs the optimizer for step `step` (0, 1, 2, ... in order) with the
   // gradients now in the ParamSpec grad buffers and learning rate `lr`.
@@ -185,70 +188,30 @@ class ZenFlowOptimizer {
   const v1::StepReport& last_report() const { return last_report_; }
   int64_t selection_version() const { return version_; }
   // The apply delay chosen for `round` (-1 if not decided yet).
-  int32_t apply_delay(int64_t round) const;
+  int32_t apply_delay(int64_t round) const { return policy_.apply_delay(round); }
 
  private:
-  struct Tensor;
-  struct Pending {
-    int64_t round;
-    int64_t close_step;
-    int32_t delay = -1;  // decided lazily (adaptive)
-    int32_t steps = 0;   // the round's steps
-  };
-
   ZenFlowOptimizer(worker::Backend* backend, Client* client, const v1::JobSpec& spec,
                    int32_t rank);
   absl::Status Init(std::vector<ParamSpec> params);
-  bool IsSelectionStep(int64_t step) const;
-  // The first selection step after `step` (zenflow mode).
-  int64_t NextSelectionStep(int64_t step) const;
-  // The steps of round round_, which starts at `start` (DESIGN rule 10).
-  int32_t ChooseInterval(int64_t start);
-  // A recent round's measures: seconds per step without stalls, and its
-  // update time (close to done).
-  struct Measure {
-    double step_seconds;
-    double round_seconds;
-  };
-  // The median of one over measures_: the upper one or the lower one.
-  double Measured(double Measure::*field, bool upper) const;
-  absl::Status Reselect(int64_t step);
   absl::Status UpdateImportant(int64_t step, float lr);
   absl::Status PushRemote(int64_t step);
   // Closes `round` (of `steps` steps), carrying the unreported step figures.
   absl::Status CloseRound(int64_t round, float lr, int32_t steps);
-  absl::Status ApplyRound(const Pending& p, int64_t step);
+  absl::Status ApplyRound(const PendingRound& p, int64_t step);
   absl::Status ApplyDue(int64_t step, bool drain);
-  int32_t DecideDelay(const Pending& p);
-  absl::Status SetImportant(Tensor& t, std::vector<int32_t> cols);
-  // The predicted step (rule 11, README "Worker engine"): whether this step ends with one,
-  // decided at its start; the daemon's columns' gradients packed (and
-  // reduced across ranks) for it; and the step itself on the columns of
-  // one delta message (state from the message) or, at step 0, of every
-  // tensor's daemon columns from the zero state of a new job.
-  bool WillPredict(int64_t step) const;
-  absl::Status PackPredicted();
-  absl::Status PredictDelta(Tensor* t, v1::ParameterDelta& d, const int32_t* cols);
-  absl::Status PredictFromZero();
-  // The daemon's AdamW step on `n` columns of `t` (backend memory; master
-  // for 16-bit tensors only), with the step's lr.
-  absl::Status PredictedAdamW(Tensor* t, const int32_t* cols, int64_t n, const int64_t* steps,
-                              const float* g, float* m, float* v, float* master);
-  // `host` itself on the CPU backend, else a copy in `buf`.
-  absl::StatusOr<void*> Staged(worker::DeviceBuffer* buf, void* host, size_t bytes);
 
   worker::Backend* const backend_;
   Client* const client_;
   GradientReducer reducer_;  // empty: the daemon's AllReduce
   const v1::JobSpec spec_;
   const int32_t rank_;
-  const int64_t interval_;  // S, or S_max with auto_interval_
-  const bool zero_offload_;
-  const bool auto_interval_;  // auto_update_interval (never with zero_offload)
-  IntervalChooser chooser_;   // empty: from the measured round time
+  RoundPolicy policy_;
+  PredictedStep predicted_;
+  Reselection reselection_;
   DType wire_ = DType::kBF16;
   worker::PackDType pack_wire_ = worker::PackDType::kBF16;
-  std::vector<std::unique_ptr<Tensor>> tensors_;
+  std::vector<std::unique_ptr<EngineTensor>> tensors_;
   int64_t next_step_ = 0;
   int64_t version_ = 0;
   // The round in progress, or the next one before its first step: its
@@ -256,14 +219,7 @@ class ZenFlowOptimizer {
   int64_t round_ = 0;
   int64_t round_start_ = 0;
   int32_t round_steps_ = 0;
-  std::deque<Pending> pending_;
-  // The last (up to) five measured rounds: the choices take medians (one
-  // slow step or update must not set the pace).
-  std::deque<Measure> measures_;
-  // The last applied round and its steps.
-  int64_t last_done_round_ = -1;
-  int32_t last_done_steps_ = 0;
-  std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent
+  std::deque<PendingRound> pending_;
   // Staging for packed shards: a ring of device and host buffers. The client
   // sends straight from a host buffer (UCX) and releases it when done; a
   // buffer is packed again only once released.
@@ -278,18 +234,10 @@ class ZenFlowOptimizer {
   std::shared_ptr<StageRing> ring_ = std::make_shared<StageRing>();
   int next_stage_ = 0;
   size_t stage_bytes_ = 0;
-  worker::DeviceBuffer scratch_cols_, scratch_vals_;
+  worker::DeviceBuffer scratch_cols_, scratch_vals_;  // applying deltas; LocalState
   std::unique_ptr<worker::DeviceBuffer[]> scales_dev_;  // int8 wire: per-column scales
   std::vector<std::vector<float>> scales_host_;
   float last_lr_ = 0;
-  // The predicted step: enabled for the job; this step has one; its lr.
-  bool predicted_step_ = false;
-  bool predict_now_ = false;
-  int64_t predicted_messages_ = 0;  // this step's deltas predicted from
-  float predict_lr_ = 0;
-  double moment_factor_ = 1;  // a one-step round's delta bytes over plain ones
-  worker::DeviceBuffer scratch_m_, scratch_v_, scratch_master_, scratch_steps_;
-  std::vector<float> predict_host_;  // a message's m, v (and master) in fp32
   ClientStats snapshot_;  // client stats at the end of the last step
   bool have_snapshot_ = false;
   StepStats last_;
@@ -304,4 +252,4 @@ class ZenFlowOptimizer {
 
 }  // namespace zenflow
 
-#endif  // ZENFLOW_GPU_WORKER_ZENFLOW_OPTIMIZER_H_
+#endif  // ZENFLOW_GPU_WORKER_ENGINE_ZENFLOW_OPTIMIZER_H_

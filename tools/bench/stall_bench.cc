@@ -71,11 +71,12 @@
 #include "common/codec.h"
 #include "common/dtype_proto.h"
 #include "common/json_writer.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "gpu_worker/kernels/emulated_backend.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 
 ABSL_FLAG(std::string, target, "", "zenflowd address host:port (required)");
 ABSL_FLAG(std::string, transport, "ucx",
@@ -124,13 +125,6 @@ constexpr int64_t kVector = 4096;  // the 1-D tensor
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-uint64_t NextRandom(uint64_t* s) {  // splitmix64
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 // Uniform in [-1, 1).

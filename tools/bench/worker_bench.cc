@@ -40,6 +40,7 @@
 #include "absl/strings/str_format.h"
 #include "common/codec.h"
 #include "common/json_writer.h"
+#include "common/random.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "gpu_worker/backend.h"
@@ -81,9 +82,8 @@ bool ReadFlags(Flags* flags) {
 
 // Deterministic pseudo-random value in [-scale, scale).
 float Noise(uint64_t i, float scale) {
-  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 29;
-  const float unit = static_cast<float>(x & 0xFFFFFF) / static_cast<float>(1 << 24);
+  // The top 24 bits of the project's splitmix64 hash: exact in a float.
+  const float unit = static_cast<float>(HashRandom(i) >> 40) / static_cast<float>(1 << 24);
   return (2.0f * unit - 1.0f) * scale;
 }
 

@@ -1,5 +1,5 @@
 // In-process gradient reducer; see local_reducer.h.
-#include "gpu_worker/local_reducer.h"
+#include "gpu_worker/engine/local_reducer.h"
 
 #include <utility>
 

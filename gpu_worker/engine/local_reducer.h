@@ -13,8 +13,8 @@
 // Arithmetic::kNone, whose memory holds no numerics: then the call is the
 // rendezvous alone, standing for a device collective whose cost the host
 // does not pay).
-#ifndef ZENFLOW_GPU_WORKER_LOCAL_REDUCER_H_
-#define ZENFLOW_GPU_WORKER_LOCAL_REDUCER_H_
+#ifndef ZENFLOW_GPU_WORKER_ENGINE_LOCAL_REDUCER_H_
+#define ZENFLOW_GPU_WORKER_ENGINE_LOCAL_REDUCER_H_
 
 #include <cstdint>
 #include <vector>
@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
-#include "gpu_worker/zenflow_optimizer.h"
+#include "gpu_worker/engine/zenflow_optimizer.h"
 
 namespace zenflow {
 
@@ -61,4 +61,4 @@ class LocalReducer {
 
 }  // namespace zenflow
 
-#endif  // ZENFLOW_GPU_WORKER_LOCAL_REDUCER_H_
+#endif  // ZENFLOW_GPU_WORKER_ENGINE_LOCAL_REDUCER_H_
