@@ -25,7 +25,6 @@
 #include "absl/time/time.h"
 #include "client/round_update.h"
 #include "common/codec.h"
-#include "common/mutex.h"
 #include "common/token.h"
 #include "common/ucx.h"
 #include "grpcpp/grpcpp.h"

@@ -115,7 +115,7 @@ void OneDaemonClient::SetToken(const std::string& token) {
 }
 
 absl::StatusOr<v1::JobSpec> OneDaemonClient::CreateJobTokened(const v1::JobSpec& spec,
-                                                     std::string* new_token) {
+                                                              std::string* new_token) {
   v1::CreateJobRequest req;
   *req.mutable_spec() = spec;
   v1::CreateJobResponse resp;
@@ -160,7 +160,8 @@ absl::StatusOr<v1::UploadParametersResponse> OneDaemonClient::UploadParameters(
   return resp;
 }
 
-absl::StatusOr<v1::JoinJobResponse> OneDaemonClient::JoinJob(const std::string& job_id, int32_t rank) {
+absl::StatusOr<v1::JoinJobResponse> OneDaemonClient::JoinJob(const std::string& job_id,
+                                                             int32_t rank) {
   v1::JoinJobRequest req;
   req.set_job_id(job_id);
   req.set_rank(rank);
@@ -183,8 +184,8 @@ absl::StatusOr<v1::GetJobResponse> OneDaemonClient::GetJob(const std::string& jo
 }
 
 absl::StatusOr<v1::ColumnState> OneDaemonClient::GetState(const std::string& job_id,
-                                                 const std::string& tensor,
-                                                 int64_t* selection_version) {
+                                                          const std::string& tensor,
+                                                          int64_t* selection_version) {
   v1::ColumnState out;
   out.set_tensor(tensor);
   v1::GetStateRequest req;
@@ -252,7 +253,7 @@ absl::Status OneDaemonClient::SetState(const std::string& job_id, const v1::Colu
 }
 
 absl::StatusOr<v1::GetJobResponse> OneDaemonClient::WaitForUpload(const std::string& job_id,
-                                                         absl::Duration timeout) {
+                                                                  absl::Duration timeout) {
   // A job that does not exist yet answers as one of another token would
   // (PERMISSION_DENIED): both are waited out, and reported at the end.
   auto not_yet = [](const absl::Status& s) {
@@ -293,8 +294,8 @@ absl::StatusOr<v1::GetStatsResponse> OneDaemonClient::GetStats(const std::string
   return resp;
 }
 
-absl::Status OneDaemonClient::Rendezvous(absl::Duration timeout,
-                                const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+absl::Status OneDaemonClient::Rendezvous(
+    absl::Duration timeout, const std::function<grpc::Status(grpc::ClientContext*)>& call) {
   auto ctx = UnaryContext(timeout);
   bool abandoned = false;
   {
@@ -321,7 +322,7 @@ void OneDaemonClient::AbandonCalls() {
 }
 
 absl::Status OneDaemonClient::RawSubmitImportance(const v1::SubmitImportanceRequest& req,
-                                         v1::SubmitImportanceResponse* resp) {
+                                                  v1::SubmitImportanceResponse* resp) {
   return Rendezvous(options_.selection_timeout, [&](grpc::ClientContext* ctx) {
     return stub_->SubmitImportance(ctx, req, resp);
   });
@@ -332,7 +333,8 @@ absl::Status OneDaemonClient::RawHandOff(const v1::HandOffRequest& req, v1::Hand
                     [&](grpc::ClientContext* ctx) { return stub_->HandOff(ctx, req, resp); });
 }
 
-absl::Status OneDaemonClient::RawAllReduce(const v1::AllReduceRequest& req, v1::AllReduceResponse* resp) {
+absl::Status OneDaemonClient::RawAllReduce(const v1::AllReduceRequest& req,
+                                           v1::AllReduceResponse* resp) {
   return Rendezvous(options_.selection_timeout,
                     [&](grpc::ClientContext* ctx) { return stub_->AllReduce(ctx, req, resp); });
 }
@@ -364,9 +366,9 @@ absl::StatusOr<v1::Selection> OneDaemonClient::SubmitImportance(
   return resp.selection();
 }
 
-absl::StatusOr<v1::HandOffResponse> OneDaemonClient::HandOff(int64_t version,
-                                                    const std::vector<v1::ColumnState>& leaving,
-                                                    const std::vector<std::string>& tensors) {
+absl::StatusOr<v1::HandOffResponse> OneDaemonClient::HandOff(
+    int64_t version, const std::vector<v1::ColumnState>& leaving,
+    const std::vector<std::string>& tensors) {
   v1::HandOffRequest req;
   {
     MutexLock lock(&mu_);
@@ -452,7 +454,7 @@ absl::Status OneDaemonClient::Attach(const std::string& job_id, int32_t rank) {
 }
 
 absl::Status OneDaemonClient::Enqueue(v1::UpMessage msg, absl::string_view borrowed,
-                             std::shared_ptr<void> hold) {
+                                      std::shared_ptr<void> hold) {
   const int64_t size = static_cast<int64_t>(msg.ByteSizeLong() + borrowed.size());
   if (size > options_.max_message_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("message of ", size,
@@ -483,9 +485,7 @@ absl::Status OneDaemonClient::Enqueue(v1::UpMessage msg, absl::string_view borro
   return Recover(seen);
 }
 
-absl::Status OneDaemonClient::PushUp(v1::UpMessage msg) {
-  return Enqueue(std::move(msg));
-}
+absl::Status OneDaemonClient::PushUp(v1::UpMessage msg) { return Enqueue(std::move(msg)); }
 
 namespace {
 
@@ -503,8 +503,8 @@ v1::GradientShard ShardHeader(int64_t step, const std::string& tensor, int64_t v
 
 }  // namespace
 
-absl::Status OneDaemonClient::PushColumns(int64_t step, const std::string& tensor,
-                                          int64_t version, const std::vector<int32_t>& columns,
+absl::Status OneDaemonClient::PushColumns(int64_t step, const std::string& tensor, int64_t version,
+                                          const std::vector<int32_t>& columns,
                                           const float* col_major, int64_t rows, DType dtype) {
   const size_t col_bytes = static_cast<size_t>(rows) * DTypeSize(dtype);
   const size_t per = static_cast<size_t>(
@@ -540,11 +540,10 @@ absl::Status OneDaemonClient::PushInt8Borrowed(int64_t step, const std::string& 
                       std::move(release));
 }
 
-absl::Status OneDaemonClient::PushBorrowed(int64_t step, const std::string& tensor,
-                                           int64_t version, const int32_t* columns, int64_t ncols,
-                                           const char* payload, int64_t col_bytes,
-                                           v1::DType dtype, const float* scales,
-                                           std::function<void()> release) {
+absl::Status OneDaemonClient::PushBorrowed(int64_t step, const std::string& tensor, int64_t version,
+                                           const int32_t* columns, int64_t ncols,
+                                           const char* payload, int64_t col_bytes, v1::DType dtype,
+                                           const float* scales, std::function<void()> release) {
   // Over either transport the payload leaves from the caller's memory.
   std::shared_ptr<void> hold = std::make_shared<Releaser>(std::move(release));
   const int64_t per = ColumnsPerMessage(options_.max_shard_bytes, 1, col_bytes);
@@ -590,7 +589,7 @@ absl::StatusOr<std::vector<std::vector<float>>> OneDaemonClient::AllReduce(
 }
 
 absl::Status OneDaemonClient::CloseRound(int64_t round, float lr, int32_t steps,
-                                const WorkerReport& report) {
+                                         const WorkerReport& report) {
   v1::UpMessage msg;
   v1::RoundClose* close = msg.mutable_close();
   close->set_round(round);
@@ -632,17 +631,13 @@ absl::StatusOr<RoundUpdate> OneDaemonClient::WaitRound(int64_t round, absl::Dura
   }
 }
 
-std::optional<RoundUpdate> OneDaemonClient::PollRound() {
-  return rounds_.Poll();
-}
+std::optional<RoundUpdate> OneDaemonClient::PollRound() { return rounds_.Poll(); }
 
 void OneDaemonClient::Recycle(std::string buffer) {
   if (UcxLink* l = ucx_ready_.load(std::memory_order_acquire)) l->worker()->Recycle(std::move(buffer));
 }
 
-std::vector<absl::Status> OneDaemonClient::TakeErrors() {
-  return rounds_.TakeErrors();
-}
+std::vector<absl::Status> OneDaemonClient::TakeErrors() { return rounds_.TakeErrors(); }
 
 bool OneDaemonClient::WaitForErrors(size_t n, absl::Duration timeout) {
   return rounds_.WaitForErrors(n, timeout);

@@ -169,8 +169,8 @@ const PartitionMap::Block* PartitionMap::BlockOn(const Blocks& blocks, int part)
 }
 
 absl::StatusOr<std::vector<PartitionMap::Piece>> PartitionMap::Pieces(const std::string& tensor,
-                                                                       const int32_t* columns,
-                                                                       int64_t n) {
+                                                                      const int32_t* columns,
+                                                                      int64_t n) {
   ZF_ASSIGN_OR_RETURN(Place place, Locate(tensor));
   std::vector<Piece> out;
   if (place.blocks == nullptr) {

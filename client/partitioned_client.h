@@ -1,6 +1,6 @@
-// The client of a job spread over several daemons (README "Several
-// daemons"; the plan is in parts.h): a Client that holds one single-daemon
-// client per daemon and fans every call out to them. Internal to //client:
+// The client of a job spread over several daemons (README "Several daemons";
+// the plan is in parts.h): a Client that holds one single-daemon client per
+// daemon and fans every call out to them. Internal to //client:
 // Client::Connect makes one when the target lists several daemons.
 //
 // Pushes, uploads and state calls go to the tensor's daemon (a split
@@ -123,14 +123,15 @@ class PartitionedClient final : public Client {
       const std::function<absl::Status(OneDaemonClient*, const int32_t*, int64_t, int64_t)>& push);
   // A push of one shard message, cut by block for a split tensor.
   absl::Status PushShardMessage(v1::UpMessage msg);
+  // ---- Rounds (partitioned_rounds.cc) ----
   // Adds daemon `part`'s update of a round; the whole round once every
   // daemon's is in.
   absl::StatusOr<std::optional<RoundUpdate>> Offer(int part, RoundUpdate u)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(rounds_mu_);
+  // Every daemon's update of one round, in daemon order, as one round.
   absl::StatusOr<RoundUpdate> Combine(std::vector<RoundUpdate> parts);
 
   const Transport transport_;
-  const std::vector<std::unique_ptr<OneDaemonClient>> clients_;
   const int64_t split_params_;  // ClientOptions.split_tensor_params
   PartitionMap map_;
 
@@ -144,6 +145,10 @@ class PartitionedClient final : public Client {
   std::deque<RoundUpdate> whole_ ABSL_GUARDED_BY(rounds_mu_);
   bool delivering_ ABSL_GUARDED_BY(rounds_mu_) = false;
   std::function<void(RoundUpdate)> callback_ ABSL_GUARDED_BY(rounds_mu_);
+
+  // One per daemon. Declared last, so destroyed first: their receive
+  // threads run the round callbacks, which use the members above.
+  const std::vector<std::unique_ptr<OneDaemonClient>> clients_;
 };
 
 }  // namespace zenflow
