@@ -11,33 +11,26 @@
 #ifndef ZENFLOW_CLIENT_CLIENT_H_
 #define ZENFLOW_CLIENT_CLIENT_H_
 
-#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/replay_log.h"
-#include "client/round_assembler.h"
-#include "client/send_window.h"
+#include "client/round_update.h"
 #include "common/codec.h"
-#include "common/mutex.h"
 #include "common/token.h"
 #include "common/ucx.h"
 #include "grpcpp/grpcpp.h"
 #include "zenflow/v1/zenflow.grpc.pb.h"
 
 namespace zenflow {
-
-class AttachedStream;
-class UcxLink;
 
 // How the rank's data stream travels. Control calls always use gRPC.
 enum class Transport {
@@ -133,20 +126,28 @@ struct ClientStats {
 // and control calls should come from one thread: the replay log resends
 // them in the order they were made.
 //
-// Inside: the control calls are plain unary RPCs on one stub; the data
-// stream is an AttachedStream (stream.h) over a gRPC or UCX DataStream
-// (data_stream.h); up messages wait in a SendWindow and rounds come
-// together in a RoundAssembler. Each part has its own lock.
+// An interface with two implementations, which Connect chooses by the
+// target: the client of one daemon (one_daemon_client.h), and, for a target
+// that lists several, the partitioned client (partitioned_client.h), which
+// holds one single-daemon client per daemon and fans every call out to them.
+//
+// Inside the one-daemon client: the control calls are plain unary RPCs on
+// one stub; the data stream is an AttachedStream (stream.h) over a gRPC or
+// UCX DataStream (data_stream.h); up messages wait in a SendWindow and
+// rounds come together in a RoundAssembler. Each part has its own lock.
 class Client {
  public:
+  // The client of the daemon in options.target, or, when it lists several
+  // (comma-separated), of a job spread over them.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
-  ~Client();  // closes the stream (without waiting for deltas)
-  Transport transport() const { return options_.transport; }
+  virtual ~Client() = default;  // closes the stream (without waiting for deltas)
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
+  virtual Transport transport() const = 0;
+
   // ---- Control ----
-  absl::StatusOr<v1::JobSpec> CreateJob(const v1::JobSpec& spec);
+  virtual absl::StatusOr<v1::JobSpec> CreateJob(const v1::JobSpec& spec) = 0;
   // Uploads row-major fp32 values of every tensor, chunked at max_shard_bytes.
   struct TensorValues {
     std::string name;
@@ -156,41 +157,53 @@ class Client {
     // are: the daemon's fp32 master starts as their exact value).
     DType dtype = DType::kF32;
   };
-  absl::StatusOr<v1::UploadParametersResponse> UploadParameters(
-      const std::string& job_id, const std::vector<TensorValues>& tensors);
+  virtual absl::StatusOr<v1::UploadParametersResponse> UploadParameters(
+      const std::string& job_id, const std::vector<TensorValues>& tensors) = 0;
   // Joins the job as `rank` and attaches this client's data stream to it.
-  absl::StatusOr<v1::JoinJobResponse> JoinJob(const std::string& job_id, int32_t rank);
+  virtual absl::StatusOr<v1::JoinJobResponse> JoinJob(const std::string& job_id,
+                                                      int32_t rank) = 0;
   // Attaches the data stream to an already joined rank (after a reconnect).
-  absl::Status Attach(const std::string& job_id, int32_t rank);
-  absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id);
+  virtual absl::Status Attach(const std::string& job_id, int32_t rank) = 0;
+  virtual absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id) = 0;
   // Waits until the job exists and its parameters are uploaded (by another
   // rank); polls GetJob with a backoff. DEADLINE_EXCEEDED after `timeout`.
-  absl::StatusOr<v1::GetJobResponse> WaitForUpload(const std::string& job_id,
-                                                   absl::Duration timeout);
-  absl::Status DeleteJob(const std::string& job_id);
+  virtual absl::StatusOr<v1::GetJobResponse> WaitForUpload(const std::string& job_id,
+                                                           absl::Duration timeout) = 0;
+  virtual absl::Status DeleteJob(const std::string& job_id) = 0;
   // The daemon-side state (values, m, v, counts) of every column of
   // `tensor` that zenflowd updates now, in column order, read in
-  // GetState calls of at most 32 MiB each; `selection_version` gets the
-  // column sets it is for.
-  absl::StatusOr<v1::ColumnState> GetState(const std::string& job_id, const std::string& tensor,
-                                           int64_t* selection_version = nullptr);
+  // GetState calls of at most 32 MiB each; `selection_version` (when not
+  // null) gets the column sets it is for.
+  virtual absl::StatusOr<v1::ColumnState> GetState(const std::string& job_id,
+                                                   const std::string& tensor,
+                                                   int64_t* selection_version) = 0;
+  absl::StatusOr<v1::ColumnState> GetState(const std::string& job_id, const std::string& tensor) {
+    return GetState(job_id, tensor, nullptr);
+  }
   // Writes `state` (daemon-side columns of one tensor) into a job before
   // its first selection and round, in SetState calls of at most 32 MiB.
-  absl::Status SetState(const std::string& job_id, const v1::ColumnState& state);
-  absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& job_id = "");
+  virtual absl::Status SetState(const std::string& job_id, const v1::ColumnState& state) = 0;
+  // The statistics of `job_id`, or of every job the token may see.
+  virtual absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& job_id) = 0;
+  absl::StatusOr<v1::GetStatsResponse> GetStats() { return GetStats(""); }
   // Blocks until every rank submitted importance for `step`.
-  absl::StatusOr<v1::Selection> SubmitImportance(int64_t step,
-                                                 const std::vector<v1::TensorImportance>& tensors);
+  virtual absl::StatusOr<v1::Selection> SubmitImportance(
+      int64_t step, const std::vector<v1::TensorImportance>& tensors) = 0;
   // Hands off `leaving` for the named tensors (empty: all of the job's);
   // large jobs call it several times with disjoint tensor sets.
+  virtual absl::StatusOr<v1::HandOffResponse> HandOff(
+      int64_t version, const std::vector<v1::ColumnState>& leaving,
+      const std::vector<std::string>& tensors) = 0;
   absl::StatusOr<v1::HandOffResponse> HandOff(int64_t version,
-                                              const std::vector<v1::ColumnState>& leaving,
-                                              const std::vector<std::string>& tensors = {});
+                                              const std::vector<v1::ColumnState>& leaving) {
+    return HandOff(version, leaving, {});
+  }
 
   // Mean over ranks of each named fp32 vector (blocks until every rank sent
   // the same step). `parts` are (name, values) pairs; results in the same order.
-  absl::StatusOr<std::vector<std::vector<float>>> AllReduce(
-      int64_t step, const std::vector<std::pair<std::string, const std::vector<float>*>>& parts);
+  virtual absl::StatusOr<std::vector<std::vector<float>>> AllReduce(
+      int64_t step,
+      const std::vector<std::pair<std::string, const std::vector<float>*>>& parts) = 0;
 
   // ---- Data (after JoinJob or Attach) ----
   // Queues an up message; blocks only while the send window is full. Fails
@@ -198,33 +211,28 @@ class Client {
   absl::Status PushShard(v1::GradientShard shard);
   // Queues an up message as it is (a shard or a close; tests and tools that
   // need fields the calls above do not set, such as `replay`).
-  absl::Status PushUp(v1::UpMessage msg);
+  virtual absl::Status PushUp(v1::UpMessage msg) = 0;
   // Encodes columns (column-major fp32, rows values per column) in `dtype`
   // and pushes them as shards of at most max_shard_bytes.
-  absl::Status PushColumns(int64_t step, const std::string& tensor, int64_t version,
-                           const std::vector<int32_t>& columns, const float* col_major,
-                           int64_t rows, DType dtype);
+  virtual absl::Status PushColumns(int64_t step, const std::string& tensor, int64_t version,
+                                   const std::vector<int32_t>& columns, const float* col_major,
+                                   int64_t rows, DType dtype) = 0;
   // Pushes already encoded columns (column-major, `dtype`), split into
-  // shards of at most max_shard_bytes.
-  absl::Status PushEncoded(int64_t step, const std::string& tensor, int64_t version,
-                           const int32_t* columns, int64_t ncols, const char* payload,
-                           int64_t rows, DType dtype);
+  // shards of at most max_shard_bytes, without copying the payload (UCX and
+  // gRPC alike): the client sends straight from `payload` and runs `release`
+  // once (on any thread, possibly before returning) when it no longer reads
+  // it — after the last shard's send completed (gRPC: gRPC let go of the
+  // bytes), or failed, or the stream broke. With ride-through (daemon_wait)
+  // the replay log keeps its own copy.
+  virtual absl::Status PushEncodedBorrowed(int64_t step, const std::string& tensor,
+                                           int64_t version, const int32_t* columns,
+                                           int64_t ncols, const char* payload, int64_t rows,
+                                           DType dtype, std::function<void()> release) = 0;
   // The same for int8 columns (rows bytes each) with one scale per column.
-  absl::Status PushInt8(int64_t step, const std::string& tensor, int64_t version,
-                        const int32_t* columns, int64_t ncols, const int8_t* payload,
-                        const float* scales, int64_t rows);
-  // The same two without copying the payload (UCX and gRPC alike): the
-  // client sends straight from `payload` and runs `release` once (on any
-  // thread, possibly before returning) when it no longer reads it — after
-  // the last shard's send completed (gRPC: gRPC let go of the bytes), or
-  // failed, or the stream broke. With ride-through (daemon_wait) the replay
-  // log keeps its own copy.
-  absl::Status PushEncodedBorrowed(int64_t step, const std::string& tensor, int64_t version,
-                                   const int32_t* columns, int64_t ncols, const char* payload,
-                                   int64_t rows, DType dtype, std::function<void()> release);
-  absl::Status PushInt8Borrowed(int64_t step, const std::string& tensor, int64_t version,
-                                const int32_t* columns, int64_t ncols, const int8_t* payload,
-                                const float* scales, int64_t rows, std::function<void()> release);
+  virtual absl::Status PushInt8Borrowed(int64_t step, const std::string& tensor,
+                                        int64_t version, const int32_t* columns, int64_t ncols,
+                                        const int8_t* payload, const float* scales, int64_t rows,
+                                        std::function<void()> release) = 0;
   absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
   // The same, carrying the worker's figures for its steps since the last
   // close (README "Metrics"): at most `steps` (the round's steps) of them.
@@ -233,130 +241,41 @@ class Client {
     int32_t apply_delay_steps = 0;
     int32_t staleness_steps = 0;
   };
-  absl::Status CloseRound(int64_t round, float lr, int32_t steps, const WorkerReport& report);
+  virtual absl::Status CloseRound(int64_t round, float lr, int32_t steps,
+                                  const WorkerReport& report) = 0;
   // Blocks until everything queued was handed to the transport.
-  absl::Status Flush(absl::Duration timeout);
+  virtual absl::Status Flush(absl::Duration timeout) = 0;
 
   // Deltas: either a callback (runs on the receive thread; rounds then do
   // not queue) or WaitRound/PollRound.
-  void SetRoundCallback(std::function<void(RoundUpdate)> cb);
-  absl::StatusOr<RoundUpdate> WaitRound(int64_t round, absl::Duration timeout);
-  std::optional<RoundUpdate> PollRound();
+  virtual void SetRoundCallback(std::function<void(RoundUpdate)> cb) = 0;
+  virtual absl::StatusOr<RoundUpdate> WaitRound(int64_t round, absl::Duration timeout) = 0;
+  virtual std::optional<RoundUpdate> PollRound() = 0;
   // Gives a delta's payload buffer back once it has been applied; with the
   // UCX transport later receives reuse it (no allocation or zero-fill).
-  void Recycle(std::string buffer);
+  virtual void Recycle(std::string buffer) = 0;
   // Errors the daemon reported for rejected up messages, oldest first
   // (each carries the daemon's status code and message); clears them.
-  std::vector<absl::Status> TakeErrors();
+  virtual std::vector<absl::Status> TakeErrors() = 0;
   // Waits until at least `n` errors are pending (for tests and tools).
-  bool WaitForErrors(size_t n, absl::Duration timeout);
+  virtual bool WaitForErrors(size_t n, absl::Duration timeout) = 0;
 
   // OK while the stream is healthy (or none was attached); once it ended,
   // its final status (waiting at most a few seconds for the call to finish).
-  absl::Status stream_status();
-  ClientStats stats();
-  // The channel, for calls of a caller's own (health checks, tests).
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-  int32_t rank();
-  std::string job_id();
+  virtual absl::Status stream_status() = 0;
+  virtual ClientStats stats() = 0;
+  // The channel, for calls of a caller's own (health checks, tests); with
+  // several daemons, the first one's.
+  virtual const std::shared_ptr<grpc::Channel>& channel() const = 0;
+  virtual int32_t rank() = 0;
+  virtual std::string job_id() = 0;
   // The token this client sends (options.token, or the one CreateJob got).
-  std::string token();
+  virtual std::string token() = 0;
   // The daemons this client talks to (1, or more for a partitioned job).
-  int daemons() const;
+  virtual int daemons() const = 0;
 
- private:
-  class Parts;  // client/parts.h
-  // CreateJob; `new_token` gets the token the daemon made for the job
-  // (empty when the call carried the caller's own).
-  absl::StatusOr<v1::JobSpec> CreateJobTokened(const v1::JobSpec& spec, std::string* new_token);
-  void SetToken(const std::string& token);
-  explicit Client(const ClientOptions& options);
-  std::shared_ptr<AttachedStream> current_stream();
-  // Closes the attached stream, if any (sends what is queued first).
-  void CloseStream();
-  // Pushes `ncols` encoded columns (col_bytes each) as shards of at most
-  // max_shard_bytes: copied into the messages, or, with `hold`, borrowed
-  // (UCX; `hold` is released when the last shard lets go).
-  absl::Status PushSplit(int64_t step, const std::string& tensor, int64_t version,
-                         const int32_t* columns, int64_t ncols, const char* payload,
-                         int64_t col_bytes, v1::DType dtype, const float* scales,
-                         std::shared_ptr<void> hold);
-  // PushSplit borrowing `payload` until `release`.
-  absl::Status PushMaybeBorrowed(int64_t step, const std::string& tensor, int64_t version,
-                                 const int32_t* columns, int64_t ncols, const char* payload,
-                                 int64_t col_bytes, v1::DType dtype, const float* scales,
-                                 std::function<void()> release);
-  // With several daemons: `push(daemon's client, its columns, first, n)` for
-  // each daemon's run of the columns (first and n index `columns`).
-  absl::Status PushToParts(
-      const std::string& tensor, const int32_t* columns, int64_t ncols,
-      const std::function<absl::Status(Client*, const int32_t*, int64_t, int64_t)>& push);
-  std::unique_ptr<grpc::ClientContext> UnaryContext(absl::Duration timeout);
-  // ---- Riding through a daemon restart ----
-  bool ride_through() const { return options_.daemon_wait > absl::ZeroDuration(); }
-  // A failure the daemon's going away explains.
-  static bool Recoverable(const absl::Status& s);
-  // Reconnects, re-attaches and replays the log, unless another thread did
-  // since generation `seen`. Past daemon_wait: UNAVAILABLE saying so.
-  absl::Status Recover(uint64_t seen);
-  absl::Status ReattachAndReplay(const std::string& job_id, int32_t rank);
-  // After a re-attach: waits until `round` is updated (every rank's close
-  // of it reached the daemon), as the greeting or a RoundDone says.
-  // UNAVAILABLE when the stream ends first.
-  absl::Status WaitRoundUpdated(int64_t round);
-  // Runs `call` (a unary call's status), recovering and retrying when the
-  // daemon went away.
-  absl::Status RideThrough(const std::function<absl::Status()>& call);
-  int64_t RoundOfStep(int64_t step) const;
-  // A rendezvous call (SubmitImportance, HandOff, AllReduce) that
-  // AbandonCalls can end early (ABORTED, not ridden through).
-  absl::Status Rendezvous(absl::Duration timeout,
-                          const std::function<grpc::Status(grpc::ClientContext*)>& call);
-  // Cancels the rendezvous calls in flight (a partitioned job's other daemon
-  // failed the same operation: these would wait for ranks that cannot come).
-  void AbandonCalls();
-  absl::Status RawSubmitImportance(const v1::SubmitImportanceRequest& req,
-                                   v1::SubmitImportanceResponse* resp);
-  absl::Status RawHandOff(const v1::HandOffRequest& req, v1::HandOffResponse* resp);
-  absl::Status RawAllReduce(const v1::AllReduceRequest& req, v1::AllReduceResponse* resp);
-  absl::Status Enqueue(v1::UpMessage msg, absl::string_view borrowed = {},
-                       std::shared_ptr<void> hold = nullptr);
-
-  const ClientOptions options_;
-  // Set when the target lists several daemons: every call goes through it
-  // to one Client per daemon, and the members below are unused.
-  std::unique_ptr<Parts> parts_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ZenFlow::Stub> stub_;
-  SendWindow window_;
-  RoundAssembler rounds_;
-  ReplayLog log_;
-  std::atomic<int64_t> interval_{0};  // the job's update_interval, for the log's rounds
-  // auto_update_interval: rounds of changing length, so the log's round of
-  // a step is the rank's open round, the one after its last close.
-  std::atomic<bool> auto_interval_{false};
-  std::atomic<int64_t> open_round_{0};
-  std::atomic<int64_t> selection_round_{0};  // of the last selection, for hand-offs
-  // One recovery at a time; generation_ counts those that succeeded.
-  Mutex recover_mu_;
-  std::atomic<uint64_t> generation_{0};
-
-  // Rendezvous calls in flight, each with its abandoned flag.
-  Mutex calls_mu_;
-  std::map<grpc::ClientContext*, bool*> calls_ ABSL_GUARDED_BY(calls_mu_);
-
-  // Serializes attaching and closing streams.
-  Mutex attach_mu_;
-  std::unique_ptr<UcxLink> ucx_ ABSL_GUARDED_BY(attach_mu_);  // by the first UCX attach
-  // ucx_, for Recycle and stats: published once it exists (it then lives as
-  // long as the client), read without a lock.
-  std::atomic<UcxLink*> ucx_ready_{nullptr};
-
-  Mutex mu_;
-  std::string job_id_ ABSL_GUARDED_BY(mu_);
-  std::string token_ ABSL_GUARDED_BY(mu_);
-  int32_t rank_ ABSL_GUARDED_BY(mu_) = -1;
-  std::shared_ptr<AttachedStream> stream_ ABSL_GUARDED_BY(mu_);
+ protected:
+  Client() = default;
 };
 
 }  // namespace zenflow

@@ -23,17 +23,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/round_update.h"
 #include "common/mutex.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
-
-// Every delta of one round, in arrival order, and its RoundDone marker.
-struct RoundUpdate {
-  int64_t round = -1;
-  std::vector<v1::ParameterDelta> deltas;
-  v1::RoundDone done;
-};
 
 // Thread-safe. The callback, when set, runs on the delivering thread
 // without the lock held.

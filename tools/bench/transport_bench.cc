@@ -27,8 +27,8 @@
 // "raw_bytes_per_s", "fraction", ...}, ...}, "ucx_sm": {...}, "ucx_tcp": {...}}
 // (medians over --reps interleaved repetitions; every repetition is listed).
 //
-//   bazel build -c opt //client:transport_bench //server:zenflowd
-//   ZENFLOWD=bazel-bin/server/zenflowd bazel-bin/client/transport_bench --out=bench-results/transport.json
+//   bazel build -c opt //tools/bench:transport_bench //server:zenflowd
+//   ZENFLOWD=bazel-bin/server/zenflowd bazel-bin/tools/bench/transport_bench --out=bench-results/transport.json
 #include <signal.h>
 #include <unistd.h>
 
@@ -60,7 +60,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "tools/child_process.h"
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
@@ -68,6 +67,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "tools/child_process.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 
