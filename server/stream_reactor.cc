@@ -19,7 +19,6 @@
 namespace zenflow {
 namespace {
 
-//
 // One read in flight (reads are handled in order on gRPC's threads); writes
 // are driven by the rank's Mailbox, one in flight. The stream finishes when
 // the client half-closes or cancels, after any in-flight write completes.
@@ -27,7 +26,6 @@ namespace {
 // (the rank does not read what it is sent), no read is started, so gRPC's
 // own flow control stops the rank's sends; reading resumes once the outbox
 // has drained below half the limit.
-
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                             public Mailbox::Writer,
                             public Lifeline,
