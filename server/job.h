@@ -280,6 +280,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // passed to mu_.Await: Await runs them with mu_ held (common/mutex.h),
   // but a lambda is a function of its own to clang, which cannot see that.
   void AwaitHoldsMu() const ABSL_ASSERT_EXCLUSIVE_LOCK(mu_) {}
+  // A steady_clock interval in seconds, for the figures the job reports.
   static double Seconds(std::chrono::steady_clock::duration d) {
     return std::chrono::duration<double>(d).count();
   }
@@ -381,6 +382,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // least kStripeElements values (tensor and block hashed onto a stripe).
   static constexpr int64_t kStripeElements = 16384;
   std::array<std::mutex, 64> stripes_;
+  // What GetStats reports of the job beyond its state (job_stats.h).
   JobStatistics stats_ ABSL_GUARDED_BY(mu_);
   RejectionCounter rejected_;
 };
