@@ -1,4 +1,4 @@
-// Fuzz target "checkpoint": checkpoint files (common/checkpoint_file.h
+// Fuzz target "checkpoint": checkpoint files (server/checkpoint_file.h
 // ReadCheckpoint) and the restore of a job from one (server/checkpointer.cc
 // RestoreAll, server/job_checkpoint.cc Job::LoadSnapshot), as zenflowd does
 // at start over its --state_dir, then the restored job at work.
@@ -26,12 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "common/checkpoint_file.h"
 #include "common/crc32c.h"
 #include "fuzz/check.h"
 #include "fuzz/fuzz_job.h"
 #include "fuzz/input.h"
 #include "fuzz/ops.h"
+#include "server/checkpoint_file.h"
 
 namespace zenflow {
 namespace fuzz {

@@ -15,6 +15,7 @@
 #include "fuzz/check.h"
 #include "fuzz/fuzz_job.h"
 #include "server/job.h"
+#include "server/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace zenflow;

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_file.h"
 #include "common/codec.h"
 #include "common/crc32c.h"
 #include "common/ucx_frame.h"
@@ -26,6 +25,7 @@
 #include "fuzz/input.h"
 #include "fuzz/ops.h"
 #include "fuzz/scenarios.h"
+#include "server/checkpoint_file.h"
 
 namespace zenflow {
 namespace fuzz {

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
-#include "common/quote.h"
 #include "common/status_macros.h"
+#include "server/quote.h"
 
 namespace zenflow {
 namespace {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/quote.h"
+#include "server/quote.h"
 
 namespace zenflow {
 

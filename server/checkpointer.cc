@@ -14,8 +14,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_file.h"
 #include "common/status_macros.h"
+#include "server/checkpoint_file.h"
 
 namespace zenflow {
 namespace {

@@ -1,5 +1,5 @@
 // zenflowd's checkpoints (README "Checkpoints"): each job's state written to
-// --state_dir/<job id>/ckpt-<round>.zfck through common/checkpoint_file (io_uring,
+// --state_dir/<job id>/ckpt-<round>.zfck through server/checkpoint_file (io_uring,
 // checksummed sections, atomic rename), on request, every N rounds in the
 // background, and at shutdown; and every job found there restored at start.
 //

@@ -3,6 +3,12 @@
 // column selection and the update that turns a closed round into parameter
 // deltas (DESIGN rules 5-9). No gRPC here: the service adapts it.
 //
+// Its spec is checked before it is made (job_spec.h); its counters are
+// JobStatistics (job_stats.h). Its members are defined by concept:
+// job.cc (making, membership and liveness, state), job_upload.cc,
+// job_rounds.cc (shards, closes, the update), job_selection.cc (selection,
+// hand-off, all-reduce) and job_checkpoint.cc.
+//
 //   ZF_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(spec, ctx));
 //   ZF_RETURN_IF_ERROR(job->Join(0).status());
 //   ZF_RETURN_IF_ERROR(job->HandleUp(0, up_message));   // shards, round closes
@@ -25,14 +31,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/up_wire.h"
-#include "common/mutex.h"
-#include "common/codec.h"
-#include "common/thread_pool.h"
 #include "common/adamw.h"
+#include "common/codec.h"
+#include "common/histogram.h"
+#include "common/mutex.h"
+#include "common/thread_pool.h"
+#include "common/up_wire.h"
 #include "server/all_reduce_barrier.h"
 #include "server/hand_off.h"
-#include "common/histogram.h"
+#include "server/job_spec.h"
+#include "server/job_stats.h"
 #include "server/mailbox.h"
 #include "server/round_accumulator.h"
 #include "server/round_update.h"
@@ -42,13 +50,6 @@
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
-
-// Limits on what a client can name (documented in README "Limits").
-inline constexpr size_t kMaxJobIdBytes = 128;
-inline constexpr size_t kMaxTensorNameBytes = 256;
-inline constexpr int kMaxTensors = 1 << 16;
-inline constexpr int kMaxPartitionParts = 64;  // daemons one job may spread over
-inline constexpr int64_t kMaxTensorDim = int64_t{1} << 31;  // of a shape's dimension
 
 // Daemon-wide resources a job uses. Not owned.
 struct JobContext {
@@ -63,44 +64,6 @@ struct JobContext {
   std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };
 
-// What a job allocates, by part (README "Memory"). Every figure is what the
-// Job constructor and its round updates really allocate, so the registry can
-// refuse a job before allocating any of it.
-struct JobFootprint {
-  int64_t params = 0;
-  // fp32 master, m, v and two accumulation buffers: 20 B per parameter
-  // (the upload is staged in an accumulation buffer: nothing extra); with
-  // rank_ordered_sums, two accumulation buffers per rank: 12 + 8 * world B.
-  int64_t state_bytes = 0;
-  // Per column: update count, selection flag and lists (17 B); per rank and
-  // column: last step received and hits in the open round (12 B).
-  int64_t bookkeeping_bytes = 0;
-  // One round's deltas, held once for every rank (plus the old values for
-  // arithmetic deltas), for the two rounds that can be queued at a time.
-  int64_t delta_bytes = 0;
-  int64_t total() const { return state_bytes + bookkeeping_bytes + delta_bytes; }
-};
-
-// RESOURCE_EXHAUSTED when the sizes overflow 64-bit arithmetic. `spec` must
-// be normalized.
-absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec);
-
-// INVALID_ARGUMENT (quoting a short prefix) unless `id` is 1-128 characters
-// from [A-Za-z0-9._-].
-absl::Status CheckJobId(absl::string_view id);
-
-// Counts of rejected requests by status code. Thread-safe.
-class RejectionCounter {
- public:
-  void Add(absl::StatusCode code) {
-    counts_[static_cast<int>(code) & 31].fetch_add(1, std::memory_order_relaxed);
-  }
-  void Export(google::protobuf::Map<std::string, int64_t>* out) const;
-
- private:
-  std::array<std::atomic<int64_t>, 32> counts_{};
-};
-
 // A job's whole state at a round boundary, as named sections of owned bytes
 // (what a checkpoint file holds; job_checkpoint.cc).
 struct JobSnapshot {
@@ -109,11 +72,6 @@ struct JobSnapshot {
   std::vector<std::pair<std::string, std::string>> sections;
   double pause_seconds = 0;  // how long the job's lock was held for the copy
 };
-
-// Fills defaults into `spec` and checks it. INVALID_ARGUMENT names the field.
-absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes);
-// Checks spec.partition (NormalizeJobSpec calls it when it is set).
-absl::Status CheckPartition(const v1::JobSpec& spec);
 
 // Thread-safe. Every method validates completely before it changes anything,
 // so a rejected request leaves the job exactly as it was.
@@ -314,7 +272,18 @@ class Job : public std::enable_shared_from_this<Job> {
 
   absl::Status CheckLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
+  // OUT_OF_RANGE unless 0 <= rank < world_ (needs no lock: world_ is
+  // constant); CheckRank also wants the rank joined.
+  absl::Status CheckRankInRange(int32_t rank) const;
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the compiler's lock analysis that mu_ is held, in the conditions
+  // passed to mu_.Await: Await runs them with mu_ held (common/mutex.h),
+  // but a lambda is a function of its own to clang, which cannot see that.
+  void AwaitHoldsMu() const ABSL_ASSERT_EXCLUSIVE_LOCK(mu_) {}
+  // A steady_clock interval in seconds, for the figures the job reports.
+  static double Seconds(std::chrono::steady_clock::duration d) {
+    return std::chrono::duration<double>(d).count();
+  }
   absl::Status CheckRoundBuffer(int64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `replay`: what the job already has is dropped without an error.
   // Checks a shard under mu_, then releases mu_ while AddShard checks and
@@ -399,7 +368,6 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t restored_rounds_ ABSL_GUARDED_BY(mu_) = 0;  // rounds updated at the restore
   int64_t resend_round_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<Mailbox::Message> resend_ ABSL_GUARDED_BY(mu_);
-  int64_t replays_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Who handed off which selection's state; guarded by mu_.
   HandOffLedger hand_off_ ABSL_GUARDED_BY(mu_);
   // The all-reduce rendezvous: its own lock (it needs no job state).
@@ -407,7 +375,6 @@ class Job : public std::enable_shared_from_this<Job> {
   // When the last fully closed round closed (its last rank's close).
   std::chrono::steady_clock::time_point last_full_close_ ABSL_GUARDED_BY(mu_);
 
-  // Statistics.
   // Shards being added outside mu_, and callers of QuiesceAddsLocked waiting.
   int64_t adds_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t quiesce_waiters_ ABSL_GUARDED_BY(mu_) = 0;
@@ -415,23 +382,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // least kStripeElements values (tensor and block hashed onto a stripe).
   static constexpr int64_t kStripeElements = 16384;
   std::array<std::mutex, 64> stripes_;
-  int64_t shards_received_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t shard_bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
-  struct Received {
-    int64_t shards = 0;
-    int64_t bytes = 0;
-  };
-  Received received_[2] ABSL_GUARDED_BY(mu_);  // by Wire
-  HistogramCounts update_seconds_ ABSL_GUARDED_BY(mu_){RoundSecondsBuckets()};
-  HistogramCounts accumulate_seconds_ ABSL_GUARDED_BY(mu_){RoundSecondsBuckets()};
-  int64_t rounds_skipped_ ABSL_GUARDED_BY(mu_) = 0;
-  int32_t last_round_steps_ ABSL_GUARDED_BY(mu_) = 0;  // of the last fully closed round
-  // Of those, rounds whose accepted shards summed to a non-finite gradient.
-  int64_t rounds_overflowed_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t delta_messages_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t delta_bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  double update_seconds_total_ ABSL_GUARDED_BY(mu_) = 0;
-  double last_update_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  // What GetStats reports of the job beyond its state (job_stats.h).
+  JobStatistics stats_ ABSL_GUARDED_BY(mu_);
   RejectionCounter rejected_;
 };
 

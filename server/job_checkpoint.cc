@@ -1,5 +1,5 @@
 // A job's checkpoint: its whole state at a round boundary as named sections
-// (common/checkpoint_file.h writes and verifies them), and a job made from
+// (server/checkpoint_file.h writes and verifies them), and a job made from
 // them. Part of Job (see job.h "Checkpoints").
 #include <algorithm>
 #include <cmath>
@@ -114,7 +114,8 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
   MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
   // A round boundary: no update owns the store or a round's sums now.
-  mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  mu_.Await([&] {
+    AwaitHoldsMu();
     return rounds_updated_ == rounds_closed_ || deleted_;
   });
   QuiesceAddsLocked();  // and no shard is being added to the sums

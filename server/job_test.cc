@@ -1,5 +1,6 @@
-// Unit tests of the daemon core without a network: spec normalization, the
-// round protocol and the update, checked against hand-computed AdamW.
+// Unit tests of the daemon core without a network: the round protocol and
+// the update, checked against hand-computed AdamW (the spec's checks:
+// job_spec_test.cc).
 #include "server/job.h"
 
 #include <array>
@@ -12,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/codec.h"
 #include "absl/time/clock.h"
+#include "common/codec.h"
 #include "common/mutex.h"
 #include "gtest/gtest.h"
 #include "server/registry.h"
@@ -32,79 +33,6 @@ v1::JobSpec OneTensorSpec(int world, int interval) {
   spec.set_wire_dtype(v1::DTYPE_FP32);
   spec.mutable_zenflow()->set_update_interval(interval);
   return spec;
-}
-
-TEST(NormalizeJobSpecTest, FillsDefaults) {
-  v1::JobSpec spec = OneTensorSpec(1, 4);
-  spec.set_wire_dtype(v1::DTYPE_UNSPECIFIED);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_FLOAT_EQ(spec.adamw().lr(), 1e-3f);
-  EXPECT_FLOAT_EQ(spec.adamw().beta1(), 0.9f);
-  EXPECT_FLOAT_EQ(spec.adamw().beta2(), 0.999f);
-  EXPECT_FLOAT_EQ(spec.adamw().weight_decay(), 0.01f);
-  EXPECT_FLOAT_EQ(spec.zenflow().topk_ratio(), 0.1f);
-  EXPECT_EQ(spec.zenflow().select_interval(), 100);
-  EXPECT_TRUE(spec.zenflow().apply_delay().adaptive());
-  EXPECT_EQ(spec.wire_dtype(), v1::DTYPE_BF16);
-  EXPECT_EQ(spec.max_shard_bytes(), 4 << 20);
-}
-
-TEST(NormalizeJobSpecTest, PredictedStepIsOnUnlessArithmeticOrZeroOffload) {
-  v1::JobSpec spec = OneTensorSpec(1, 1);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_TRUE(spec.zenflow().has_predicted_step());
-  EXPECT_TRUE(spec.zenflow().predicted_step());
-  spec = OneTensorSpec(1, 1);
-  spec.mutable_zenflow()->set_predicted_step(false);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_FALSE(spec.zenflow().predicted_step());
-  spec = OneTensorSpec(1, 1);
-  spec.set_delta_kind(v1::DELTA_ARITHMETIC);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_FALSE(spec.zenflow().predicted_step());
-  spec.mutable_zenflow()->set_predicted_step(true);
-  const absl::Status bad = NormalizeJobSpec(&spec, 64 << 20);
-  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
-  spec = OneTensorSpec(1, 1);
-  spec.set_mode(v1::MODE_ZERO_OFFLOAD);
-  spec.mutable_zenflow()->set_predicted_step(true);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_FALSE(spec.zenflow().predicted_step());
-}
-
-// One-step rounds' deltas carry bf16 m and v: the footprint counts them
-// where rounds can have one step.
-TEST(JobFootprintTest, CountsThePredictedStepsStateWhereRoundsCanHaveOneStep) {
-  v1::JobSpec four = OneTensorSpec(1, 4), one = OneTensorSpec(1, 1);
-  ASSERT_TRUE(NormalizeJobSpec(&four, 64 << 20).ok());
-  ASSERT_TRUE(NormalizeJobSpec(&one, 64 << 20).ok());
-  absl::StatusOr<JobFootprint> f4 = ComputeJobFootprint(four), f1 = ComputeJobFootprint(one);
-  ASSERT_TRUE(f4.ok() && f1.ok());
-  EXPECT_EQ(f1->delta_bytes, 2 * f4->delta_bytes);  // fp32 values + bf16 m and v
-  v1::JobSpec automatic = four;
-  automatic.mutable_zenflow()->set_auto_update_interval(true);
-  EXPECT_EQ(ComputeJobFootprint(automatic)->delta_bytes, f1->delta_bytes);
-  one.mutable_zenflow()->set_predicted_step(false);
-  EXPECT_EQ(ComputeJobFootprint(one)->delta_bytes, f4->delta_bytes);
-}
-
-TEST(NormalizeJobSpecTest, ZeroOffloadForcesItsSettings) {
-  v1::JobSpec spec = OneTensorSpec(1, 4);
-  spec.set_mode(v1::MODE_ZERO_OFFLOAD);
-  spec.mutable_zenflow()->set_topk_ratio(0.5f);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_EQ(spec.zenflow().topk_ratio(), 0.0f);
-  EXPECT_EQ(spec.zenflow().update_interval(), 1);
-  EXPECT_TRUE(spec.zenflow().apply_delay().sync());
-}
-
-TEST(NormalizeJobSpecTest, ExplicitZeroTopkAndWeightDecayAreKept) {
-  v1::JobSpec spec = OneTensorSpec(1, 4);
-  spec.mutable_zenflow()->set_topk_ratio(0.0f);
-  spec.mutable_adamw()->set_weight_decay(0.0f);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  EXPECT_EQ(spec.zenflow().topk_ratio(), 0.0f);
-  EXPECT_EQ(spec.adamw().weight_decay(), 0.0f);
 }
 
 // Uploads `init` as the rows x cols tensor "w" of `job`, then joins ranks
@@ -485,37 +413,6 @@ TEST(MailboxTest, FullUntilDrainedBelowHalfTheLimitThenResumes) {
   box.Push(shared);
   EXPECT_EQ(shared.use_count(), 3);
   EXPECT_FALSE(other.Full(&w)) << "0 means unlimited";
-}
-
-TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
-  v1::JobSpec spec = OneTensorSpec(4, 1);
-  spec.mutable_tensors(0)->set_dtype(v1::DTYPE_BF16);
-  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
-  absl::StatusOr<JobFootprint> f = ComputeJobFootprint(spec);
-  ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->params, 6);
-  EXPECT_EQ(f->state_bytes, 6 * 20);
-  EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
-  // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
-  // carry the predicted step's state).
-  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 4));
-  EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
-  // Rank-ordered sums: two accumulation buffers per rank.
-  spec.set_rank_ordered_sums(true);
-  absl::StatusOr<JobFootprint> ordered = ComputeJobFootprint(spec);
-  ASSERT_TRUE(ordered.ok()) << ordered.status();
-  EXPECT_EQ(ordered->state_bytes, 6 * (12 + 4 * 8));
-  EXPECT_EQ(ordered->bookkeeping_bytes, f->bookkeeping_bytes);
-
-  v1::JobSpec huge = OneTensorSpec(1, 2);
-  for (int i = 0; i < 2; ++i) {
-    auto* t = huge.add_tensors();
-    t->set_name(i == 0 ? "a" : "b");
-    t->add_shape(int64_t{1} << 31);
-    t->add_shape(int64_t{1} << 31);
-  }
-  ASSERT_TRUE(NormalizeJobSpec(&huge, 64 << 20).ok());
-  EXPECT_EQ(ComputeJobFootprint(huge).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 // While another job's update holds a driver (here: a task that does not end

@@ -19,8 +19,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
-#include "grpcpp/grpcpp.h"
 #include "common/ucx.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "server/audit.h"
 #include "server/auth.h"
 #include "server/exposure.h"
@@ -36,6 +37,11 @@ class UcxDataPlane;
 
 // Converts at the RPC boundary; the codes are the same numbers.
 grpc::Status ToGrpcStatus(const absl::Status& s);
+
+// The interceptor that counts every finished call by method and status
+// code (zenflow_grpc_calls_total) in `registry`.
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewCallCounterFactory(
+    JobRegistry* registry);
 
 // The callback service, with UploadParameters and Stream taking raw bytes:
 // the service parses them itself, so that an unparseable message gets a
@@ -64,6 +70,10 @@ struct Who {
 // hold one of --max_streams for ever.
 class IdleCall {
  public:
+  // The DEADLINE_EXCEEDED an expired call ends with: no `what` (its first
+  // message) within `waited`.
+  static absl::Status NoFirstMessage(const char* what, absl::Duration waited);
+
   virtual ~IdleCall() = default;
   // The sweep: ends the call (Expire) unless its first message arrived;
   // true if it ended it. Exactly one of this and FirstMessage wins.

@@ -20,7 +20,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/malloc_tuning.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -29,10 +28,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/malloc_tuning.h"
+#include "common/tls_files.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "server/auth.h"
-#include "common/tls_files.h"
 #include "server/checkpointer.h"
 #include "server/exposure.h"
 #include "server/service.h"

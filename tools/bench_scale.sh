@@ -15,8 +15,8 @@ ROOT=$(pwd)
 
 log() { printf '\033[1mbench_scale:\033[0m %s\n' "$*" >&2; }
 
-log "building (bazel build -c opt //tools/bench:scale_bench //server:adam_bench //server:zenflowd)"
-bazel build -c opt //tools/bench:scale_bench //server:adam_bench //server:zenflowd
+log "building (bazel build -c opt //tools/bench:scale_bench //tools/bench:adam_bench //server:zenflowd)"
+bazel build -c opt //tools/bench:scale_bench //tools/bench:adam_bench //server:zenflowd
 # The opt outputs, wherever the bazel-bin link points after other builds.
 BIN=$(bazel info -c opt bazel-bin)
 
@@ -43,7 +43,7 @@ case " $* " in
   *" --accumulate_ceiling_bytes_per_s="*) ;;
   *)
     log "ceiling: adam_bench (64M params, 2 threads, as ./zf bench adam)"
-    "$BIN/server/adam_bench" --out="$dir/adam.json" >&2
+    "$BIN/tools/bench/adam_bench" --out="$dir/adam.json" >&2
     ceiling=$("$ROOT/tools/json_get" "$dir/adam.json" accumulate_bytes_per_s)
     ceiling_args=(--accumulate_ceiling_bytes_per_s="$ceiling"
                   --accumulate_ceiling_source="adam_bench accumulate_bytes_per_s (DecodeAdd of bf16 into fp32, 64M params, 2 threads), measured at the start of this run")

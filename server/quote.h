@@ -4,8 +4,8 @@
 //
 //   return absl::NotFoundError(absl::StrCat("no job ", Quote(job_id)));
 //   // -> no job 'abc'   or   no job 'aaaaaaaa...' (1048576 bytes)
-#ifndef ZENFLOW_COMMON_QUOTE_H_
-#define ZENFLOW_COMMON_QUOTE_H_
+#ifndef ZENFLOW_SERVER_QUOTE_H_
+#define ZENFLOW_SERVER_QUOTE_H_
 
 #include <cstddef>
 #include <string>
@@ -29,4 +29,4 @@ inline std::string Quote(absl::string_view s) {
 
 }  // namespace zenflow
 
-#endif  // ZENFLOW_COMMON_QUOTE_H_
+#endif  // ZENFLOW_SERVER_QUOTE_H_

@@ -37,8 +37,8 @@
 // of the directory. A crash leaves either the previous file or the new one,
 // plus possibly a temporary file nobody lists.
 
-#ifndef ZENFLOW_COMMON_CHECKPOINT_FILE_H_
-#define ZENFLOW_COMMON_CHECKPOINT_FILE_H_
+#ifndef ZENFLOW_SERVER_CHECKPOINT_FILE_H_
+#define ZENFLOW_SERVER_CHECKPOINT_FILE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -126,4 +126,4 @@ absl::StatusOr<std::vector<CheckpointSection>> ReadCheckpoint(const std::string&
 
 }  // namespace zenflow
 
-#endif  // ZENFLOW_COMMON_CHECKPOINT_FILE_H_
+#endif  // ZENFLOW_SERVER_CHECKPOINT_FILE_H_

@@ -30,10 +30,11 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "common/adamw.h"
 #include "common/codec.h"
 #include "common/json_writer.h"
+#include "common/random.h"
 #include "common/thread_pool.h"
-#include "common/adamw.h"
 
 ABSL_FLAG(int64_t, params, int64_t{64} * 1024 * 1024, "parameters updated per pass");
 ABSL_FLAG(int64_t, rows, 4096, "rows per column (the daemon's column-major layout)");
@@ -154,10 +155,7 @@ void Stream(SimdLevel level, const float* g, float* p, float* m, float* v,
 
 // Deterministic pseudo-random value in [-scale, scale).
 float Noise(size_t i, float scale) {
-  uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 29;
-  const float unit =
-      static_cast<float>(x & 0xFFFFFF) / static_cast<float>(1 << 24);
+  const float unit = static_cast<float>(UnitInterval(HashRandom(static_cast<uint64_t>(i))));
   return (2.0f * unit - 1.0f) * scale;
 }
 

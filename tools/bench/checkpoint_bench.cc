@@ -10,8 +10,8 @@
 // with read(). Before each read the file's pages are dropped from the page
 // cache (fsync, then posix_fadvise DONTNEED), for both paths alike.
 //
-//   bazel build -c opt //server:checkpoint_bench
-//   bazel-bin/server/checkpoint_bench --dir=/var/tmp --out=bench-results/checkpoint.json
+//   bazel build -c opt //tools/bench:checkpoint_bench
+//   bazel-bin/tools/bench/checkpoint_bench --dir=/var/tmp --out=bench-results/checkpoint.json
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -25,9 +25,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_file.h"
 #include "common/json_writer.h"
 #include "common/malloc_tuning.h"
+#include "server/checkpoint_file.h"
 #include "server/registry.h"
 
 ABSL_FLAG(std::string, dir, "/var/tmp", "directory to write in (the state directory's file system)");

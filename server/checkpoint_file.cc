@@ -1,5 +1,5 @@
 // Checkpoint files; the format and the write protocol are in checkpoint_file.h.
-#include "common/checkpoint_file.h"
+#include "server/checkpoint_file.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "common/checkpoint_file.h"
+#include "server/checkpoint_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,0 +1,589 @@
+// A job's rounds: the shards and closes its ranks send (HandleUp), their
+// values added to the round's sums, and the update of a closed round into
+// deltas for every rank (RunUpdate). Part of Job; see job.h.
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/codec.h"
+#include "common/dtype_proto.h"
+#include "common/geometry.h"
+#include "common/status_macros.h"
+#include "common/worker_stats.h"
+#include "server/job.h"
+
+namespace zenflow {
+
+// ---- Data -------------------------------------------------------------------
+
+absl::Status Job::HandleUp(int32_t rank, const v1::UpMessage& up, Wire wire,
+                           const ShardPayload* payload) {
+  ZF_RETURN_IF_ERROR(CheckRankInRange(rank));  // before ranks_[rank]
+  MutexLock lock(&mu_);
+  // One message of a rank at a time (its shard's add may be running outside
+  // the lock), and none while someone waits to quiesce the adds.
+  mu_.Await([&] {
+    AwaitHoldsMu();
+    return !ranks_[rank].adding && quiesce_waiters_ == 0;
+  });
+  ZF_RETURN_IF_ERROR(CheckLive());
+  ZF_RETURN_IF_ERROR(CheckRank(rank));
+  switch (up.kind_case()) {
+    case v1::UpMessage::kShard:
+      if (payload == nullptr) {
+        return HandleShard(rank, up.shard(), ShardPayload(up.shard().payload()), wire,
+                           up.replay());
+      }
+      if (!up.shard().payload().empty()) {
+        return absl::InternalError("a shard with its payload in two places");
+      }
+      return HandleShard(rank, up.shard(), *payload, wire, up.replay());
+    case v1::UpMessage::kClose:
+      return HandleClose(rank, up.close(), up.replay());
+    default:
+      return absl::InvalidArgumentError("empty message: set shard or close");
+  }
+}
+
+void Job::QuiesceAddsLocked() {
+  ++quiesce_waiters_;
+  mu_.Await([&] {
+    AwaitHoldsMu();
+    return adds_in_flight_ == 0;
+  });
+  --quiesce_waiters_;
+}
+
+absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
+                              const ShardPayload& payload, Wire wire, bool replay) {
+  if (!uploaded_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "': upload the parameters before sending gradients"));
+  }
+  const RankState& rs = ranks_[rank];
+  if (shard.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", shard.step(), " is negative"));
+  }
+  // With a fixed interval a step's round is step / S. With rounds of
+  // changing length (auto_update_interval) a rank's shards belong to its
+  // open round: the steps after its previous close, at most S_max of them.
+  const int64_t round =
+      auto_interval_ ? (shard.step() < rs.round_first_step    ? rs.next_round - 1
+                        : shard.step() >= rs.round_first_step + interval_ ? rs.next_round + 1
+                                                                          : rs.next_round)
+                     : shard.step() / interval_;
+  if (replay && round < rs.next_round) {
+    ++stats_.replays_dropped;  // the rank closed that round before the restart
+    return absl::OkStatus();
+  }
+  // (The selection step is a round boundary: its round and later ones wait.)
+  if (selection_.submitted(rank) && shard.step() >= selection_.step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " submitted importance for the selection at step ",
+                     selection_.step(), "; wait for the selection and hand off state first"));
+  }
+  if (auto_interval_ && round != rs.next_round) {
+    return round < rs.next_round
+               ? absl::FailedPreconditionError(absl::StrCat(
+                     "step ", shard.step(), " is before rank ", rank, "'s open round ",
+                     rs.next_round, ", which starts at step ", rs.round_first_step,
+                     ": its round was already closed"))
+               : absl::OutOfRangeError(absl::StrCat(
+                     "step ", shard.step(), " is too far ahead: rank ", rank, "'s open round ",
+                     rs.next_round, " starts at step ", rs.round_first_step, " and has at most ",
+                     interval_, " steps (update_interval)"));
+  }
+  if (round < rs.next_round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", shard.step(), " belongs to round ", round, ", which rank ", rank,
+                     " already closed"));
+  }
+  if (round > rs.next_round) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "step ", shard.step(), " is in round ", round, ", too far ahead: rank ", rank,
+        " has not closed round ", rs.next_round, " (steps ", rs.next_round * interval_, "..",
+        rs.next_round * interval_ + interval_ - 1, ")"));
+  }
+  ZF_RETURN_IF_ERROR(CheckRoundBuffer(round));
+  if (shard.selection_version() != selection_version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "column-set version ", shard.selection_version(), " is ",
+        shard.selection_version() < selection_version_ ? "stale" : "unknown",
+        "; the current version is ", selection_version_));
+  }
+  if (hand_off_.rank_version(rank) != selection_version_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " must call HandOff for selection version ",
+                     selection_version_, " before sending shards"));
+  }
+  ZF_ASSIGN_OR_RETURN(int ti, TensorIndex(shard.tensor()));
+  TensorState& t = tensors_[ti];
+  const v1::DType pd = shard.dtype() == v1::DTYPE_UNSPECIFIED ? spec_.wire_dtype() : shard.dtype();
+  const bool int8 = pd == v1::DTYPE_INT8;
+  DType dt = DType::kF32;
+  if (!int8) {
+    ZF_ASSIGN_OR_RETURN(dt, FromProto(pd, "shard dtype"));
+  }
+  const size_t esize = int8 ? 1 : DTypeSize(dt);
+  const char* dname = int8 ? "int8" : DTypeName(dt);
+  const size_t ncols = static_cast<size_t>(shard.columns_size());
+  if (ncols == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", t.name, "': shard for step ", shard.step(), " has no columns"));
+  }
+  const size_t expected = ncols * static_cast<size_t>(t.rows) * esize;
+  if (payload.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor '%s': payload is %d bytes but %d columns x %d rows of %s need %d bytes",
+        t.name, payload.size(), ncols, t.rows, dname, expected));
+  }
+  if (int8 != (shard.scales_size() > 0) ||
+      (int8 && static_cast<size_t>(shard.scales_size()) != ncols)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t.name, "': ", shard.scales_size(), " scales for ", ncols, " columns; int8 ",
+        "shards carry exactly one scale per column and other dtypes none"));
+  }
+  for (int i = 0; i < shard.scales_size(); ++i) {
+    if (!(shard.scales(i) >= 0 && std::isfinite(shard.scales(i)))) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': scale of column ",
+                                                     shard.columns(i), " is ", shard.scales(i),
+                                                     "; need finite >= 0"));
+    }
+  }
+  if (replay && ncols > 0 && shard.columns(0) >= 0 && shard.columns(0) < t.cols &&
+      acc_->Received(ti, rank, shard.step(), shard.columns(0))) {
+    // Shards are replayed as they were sent: the first column decides.
+    bool all = true;
+    for (int32_t c : shard.columns()) {
+      all = all && c >= 0 && c < t.cols && acc_->Received(ti, rank, shard.step(), c);
+    }
+    if (all) {
+      ++stats_.replays_dropped;
+      return absl::OkStatus();
+    }
+  }
+  std::vector<int32_t> sorted(shard.columns().begin(), shard.columns().end());
+  for (int32_t c : sorted) {
+    if (c < 0 || c >= t.cols) {
+      return absl::OutOfRangeError(absl::StrCat("tensor '", t.name, "': column ", c,
+                                                " out of range [0, ", t.cols, ")"));
+    }
+    if (t.important[c]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': column ", c, " is important under selection version ",
+          selection_version_, " and is updated on the worker; send only unimportant columns"));
+    }
+    if (acc_->Received(ti, rank, shard.step(), c)) {
+      return absl::AlreadyExistsError(absl::StrCat("tensor '", t.name, "': column ", c,
+                                                   " of step ", shard.step(),
+                                                   " was already received from rank ", rank));
+    }
+  }
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i] == sorted[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': column ", sorted[i], " is repeated in one shard"));
+    }
+  }
+  // Everything but the payload's values checked. The values are checked and
+  // added outside the job's lock (README "The daemon under many ranks"): the
+  // add goes to this rank's own sum buffers (rank-ordered sums) or, in the
+  // shared buffer, under the column blocks' stripe locks, so the shards of
+  // different ranks accumulate in parallel. While it runs, the rank sends
+  // nothing else (`adding`), the round's buffer cannot be leased (the rank
+  // has not closed the round) and whatever changes what the shard was
+  // checked against, or reads the sums, waits (QuiesceAddsLocked).
+  RankState& me = ranks_[rank];
+  me.adding = true;
+  ++adds_in_flight_;
+  const AddPlan plan{ti, round, int8, dt, esize};
+  mu_.Unlock();
+  bool finite = true;
+  const absl::Status checked = AddShard(rank, shard, payload, plan, &finite);
+  mu_.Lock();
+  me.adding = false;
+  --adds_in_flight_;
+  if (!checked.ok()) return checked;
+  if (!finite) rounds_[round].nonfinite = true;
+  for (int32_t c : shard.columns()) acc_->MarkReceived(ti, rank, shard.step(), c);
+  me.round_last_step = std::max(me.round_last_step, shard.step());
+  stats_.CountShard(wire, static_cast<int64_t>(payload.size()));
+  RoundState& rstate = rounds_[round];
+  if (!rstate.first_shard_seen) {
+    rstate.first_shard_seen = true;
+    rstate.first_shard = std::chrono::steady_clock::now();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
+                           const ShardPayload& payload, const AddPlan& plan, bool* finite_out) {
+  const TensorState& t = tensors_[plan.ti];  // metadata: immutable
+  const size_t ncols = static_cast<size_t>(shard.columns_size());
+  const size_t col_bytes = static_cast<size_t>(t.rows) * plan.esize;
+  // Column i: in place when the payload is contiguous (UCX, protobuf's
+  // parse) or the column lies in one of gRPC's slices; else gathered into
+  // the reader's one-column scratch.
+  const char* whole = payload.contiguous() ? payload.data() : nullptr;
+  std::optional<RunReader> reader;
+  auto column = [&](size_t i) {
+    if (whole != nullptr) return whole + i * col_bytes;
+    if (i == 0) reader.emplace(payload, col_bytes);
+    return reader->Next();
+  };
+  size_t bad = 0;
+  bool finite = true;
+  std::string why;
+  if (plan.int8) {
+    // value = q * scale, as decoded below: each column's largest |q| decides.
+    // With |q| <= 128 and a finite scale >= 0 (HandleShard checked it) every
+    // value is finite when 128 * scale is (a power-of-two product: exact),
+    // so only columns of a huge scale are read here.
+    size_t read = 0;  // columns the reader has passed (pieces: in order only)
+    for (size_t i = 0; i < ncols && finite; ++i) {
+      if (std::isfinite(128.0f * shard.scales(static_cast<int>(i)))) continue;
+      const char* values = nullptr;
+      if (whole != nullptr) {
+        values = whole + i * col_bytes;
+      } else {
+        if (read == 0) reader.emplace(payload, col_bytes);
+        while (read <= i) {
+          values = reader->Next();
+          ++read;
+        }
+      }
+      const int8_t* q = reinterpret_cast<const int8_t*>(values);
+      int biggest = 0;
+      int64_t at = 0;
+      for (int64_t r = 0; r < t.rows; ++r) {
+        const int a = q[r] < 0 ? -q[r] : q[r];
+        if (a > biggest) {
+          biggest = a;
+          at = r;
+        }
+      }
+      const float scale = shard.scales(static_cast<int>(i));
+      if (!std::isfinite(static_cast<float>(q[at]) * scale)) {
+        finite = false;
+        bad = i * static_cast<size_t>(t.rows) + static_cast<size_t>(at);
+        why = absl::StrCat(" (int8 ", static_cast<int>(q[at]), " x scale ", scale, ")");
+      }
+    }
+  } else if (whole != nullptr) {
+    finite = AllFinite(plan.dt, whole, ncols * t.rows, &bad);
+  } else {
+    for (size_t i = 0; i < ncols && finite; ++i) {
+      size_t at = 0;
+      finite = AllFinite(plan.dt, column(i), static_cast<size_t>(t.rows), &at);
+      if (!finite) bad = i * static_cast<size_t>(t.rows) + at;
+    }
+  }
+  if (!finite) {
+    if (!spec_.skip_nonfinite_rounds()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
+          " row ", bad % t.rows, " of step ", shard.step(), why,
+          " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
+    }
+    *finite_out = false;  // accepted, and the round is skipped: nothing to add
+    return absl::OkStatus();
+  }
+  // Shared sums: every rank adds into the same columns, so a run of columns
+  // of one block is added under that block's stripe lock. Ranks that send
+  // their columns in the same order then follow each other block by block.
+  const bool shared = acc_->sum_ranks() == 1 && world_ > 1;
+  const int64_t block = std::max<int64_t>(1, kStripeElements / t.rows);
+  std::unique_lock<std::mutex> stripe;
+  int64_t held = -1;
+  for (size_t i = 0; i < ncols; ++i) {
+    const int32_t c = shard.columns(static_cast<int>(i));
+    if (shared && c / block != held) {
+      if (stripe.owns_lock()) stripe.unlock();
+      held = c / block;
+      stripe = std::unique_lock<std::mutex>(
+          stripes_[static_cast<size_t>(plan.ti * 7919 + held) % stripes_.size()]);
+    }
+    float* dst = acc_->sum_of(plan.ti, rank, plan.round, c);
+    const char* values = column(i);  // (a second pass: the reader starts over at 0)
+    if (plan.int8) {
+      DecodeAddInt8(reinterpret_cast<const int8_t*>(values), static_cast<size_t>(t.rows),
+                    shard.scales(static_cast<int>(i)), dst);
+    } else {
+      DecodeAdd(plan.dt, values, t.rows, dst);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool replay) {
+  RankState& rs = ranks_[rank];
+  if (!uploaded_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", spec_.job_id(), "': upload the parameters before closing rounds"));
+  }
+  if (replay && close.round() >= 0 && close.round() < rs.next_round) {
+    ++stats_.replays_dropped;
+    return absl::OkStatus();
+  }
+  if (close.round() < rs.next_round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " already closed round ", close.round()));
+  }
+  if (close.round() > rs.next_round) {
+    return absl::OutOfRangeError(absl::StrCat("round ", close.round(), " is too far ahead: rank ",
+                                              rank, " must close round ", rs.next_round,
+                                              " first"));
+  }
+  if (selection_.submitted(rank) && (auto_interval_ ? rs.round_first_step >= selection_.step()
+                                                     : close.round() >= selection_.step() / interval_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " is waiting for the selection at step ", selection_.step()));
+  }
+  if (hand_off_.rank_version(rank) != selection_version_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " must call HandOff for selection version ",
+                     selection_version_, " before closing a round"));
+  }
+  const int64_t steps = close.steps() == 0 ? interval_ : close.steps();
+  if (steps < 1 || steps > interval_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("round ", close.round(), ": steps ", close.steps(), " must be in [1, ",
+                     interval_, "] (0 means update_interval)"));
+  }
+  if (auto_interval_) {
+    // The round is the rank's steps [first, first + steps): none beyond it,
+    // not across a selection step, and as long on every rank.
+    const int64_t first = rs.round_first_step;
+    if (rs.round_last_step >= first + steps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", close.round(), " of rank ", rank, " has steps ", first, "..",
+          first + steps - 1, " (steps ", steps, ") but the rank sent gradients of step ",
+          rs.round_last_step));
+    }
+    if (selection_.step() > first && first + steps > selection_.step()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", close.round(), " (steps ", first, "..", first + steps - 1,
+          ") would span the selection step ", selection_.step(), "; end it before"));
+    }
+    auto other = rounds_.find(close.round());
+    if (other != rounds_.end() && other->second.closed > 0 && other->second.steps != steps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", close.round(), ": steps ", steps, " differ from the ", other->second.steps,
+          " steps other ranks closed it with (every rank chooses the same round length)"));
+    }
+  }
+  ZF_RETURN_IF_ERROR(CheckWorkerReport(close, steps));
+  if (!(close.lr() >= 0 && std::isfinite(close.lr()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("round ", close.round(), ": lr ", close.lr(), " must be finite and >= 0"));
+  }
+  ZF_RETURN_IF_ERROR(CheckRoundBuffer(close.round()));
+  auto it = rounds_.find(close.round());
+  if (it != rounds_.end() && it->second.closed > 0 && it->second.lr != close.lr()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round ", close.round(), ": lr ", close.lr(), " differs from the lr ", it->second.lr,
+        " other ranks closed it with"));
+  }
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    for (int64_t c = 0; c < t.cols; ++c) {
+      const int32_t hits = acc_->hits(static_cast<int>(ti), rank, static_cast<int32_t>(c));
+      if (!t.important[c] && hits != steps) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank, " cannot close round ", close.round(), ": tensor '", t.name,
+            "' column ", c, " has gradients from ", hits, " of ", steps, " steps"));
+      }
+    }
+  }
+  // Apply.
+  acc_->ResetRank(rank);
+  rs.next_round = close.round() + 1;
+  rs.round_first_step = auto_interval_ ? rs.round_first_step + steps : rs.next_round * interval_;
+  rs.round_last_step = -1;
+  AddWorkerReport(close, &rs);
+  RoundState& round = rounds_[close.round()];
+  round.closed += 1;
+  round.steps_sum += steps;
+  round.steps = static_cast<int32_t>(steps);
+  round.lr = close.lr();
+  round.last_close = std::chrono::steady_clock::now();
+  double stall = 0;
+  for (const v1::StepReport& r : close.step_reports()) stall += r.stall_seconds();
+  round.max_stall_seconds = std::max(round.max_stall_seconds, stall);
+  if (round.closed == world_) {
+    rounds_closed_ = close.round() + 1;
+    stats_.last_round_steps = static_cast<int32_t>(steps);
+    if (round.first_shard_seen) {
+      stats_.accumulate_seconds.Observe(Seconds(round.last_close - round.first_shard));
+    }
+    // Rounds close fully in order from 0, so only round 0 has no predecessor.
+    if (close.round() > 0) round.interval_seconds = Seconds(round.last_close - last_full_close_);
+    last_full_close_ = round.last_close;
+    std::shared_ptr<Job> self = shared_from_this();
+    // The update's right to the round's buffers; HandleShard and HandOff
+    // keep off them until rounds_updated_ passes the round.
+    auto lease = std::make_shared<UpdateLease>(
+        UpdateLease::Grant(close.round(), store_.get(), acc_.get()));
+    strand_->Schedule([self, lease] { self->RunUpdate(std::move(*lease)); });
+  }
+  return absl::OkStatus();
+}
+
+// ---- Update -----------------------------------------------------------------
+
+bool Job::WithMoments(int32_t steps) const { return steps == 1 && RoundsMayCarryPredictedState(spec_); }
+
+std::vector<std::vector<int32_t>> Job::RemoteColumnsLocked() const {
+  std::vector<std::vector<int32_t>> remote(tensors_.size());
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const TensorState& t = tensors_[ti];
+    for (int64_t c = 0; c < t.cols; ++c) {
+      if (!t.important[c]) remote[ti].push_back(static_cast<int32_t>(c));
+    }
+  }
+  return remote;
+}
+
+void Job::RunUpdate(UpdateLease lease) {
+  const int64_t round = lease.round();
+  const auto t0 = std::chrono::steady_clock::now();
+  RoundState rs;
+  std::vector<std::vector<int32_t>> remote;
+  std::vector<std::shared_ptr<Mailbox>> boxes;
+  int64_t version = 0;
+  {
+    MutexLock lock(&mu_);
+    if (deleted_) return;
+    rs = rounds_[round];
+    remote = RemoteColumnsLocked();
+    for (const RankState& r : ranks_) boxes.push_back(r.mailbox);
+    version = selection_version_;
+  }
+  RoundUpdateInput in;
+  in.round = round;
+  in.steps_sum = rs.steps_sum;
+  in.lr = rs.lr;
+  in.nonfinite = rs.nonfinite;
+  in.tensors = &update_tensors_;
+  in.remote = &remote;
+  const v1::AdamWConfig& cfg = spec_.adamw();
+  in.hyper = AdamWHyper{rs.lr, cfg.beta1(), cfg.beta2(), cfg.eps(), cfg.weight_decay()};
+  in.max_grad_norm = cfg.max_grad_norm();
+  in.arithmetic = spec_.delta_kind() == v1::DELTA_ARITHMETIC;
+  in.moments = WithMoments(rs.steps);
+  in.max_shard_bytes = spec_.max_shard_bytes();
+  in.simd = ctx_.simd;
+  in.pool = ctx_.pool;
+  RoundUpdateResult result = UpdateRound(in, std::move(lease));
+  const bool skip = result.skipped, overflowed = result.overflowed;
+  const float grad_norm = result.grad_norm;
+  std::vector<v1::DownMessage>& deltas = result.deltas;
+
+  int64_t delta_bytes = 0;
+  for (const v1::DownMessage& d : deltas) {
+    const v1::ParameterDelta& x = d.delta();
+    delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
+                                        8 * x.update_counts_size());
+  }
+  // One copy of each delta, shared by every rank's outbox.
+  std::vector<Mailbox::Message> shared;
+  shared.reserve(deltas.size());
+  for (v1::DownMessage& d : deltas) {
+    shared.push_back(std::make_shared<const v1::DownMessage>(std::move(d)));
+  }
+  for (const auto& box : boxes) {
+    for (const Mailbox::Message& d : shared) box->Push(d);
+  }
+
+  const auto t1 = std::chrono::steady_clock::now();
+  v1::DownMessage done;
+  v1::RoundDone* rd = done.mutable_done();
+  rd->set_round(round);
+  rd->set_delta_messages(static_cast<int32_t>(deltas.size()));
+  rd->set_skipped_nonfinite(skip);
+  rd->set_grad_norm(grad_norm);
+  rd->set_close_to_done_seconds(Seconds(t1 - rs.last_close));
+  rd->set_selection_version(version);
+  rd->set_round_interval_seconds(rs.interval_seconds);
+  rd->set_steps(rs.steps);
+  rd->set_stall_seconds(rs.max_stall_seconds);
+
+  std::vector<std::function<void()>> callbacks;
+  {
+    MutexLock lock(&mu_);
+    rounds_updated_ = round + 1;
+    rounds_.erase(round);
+    done.mutable_done()->set_durable_rounds(durable_rounds_);
+    last_done_ = done.done();
+    if (resend_round_ >= 0 && round >= resend_round_ + 2) {
+      resend_round_ = -1;  // every rank has applied it
+      resend_.clear();
+    }
+    if (skip) ++stats_.rounds_skipped;
+    if (overflowed) ++stats_.rounds_overflowed;
+    stats_.delta_messages_sent += static_cast<int64_t>(deltas.size() * boxes.size());
+    stats_.delta_bytes_sent += delta_bytes * static_cast<int64_t>(boxes.size());
+    stats_.last_update_seconds = Seconds(t1 - t0);
+    stats_.update_seconds_total += stats_.last_update_seconds;
+    stats_.update_seconds.Observe(stats_.last_update_seconds);
+    callbacks = MaybeFinishSelectionLocked();
+  }
+  if (ctx_.round_updated) ctx_.round_updated(spec_.job_id(), round + 1);
+  auto done_shared = std::make_shared<const v1::DownMessage>(std::move(done));
+  for (const auto& box : boxes) box->Push(done_shared);
+  for (auto& cb : callbacks) cb();
+}
+
+absl::Status Job::CheckWorkerReport(const v1::RoundClose& close, int64_t steps) const {
+  if (close.step_reports_size() > steps) {
+    return absl::InvalidArgumentError(absl::StrCat("round ", close.round(), ": ",
+                                                   close.step_reports_size(),
+                                                   " step reports for a round of ", steps,
+                                                   " steps"));
+  }
+  if (close.apply_delay_steps() < 0 || close.staleness_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round ", close.round(), ": apply_delay_steps ", close.apply_delay_steps(),
+        " and staleness_steps ", close.staleness_steps(), " must be >= 0"));
+  }
+  for (int i = 0; i < close.step_reports_size(); ++i) {
+    const v1::StepReport& r = close.step_reports(i);
+    const double seconds[] = {r.step_seconds(), r.stall_seconds(), r.send_blocked_seconds()};
+    for (double x : seconds) {
+      // A day per step bounds what a report can add to the sums.
+      if (!(x >= 0 && x <= 86400)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "round ", close.round(), ": step report ", i, " has a time of ", x,
+            " s; times must be in [0, 86400]"));
+      }
+    }
+    if (r.up_bytes() < 0 || r.down_bytes() < 0 || r.up_bytes() > (int64_t{1} << 50) ||
+        r.down_bytes() > (int64_t{1} << 50)) {
+      return absl::InvalidArgumentError(absl::StrCat("round ", close.round(), ": step report ", i,
+                                                     " has byte counts ", r.up_bytes(), " and ",
+                                                     r.down_bytes(), "; they must be in [0, 2^50]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Job::AddWorkerReport(const v1::RoundClose& close, RankState* rs) {
+  v1::WorkerStats& w = rs->worker;
+  for (const v1::StepReport& r : close.step_reports()) {
+    AddStep(r, &w);
+    rs->stall_per_step.Observe(r.stall_seconds());
+  }
+  if (close.step_reports_size() > 0) {
+    w.set_apply_delay_steps(close.apply_delay_steps());
+    w.set_staleness_steps(close.staleness_steps());
+  }
+}
+
+}  // namespace zenflow

@@ -1,0 +1,65 @@
+// What a client may ask for when it creates a job, checked before anything
+// is allocated: the job id, the spec's defaults and limits, a partition's
+// map of tensors over daemons, and the bytes the job will hold. The
+// registry runs these before it makes a Job; the Job trusts their result.
+//
+//   ZF_RETURN_IF_ERROR(NormalizeJobSpec(&spec, max_message_bytes));
+//   ZF_ASSIGN_OR_RETURN(JobFootprint f, ComputeJobFootprint(spec));
+#ifndef ZENFLOW_SERVER_JOB_SPEC_H_
+#define ZENFLOW_SERVER_JOB_SPEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "zenflow/v1/zenflow.pb.h"
+
+namespace zenflow {
+
+// Limits on what a client can name (documented in README "Limits").
+inline constexpr size_t kMaxJobIdBytes = 128;
+inline constexpr size_t kMaxTensorNameBytes = 256;
+inline constexpr int kMaxTensors = 1 << 16;
+inline constexpr int kMaxPartitionParts = 64;  // daemons one job may spread over
+inline constexpr int64_t kMaxTensorDim = int64_t{1} << 31;  // of a shape's dimension
+
+// What a job allocates, by part (README "Memory"). Every figure is what the
+// Job constructor and its round updates really allocate, so the registry can
+// refuse a job before allocating any of it.
+struct JobFootprint {
+  int64_t params = 0;
+  // fp32 master, m, v and two accumulation buffers: 20 B per parameter
+  // (the upload is staged in an accumulation buffer: nothing extra); with
+  // rank_ordered_sums, two accumulation buffers per rank: 12 + 8 * world B.
+  int64_t state_bytes = 0;
+  // Per column: update count, selection flag and lists (17 B); per rank and
+  // column: last step received and hits in the open round (12 B).
+  int64_t bookkeeping_bytes = 0;
+  // One round's deltas, held once for every rank (plus the old values for
+  // arithmetic deltas), for the two rounds that can be queued at a time.
+  int64_t delta_bytes = 0;
+  int64_t total() const { return state_bytes + bookkeeping_bytes + delta_bytes; }
+};
+
+// RESOURCE_EXHAUSTED when the sizes overflow 64-bit arithmetic. `spec` must
+// be normalized.
+absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec);
+
+// INVALID_ARGUMENT (quoting a short prefix) unless `id` is 1-128 characters
+// from [A-Za-z0-9._-].
+absl::Status CheckJobId(absl::string_view id);
+
+// A shape as "[2, 3]", for messages.
+std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape);
+
+// Fills defaults into `spec` and checks it. INVALID_ARGUMENT names the field.
+absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes);
+// Checks spec.partition (NormalizeJobSpec calls it when it is set).
+absl::Status CheckPartition(const v1::JobSpec& spec);
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_SERVER_JOB_SPEC_H_

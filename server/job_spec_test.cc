@@ -1,0 +1,226 @@
+// Unit tests of a job spec's checks: defaults, limits, a partition's map
+// and the job's footprint.
+#include "server/job_spec.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace zenflow {
+namespace {
+
+v1::JobSpec OneTensorSpec(int world, int interval) {
+  v1::JobSpec spec;
+  spec.set_job_id("unit");
+  auto* t = spec.add_tensors();
+  t->set_name("w");
+  t->add_shape(2);
+  t->add_shape(3);
+  spec.set_world_size(world);
+  spec.set_wire_dtype(v1::DTYPE_FP32);
+  spec.mutable_zenflow()->set_update_interval(interval);
+  return spec;
+}
+
+TEST(NormalizeJobSpecTest, FillsDefaults) {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  spec.set_wire_dtype(v1::DTYPE_UNSPECIFIED);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FLOAT_EQ(spec.adamw().lr(), 1e-3f);
+  EXPECT_FLOAT_EQ(spec.adamw().beta1(), 0.9f);
+  EXPECT_FLOAT_EQ(spec.adamw().beta2(), 0.999f);
+  EXPECT_FLOAT_EQ(spec.adamw().weight_decay(), 0.01f);
+  EXPECT_FLOAT_EQ(spec.zenflow().topk_ratio(), 0.1f);
+  EXPECT_EQ(spec.zenflow().select_interval(), 100);
+  EXPECT_TRUE(spec.zenflow().apply_delay().adaptive());
+  EXPECT_EQ(spec.wire_dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(spec.max_shard_bytes(), 4 << 20);
+}
+
+TEST(NormalizeJobSpecTest, PredictedStepIsOnUnlessArithmeticOrZeroOffload) {
+  v1::JobSpec spec = OneTensorSpec(1, 1);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_TRUE(spec.zenflow().has_predicted_step());
+  EXPECT_TRUE(spec.zenflow().predicted_step());
+  spec = OneTensorSpec(1, 1);
+  spec.mutable_zenflow()->set_predicted_step(false);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().predicted_step());
+  spec = OneTensorSpec(1, 1);
+  spec.set_delta_kind(v1::DELTA_ARITHMETIC);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().predicted_step());
+  spec.mutable_zenflow()->set_predicted_step(true);
+  const absl::Status bad = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  spec = OneTensorSpec(1, 1);
+  spec.set_mode(v1::MODE_ZERO_OFFLOAD);
+  spec.mutable_zenflow()->set_predicted_step(true);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().predicted_step());
+}
+
+// One-step rounds' deltas carry bf16 m and v: the footprint counts them
+// where rounds can have one step.
+TEST(JobFootprintTest, CountsThePredictedStepsStateWhereRoundsCanHaveOneStep) {
+  v1::JobSpec four = OneTensorSpec(1, 4), one = OneTensorSpec(1, 1);
+  ASSERT_TRUE(NormalizeJobSpec(&four, 64 << 20).ok());
+  ASSERT_TRUE(NormalizeJobSpec(&one, 64 << 20).ok());
+  absl::StatusOr<JobFootprint> f4 = ComputeJobFootprint(four), f1 = ComputeJobFootprint(one);
+  ASSERT_TRUE(f4.ok() && f1.ok());
+  EXPECT_EQ(f1->delta_bytes, 2 * f4->delta_bytes);  // fp32 values + bf16 m and v
+  v1::JobSpec automatic = four;
+  automatic.mutable_zenflow()->set_auto_update_interval(true);
+  EXPECT_EQ(ComputeJobFootprint(automatic)->delta_bytes, f1->delta_bytes);
+  one.mutable_zenflow()->set_predicted_step(false);
+  EXPECT_EQ(ComputeJobFootprint(one)->delta_bytes, f4->delta_bytes);
+}
+
+TEST(NormalizeJobSpecTest, ZeroOffloadForcesItsSettings) {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  spec.set_mode(v1::MODE_ZERO_OFFLOAD);
+  spec.mutable_zenflow()->set_topk_ratio(0.5f);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_EQ(spec.zenflow().topk_ratio(), 0.0f);
+  EXPECT_EQ(spec.zenflow().update_interval(), 1);
+  EXPECT_TRUE(spec.zenflow().apply_delay().sync());
+}
+
+TEST(NormalizeJobSpecTest, ExplicitZeroTopkAndWeightDecayAreKept) {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  spec.mutable_zenflow()->set_topk_ratio(0.0f);
+  spec.mutable_adamw()->set_weight_decay(0.0f);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_EQ(spec.zenflow().topk_ratio(), 0.0f);
+  EXPECT_EQ(spec.adamw().weight_decay(), 0.0f);
+}
+
+TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
+  v1::JobSpec spec = OneTensorSpec(4, 1);
+  spec.mutable_tensors(0)->set_dtype(v1::DTYPE_BF16);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  absl::StatusOr<JobFootprint> f = ComputeJobFootprint(spec);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->params, 6);
+  EXPECT_EQ(f->state_bytes, 6 * 20);
+  EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
+  // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
+  // carry the predicted step's state).
+  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 4));
+  EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
+  // Rank-ordered sums: two accumulation buffers per rank.
+  spec.set_rank_ordered_sums(true);
+  absl::StatusOr<JobFootprint> ordered = ComputeJobFootprint(spec);
+  ASSERT_TRUE(ordered.ok()) << ordered.status();
+  EXPECT_EQ(ordered->state_bytes, 6 * (12 + 4 * 8));
+  EXPECT_EQ(ordered->bookkeeping_bytes, f->bookkeeping_bytes);
+
+  v1::JobSpec huge = OneTensorSpec(1, 2);
+  for (int i = 0; i < 2; ++i) {
+    auto* t = huge.add_tensors();
+    t->set_name(i == 0 ? "a" : "b");
+    t->add_shape(int64_t{1} << 31);
+    t->add_shape(int64_t{1} << 31);
+  }
+  ASSERT_TRUE(NormalizeJobSpec(&huge, 64 << 20).ok());
+  EXPECT_EQ(ComputeJobFootprint(huge).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(CheckJobIdTest, AcceptsTheDocumentedCharactersAndLengths) {
+  EXPECT_TRUE(CheckJobId("run-1_a.B").ok());
+  EXPECT_TRUE(CheckJobId(std::string(kMaxJobIdBytes, 'x')).ok());
+  EXPECT_EQ(CheckJobId("").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckJobId(std::string(kMaxJobIdBytes + 1, 'x')).code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status slash = CheckJobId("a/b");
+  EXPECT_EQ(slash.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(slash.message(), "[A-Za-z0-9._-]")) << slash;
+}
+
+TEST(NormalizeJobSpecTest, NamesTheFieldItRefuses) {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  spec.mutable_adamw()->set_beta1(1.0f);
+  absl::Status s = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "betas")) << s;
+  spec = OneTensorSpec(1, 4);
+  spec.add_tensors()->set_name("w");
+  s = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_TRUE(absl::StrContains(s.message(), "listed twice")) << s;
+  spec = OneTensorSpec(1, 4);
+  spec.mutable_zenflow()->set_select_interval(6);
+  s = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_TRUE(absl::StrContains(s.message(), "select_interval")) << s;
+}
+
+// Two parts: part 0 holds "w" whole and the first block of "x"; part 1 the
+// second block of "x".
+v1::JobSpec PartZero() {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  auto* x = spec.add_tensors();
+  x->set_name("x");
+  x->add_shape(2);
+  x->add_shape(3);
+  v1::Partition* p = spec.mutable_partition();
+  p->set_version(1);
+  p->set_parts(2);
+  p->set_part(0);
+  auto* w = p->add_tensors();
+  w->set_tensor("w");
+  w->set_part(0);
+  auto* x0 = p->add_tensors();
+  x0->set_tensor("x");
+  x0->set_part(0);
+  x0->set_first_column(0);
+  x0->set_columns(3);
+  auto* x1 = p->add_tensors();
+  x1->set_tensor("x");
+  x1->set_part(1);
+  x1->set_first_column(3);
+  x1->set_columns(5);
+  return spec;
+}
+
+TEST(CheckPartitionTest, AcceptsAWellFormedMap) {
+  v1::JobSpec spec = PartZero();
+  const absl::Status s = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(CheckPartitionTest, RefusesBlocksOutOfOrderAndUnusedParts) {
+  v1::JobSpec gap = PartZero();
+  gap.mutable_partition()->mutable_tensors(2)->set_first_column(4);
+  absl::Status s = CheckPartition(gap);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "starts at column 4, not 3")) << s;
+
+  v1::JobSpec unused = PartZero();
+  unused.mutable_partition()->set_parts(3);
+  s = CheckPartition(unused);
+  EXPECT_TRUE(absl::StrContains(s.message(), "part 2 of 3 hosts no tensor")) << s;
+
+  v1::JobSpec clipped = PartZero();
+  clipped.mutable_adamw()->set_max_grad_norm(1.0f);
+  s = CheckPartition(clipped);
+  EXPECT_TRUE(absl::StrContains(s.message(), "max_grad_norm")) << s;
+}
+
+TEST(CheckPartitionTest, ThisPartsTensorsAreTheSpecsInOrder) {
+  v1::JobSpec spec = PartZero();
+  spec.mutable_tensors()->SwapElements(0, 1);
+  const absl::Status s = CheckPartition(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "in the same order")) << s;
+}
+
+TEST(ShapeStringTest, WritesTheDimensions) {
+  v1::TensorSpec t;
+  t.add_shape(2);
+  t.add_shape(3);
+  EXPECT_EQ(ShapeString(t.shape()), "[2, 3]");
+}
+
+}  // namespace
+}  // namespace zenflow
