@@ -59,9 +59,11 @@ def log(msg):
     print(f"lint: {msg}", file=sys.stderr, flush=True)
 
 
-def bazel(args, cwd, capture=True):
-    return subprocess.run(["bazel"] + args, cwd=cwd, check=True, text=True,
-                          stdout=subprocess.PIPE if capture else None).stdout
+def bazel(args, cwd):
+    # Bazel's progress and INFO lines would bury the findings; errors stay.
+    quiet = ["--noshow_progress", "--ui_event_filters=-info"]
+    return subprocess.run(["bazel", args[0]] + quiet + args[1:], cwd=cwd, check=True, text=True,
+                          stdout=subprocess.PIPE).stdout
 
 
 def compile_actions(root, bazel_options):
@@ -161,15 +163,20 @@ def main():
                 sys.stdout.write(text)  # notes and anything else clang said
             sys.stdout.flush()
     findings = sum(len(re.findall(r"\[-Werror,-Wthread-safety[^\]]*\]", t)) for _, t in errors)
-    parse_failures = [s for s, t in errors if not re.search(r"-Wthread-safety", t)]
+    # Any other error means clang could not parse the file as the build does.
+    parse_failures = {s for s, t in errors
+                      if re.search(r"error: (?!.*\[-Werror,-Wthread-safety)", t) or
+                      not re.search(r"-Wthread-safety", t)}
+    unsafe = {s for s, t in errors if re.search(r"\[-Werror,-Wthread-safety", t)}
     files = len({s for s, _ in jobs})
     secs = time.monotonic() - started
     print(f"lint: {files} files checked ({len(jobs)} compiles) with {o.clang} "
           f"-fsyntax-only -Wthread-safety in {secs:.0f} s: {findings} thread-safety errors in "
-          f"{len({s for s, _ in errors})} files, {len(parse_failures)} files clang could not "
-          f"parse, {len(not_built)} not built")
+          f"{len(unsafe)} files, {len(parse_failures)} files clang could not parse, "
+          f"{len(not_built)} not built")
     for src, text in errors:
-        kind = "cannot parse" if src in parse_failures else "thread-safety"
+        kind = " and ".join(k for k, bad in (("thread-safety", src in unsafe),
+                                              ("cannot parse", src in parse_failures)) if bad)
         print(f"lint: FAILED {src} ({kind})")
     return 1 if errors or not_built else 0
 

@@ -30,8 +30,14 @@ inline float RoundToBf16(float x) {
 }
 
 // Rounds to IEEE binary16 (nearest, ties to even; overflow to +-Inf) and
-// back, through the compiler's _Float16, not the codec.
+// back, through the compiler's half type, not the codec: _Float16 (gcc, the
+// build's compiler), or __fp16 for clang before 15, which has no _Float16 on
+// x86-64 (./zf lint parses this with clang 14). Both are IEEE binary16.
+#if defined(__clang__) && __clang_major__ < 15
+inline float RoundToF16(float x) { return static_cast<float>(static_cast<__fp16>(x)); }
+#else
 inline float RoundToF16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+#endif
 
 // The optimizer's hyperparameters (adamw_reference.h's).
 using RefHyper = AdamWRefHyper;
