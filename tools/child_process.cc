@@ -1,4 +1,4 @@
-// A server as a child process; see child_process.h.
+// Child processes; see child_process.h.
 #include "tools/child_process.h"
 
 #include <fcntl.h>
@@ -20,7 +20,25 @@ extern char** environ;
 namespace zenflow {
 
 namespace {
+
 using Clock = std::chrono::steady_clock;
+
+// posix_spawn of args[0] with argv `args`; stderr into `log` unless it is empty.
+// Returns 0 or the error number.
+int Spawn(std::vector<std::string>& args, const std::string& log, pid_t* pid) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!log.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  const int rc = posix_spawn(pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc;
+}
+
 }  // namespace
 
 int64_t ResidentBytes(pid_t pid) {
@@ -37,6 +55,12 @@ int64_t ResidentBytes(pid_t pid) {
   return -1;
 }
 
+pid_t SpawnProcess(std::vector<std::string> args) {
+  if (args.empty()) return -1;
+  pid_t pid = -1;
+  return Spawn(args, "", &pid) == 0 ? pid : -1;
+}
+
 ChildProcess::~ChildProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
@@ -44,31 +68,38 @@ ChildProcess::~ChildProcess() {
   }
 }
 
+absl::Status ChildProcess::MakeDir(const std::string& name) {
+  dir_ = absl::StrCat(parent_, "/", name, ".XXXXXX");
+  if (mkdtemp(dir_.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+  dir_made_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status ChildProcess::Start(const std::string& binary, std::vector<std::string> args,
                                  const std::string& port_flag, const std::string& name) {
-  dir_ = absl::StrCat("/tmp/", name, ".XXXXXX");
-  if (mkdtemp(dir_.data()) == nullptr) return absl::InternalError("mkdtemp failed");
-  log_ = dir_ + "/stderr.log";
+  if (!dir_made_) {
+    absl::Status made = MakeDir(name);
+    if (!made.ok()) return made;
+  }
+  dir_made_ = false;
+  log_ = stderr_to_log_ ? dir_ + "/stderr.log" : "";
   const std::string port_file = dir_ + "/port";
   args.insert(args.begin(), binary);
+  args.insert(args.begin(), prefix_.begin(), prefix_.end());
   args.push_back(absl::StrCat(port_flag, "=", port_file));
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int rc = posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  const int rc = Spawn(args, log_, &pid_);
   if (rc != 0) {
     pid_ = -1;
-    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
+    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", std::strerror(rc)));
   }
+  port_ = 0;
+  target_.clear();
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (Clock::now() < deadline) {
     std::ifstream in(port_file);
     int port = 0;
     if (in >> port && port > 0) {
+      port_ = port;
       target_ = absl::StrCat("127.0.0.1:", port);
       return absl::OkStatus();
     }
@@ -82,10 +113,10 @@ absl::Status ChildProcess::Start(const std::string& binary, std::vector<std::str
   return absl::DeadlineExceededError(absl::StrCat(binary, " did not serve within 30 s"));
 }
 
-absl::Status ChildProcess::Stop() {
+absl::Status ChildProcess::Stop(std::chrono::seconds timeout) {
   if (pid_ <= 0) return absl::OkStatus();
   kill(pid_, SIGTERM);
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  const auto deadline = Clock::now() + timeout;
   int status = 0;
   while (Clock::now() < deadline) {
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -98,10 +129,12 @@ absl::Status ChildProcess::Stop() {
   kill(pid_, SIGKILL);
   waitpid(pid_, &status, 0);
   pid_ = -1;
-  return absl::DeadlineExceededError("the child did not exit within 30 s of SIGTERM");
+  return absl::DeadlineExceededError(
+      absl::StrCat("the child did not exit within ", timeout.count(), " s of SIGTERM"));
 }
 
 std::string ChildProcess::LogTail() const {
+  if (log_.empty()) return "";
   std::ifstream in(log_);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -110,7 +143,7 @@ std::string ChildProcess::LogTail() const {
 }
 
 void ChildProcess::RemoveFiles() {
-  unlink(log_.c_str());
+  if (!log_.empty()) unlink(log_.c_str());
   unlink((dir_ + "/port").c_str());
   rmdir(dir_.c_str());
 }

@@ -29,6 +29,7 @@
 #include "common/codec.h"
 #include "common/status_macros.h"
 #include "common/adamw.h"
+#include "common/random.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "zenflowd address");
 ABSL_FLAG(std::string, transport, "grpc",
@@ -57,13 +58,17 @@ struct Tensor {
   std::vector<int64_t> count;
 };
 
+// The gradient noise of (rank, step, element), uniform in [-0.1, 0.1). Its
+// short mix of the three (splitmix64's constants, not its output function)
+// is kept as it is so that the demo's figures stay what they were; the
+// bits-to-[0, 1) step is common/random.h's.
 float Noise(int rank, int64_t step, int64_t i) {
-  uint64_t x = (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^
+  uint64_t x = (static_cast<uint64_t>(rank) * kSplitMix64Gamma) ^
                (static_cast<uint64_t>(step) * 0xBF58476D1CE4E5B9ull) ^ static_cast<uint64_t>(i);
   x ^= x >> 31;
   x *= 0x94D049BB133111EBull;
   x ^= x >> 29;
-  return static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 - 0.5) * 0.2f;
+  return static_cast<float>(UnitInterval(x) - 0.5) * 0.2f;
 }
 
 std::vector<Tensor> MakeModel(int width) {

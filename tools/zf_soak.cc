@@ -52,7 +52,9 @@
 #include "tools/child_process.h"
 #include "common/adamw.h"
 #include "common/json_writer.h"
+#include "common/random.h"
 #include "common/status_macros.h"
+#include "tests/testing/adamw_reference.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 
@@ -178,26 +180,21 @@ std::vector<int32_t> Complement(const std::vector<int32_t>& important, int cols)
   return out;
 }
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Deterministic gradient of element (r, c) of tensor ti at (job, rank, step):
 // a multiple of 2^-23 in [-1, 1), times 0.5, 1, 1.5 or 2 by column.
 float Grad(int job, int rank, int64_t step, int ti, int64_t r, int64_t c) {
-  const uint64_t h = Mix(Mix(Mix((static_cast<uint64_t>(job) << 32) ^ static_cast<uint64_t>(ti)) ^
-                             ((static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(step))) ^
-                         ((static_cast<uint64_t>(r) << 32) ^ static_cast<uint64_t>(c)));
+  const uint64_t a = HashRandom((static_cast<uint64_t>(job) << 32) ^ static_cast<uint64_t>(ti));
+  const uint64_t b =
+      HashRandom(a ^ ((static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(step)));
+  const uint64_t h = HashRandom(b ^ ((static_cast<uint64_t>(r) << 32) ^ static_cast<uint64_t>(c)));
   const int32_t q = static_cast<int32_t>(h >> 40) - (1 << 23);
   return static_cast<float>(q) * (1.0f / (1 << 23)) * (0.5f * static_cast<float>(1 + c % 4));
 }
 
 float Init(int job, int ti, int64_t r, int64_t c) {
-  const uint64_t h = Mix((static_cast<uint64_t>(job) << 48) ^ (static_cast<uint64_t>(ti) << 40) ^
-                         (static_cast<uint64_t>(r) << 20) ^ static_cast<uint64_t>(c));
+  const uint64_t h = HashRandom((static_cast<uint64_t>(job) << 48) ^
+                                (static_cast<uint64_t>(ti) << 40) ^
+                                (static_cast<uint64_t>(r) << 20) ^ static_cast<uint64_t>(c));
   return static_cast<float>(static_cast<int32_t>(h >> 40) - (1 << 23)) * (0.1f / (1 << 23));
 }
 
@@ -218,9 +215,9 @@ uint32_t Bits(float x) {
 
 // ---- The reference optimizer ----------------------------------------------------
 
-// One AdamW step of one element, written here from the formula (torch's
-// AdamW with decoupled weight decay; bias corrections in double, rounded to
-// float). `fused` evaluates m, v and the denominator the way the daemon's
+// One AdamW step of one element, from the tests' reference
+// (tests/testing/adamw_reference.h: torch's AdamW with decoupled weight
+// decay; bias corrections in double, rounded to float). `fused` evaluates m, v and the denominator the way the daemon's
 // vector kernels do (AVX2/AVX-512: fused multiply-adds, sqrt(v) times
 // 1/sqrt(bc2)); otherwise in plain float operations in the written order
 // (the daemon's scalar kernel). The last operation, p*decay - update, is
@@ -229,36 +226,18 @@ uint32_t Bits(float x) {
 // FMA), so both are kept: `pf` fused, `p` not. Every operation is an exactly
 // rounded IEEE one, so one of the two is bit for bit what the daemon holds.
 struct RefStep {
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  testing::AdamWRefHyper hyper;
   bool fused = true;
 
   void Apply(float lr, int64_t t, float grad_scale, float grad, float* p, float* pf, float* m,
              float* v) const {
-    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-    const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
-    const float decay =
-        static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(weight_decay));
+    const testing::AdamWStepFactors f = testing::AdamWFactors(hyper, lr, t);
     const float g = grad * grad_scale;
-    const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
-    float mi, vi, denom;
-    if (fused) {
-      const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-      mi = std::fma(beta1, *m, omb1 * g);
-      vi = std::fma(beta2, *v, (omb2 * g) * g);
-      denom = std::fma(std::sqrt(vi), inv_bc2_sqrt, eps);
-    } else {
-      const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-      mi = beta1 * *m + omb1 * g;
-      vi = beta2 * *v + (omb2 * g) * g;
-      denom = std::sqrt(vi) / bc2_sqrt + eps;
-    }
-    const float update = (step_size * mi) / denom;
-    const float decayed = *p * decay;
+    const float update = fused ? testing::AdamWMomentsAndUpdateFused(hyper, f, g, m, v)
+                               : testing::AdamWMomentsAndUpdate(hyper, f, g, m, v);
+    const float decayed = *p * f.decay;
     *p = decayed - update;
-    *pf = std::fma(*pf, decay, -update);
-    *m = mi;
-    *v = vi;
+    *pf = std::fma(*pf, f.decay, -update);
   }
 };
 

@@ -1,7 +1,7 @@
 // Test support: an independent, plain-loop model of what the daemon must do
 // with a round (DESIGN rule 6): mean of the ranks' x steps' gradients of the
 // remote columns, then one AdamW step per column with that column's own update
-// count. Row-major like the worker. Written separately from server/ on
+// count (adamw_reference.h). Row-major like the worker. Written separately from server/ on
 // purpose; it shares no code with the daemon.
 #ifndef ZENFLOW_TESTS_TESTING_REFERENCE_H_
 #define ZENFLOW_TESTS_TESTING_REFERENCE_H_
@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "tests/testing/adamw_reference.h"
 
 namespace zenflow::testing {
 
@@ -28,15 +30,17 @@ inline float RoundToBf16(float x) {
 }
 
 // Rounds to IEEE binary16 (nearest, ties to even; overflow to +-Inf) and
-// back, through the compiler's _Float16, not the codec.
+// back, through the compiler's half type, not the codec: _Float16 (gcc, the
+// build's compiler), or __fp16 for clang before 15, which has no _Float16 on
+// x86-64 (./zf lint parses this with clang 14). Both are IEEE binary16.
+#if defined(__clang__) && __clang_major__ < 15
+inline float RoundToF16(float x) { return static_cast<float>(static_cast<__fp16>(x)); }
+#else
 inline float RoundToF16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+#endif
 
-struct RefHyper {
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-};
+// The optimizer's hyperparameters (adamw_reference.h's).
+using RefHyper = AdamWRefHyper;
 
 struct RefTensor {
   std::string name;
@@ -88,19 +92,10 @@ class RefOptimizer {
     for (size_t ti = 0; ti < t_.size(); ++ti) {
       RefTensor& t = t_[ti];
       for (int32_t c : update[ti]) {
-        const int64_t step = ++t.count[c];
-        const double bc1 = 1.0 - std::pow(static_cast<double>(h_.beta1), static_cast<double>(step));
-        const double bc2 = 1.0 - std::pow(static_cast<double>(h_.beta2), static_cast<double>(step));
-        const float step_size = static_cast<float>(lr / bc1);
-        const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-        const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * h_.weight_decay);
+        const AdamWStepFactors f = AdamWFactors(h_, lr, ++t.count[c]);
         for (int64_t r = 0; r < t.rows; ++r) {
           const size_t i = r * t.cols + c;
-          const float g = mean[ti][i] * scale;
-          t.m[i] = h_.beta1 * t.m[i] + (1.0f - h_.beta1) * g;
-          t.v[i] = h_.beta2 * t.v[i] + (1.0f - h_.beta2) * g * g;
-          t.p[i] = t.p[i] * decay;
-          t.p[i] = t.p[i] - step_size * t.m[i] / (std::sqrt(t.v[i]) / bc2_sqrt + h_.eps);
+          AdamWElement(h_, f, mean[ti][i] * scale, &t.p[i], &t.m[i], &t.v[i]);
         }
       }
     }

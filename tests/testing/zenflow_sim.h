@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/adamw_reference.h"
 #include "tests/testing/reference.h"
 
 namespace zenflow::testing {
@@ -272,16 +273,10 @@ class ZenFlowSim {
     return x;
   }
 
+  // One AdamW step of one element (the tests' reference, adamw_reference.h).
   void Adam(float* p, float* m, float* v, float g, float lr, int64_t step) const {
-    const double bc1 = 1.0 - std::pow(static_cast<double>(cfg_.beta1), static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(cfg_.beta2), static_cast<double>(step));
-    const float step_size = static_cast<float>(lr / bc1);
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * cfg_.wd);
-    *m = cfg_.beta1 * *m + (1.0f - cfg_.beta1) * g;
-    *v = cfg_.beta2 * *v + (1.0f - cfg_.beta2) * g * g;
-    *p = *p * decay;
-    *p = *p - step_size * *m / (std::sqrt(*v) / bc2_sqrt + cfg_.eps);
+    const AdamWRefHyper h{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.wd};
+    AdamWElement(h, AdamWFactors(h, lr, step), g, p, m, v);
   }
 
   void ApplyFront() {
