@@ -48,16 +48,16 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 
 struct ClientOptions {
   // zenflowd's host:port, or several, comma-separated: the job is spread
-  // over those daemons, each hosting some of its tensors (README "Several
-  // daemons"). List them in the same order on every rank and every time.
+  // over those daemons, each hosting some of its tensors
+  // (docs/several-daemons.md). List them in the same order on every rank and every time.
   std::string target = "127.0.0.1:50051";
   // The job's token, sent with every call and stream as gRPC metadata
-  // "authorization: Bearer <token>" (README "Security"). Empty: CreateJob
+  // "authorization: Bearer <token>" (docs/security.md). Empty: CreateJob
   // asks the daemon for a new one, and the client then uses that one
   // (token()); other ranks are given it. An admin token works too (the
   // client keeps sending it; a job it creates gets a new token).
   std::string token;
-  // TLS (README "Security"). tls_ca: PEM file of the CA that signed
+  // TLS (docs/security.md). tls_ca: PEM file of the CA that signed
   // zenflowd's certificate (its --tls_cert); non-empty: the channel uses TLS
   // and checks the daemon's certificate against it. Empty: plaintext, which
   // a daemon only serves on loopback unless started with --allow_insecure.
@@ -81,7 +81,7 @@ struct ClientOptions {
   int64_t max_inflight_bytes = 64 << 20;  // pushes block beyond this many unsent bytes
   Transport transport = Transport::kGrpc;
   UcxOptions ucx;  // with Transport::kUcx
-  // Riding through a daemon restart (README): when the daemon goes away,
+  // Riding through a daemon restart (docs/checkpoints.md): when the daemon goes away,
   // reconnect and re-attach for up to this long, then resend what the
   // daemon may have lost (the replay log). Zero: fail at once.
   absl::Duration daemon_wait = absl::ZeroDuration();
@@ -89,7 +89,7 @@ struct ClientOptions {
   // that restarts from a checkpoint older than what is left cannot be
   // ridden through (a clear error).
   int64_t max_replay_bytes = int64_t{1} << 30;
-  // With several daemons (README "Several daemons"): a hosted 2-D tensor of
+  // With several daemons (docs/several-daemons.md): a hosted 2-D tensor of
   // more parameters than this is split by columns into ceil(params / this)
   // blocks (at most one per daemon) when the job is created. 0: twice a
   // daemon's even share of the job's hosted parameters.
@@ -235,7 +235,7 @@ class Client {
                                         std::function<void()> release) = 0;
   absl::Status CloseRound(int64_t round, float lr, int32_t steps = 0);
   // The same, carrying the worker's figures for its steps since the last
-  // close (README "Metrics"): at most `steps` (the round's steps) of them.
+  // close (docs/operating.md#metrics): at most `steps` (the round's steps) of them.
   struct WorkerReport {
     std::vector<v1::StepReport> steps;
     int32_t apply_delay_steps = 0;

@@ -1,4 +1,4 @@
-// The client of a job spread over several daemons (README "Several daemons";
+// The client of a job spread over several daemons (docs/several-daemons.md;
 // the plan is in parts.h): a Client that holds one single-daemon client per
 // daemon and fans every call out to them. Internal to //client:
 // Client::Connect makes one when the target lists several daemons.

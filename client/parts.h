@@ -1,4 +1,4 @@
-// A job spread over several daemons (README "Several daemons"): how the
+// A job spread over several daemons (docs/several-daemons.md): how the
 // client library plans a job's partition map. The partitioned client
 // (partitioned_client.h) creates jobs by it and fans a Client's calls out to
 // one single-daemon client per daemon; tools and tests use the plan itself.

@@ -1,6 +1,6 @@
 // What one rank did since the daemon's newest durable checkpoint, in order,
 // so that it can do it again after the daemon restarted from that
-// checkpoint (README "Riding through a daemon restart"): the shards and
+// checkpoint (docs/checkpoints.md#riding-through-a-daemon-restart): the shards and
 // round closes it sent, the selections it took part in and the state it
 // handed off, each tagged with its round; and its last all-reduce, for a
 // rank that lost that answer. Entries of rounds the daemon has made durable
@@ -45,7 +45,7 @@ class ReplayLog {
   void AddUp(int64_t round, v1::UpMessage msg);
   void AddSelection(int64_t round, v1::SubmitImportanceRequest req);
   void AddHandOff(int64_t round, v1::HandOffRequest req);
-  // Only the newest all-reduce is kept (README: a rank that lost an answer
+  // Only the newest all-reduce is kept (docs/checkpoints.md: a rank that lost an answer
   // needs the others' parts of that one step only).
   void SetAllReduce(v1::AllReduceRequest req);
 

@@ -1,5 +1,5 @@
 // Prometheus metrics: zenflowd's GetStats snapshot (and a worker's own figures) rendered as
-// metric families (README "Metrics"), and the /metrics endpoint that serves
+// metric families (docs/operating.md#metrics), and the /metrics endpoint that serves
 // them (prometheus-cpp). The figures are GetStats' own, read at scrape time,
 // so a scrape and a GetStats call agree, and a deleted job's series are gone
 // from the next scrape.

@@ -1,4 +1,4 @@
-// Top-k column selection shared by the daemon and the worker (DESIGN rule 3).
+// Top-k column selection shared by the daemon and the worker (docs/design.md rule 3).
 //
 //   int n = TopKCount(0.1f, 4096);                 // 410
 //   std::vector<int32_t> cols = SelectTopK(scores, n);  // ascending indices

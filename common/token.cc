@@ -1,5 +1,5 @@
-// Bearer tokens, as both sides of zenflow.v1 handle them (README
-// "Security"): the format, new random ones, and reading one from a file.
+// Bearer tokens, as both sides of zenflow.v1 handle them
+// (docs/security.md): the format, new random ones, and reading one from a file.
 #include "common/token.h"
 
 #include <sys/random.h>

@@ -1,4 +1,4 @@
-// Bearer tokens (README "Security"), as the daemon and its clients both
+// Bearer tokens (docs/security.md), as the daemon and its clients both
 // handle them: a job's token travels as gRPC metadata
 // "authorization: Bearer <token>".
 //

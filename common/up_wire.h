@@ -1,5 +1,5 @@
 // An UpMessage's shard payload kept out of protobuf's copies on the gRPC
-// path (README "Transports"):
+// path (docs/protocol.md#transports):
 //
 //   client  UpMessageHead writes the message's bytes up to its payload's
 //           bytes; the head and the payload (borrowed from the caller) go

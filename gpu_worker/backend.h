@@ -1,4 +1,4 @@
-// The worker's device backend: memory and the ZenFlow kernels (DESIGN rules
+// The worker's device backend: memory and the ZenFlow kernels (docs/design.md rules
 // 2-6), with a multithreaded CPU implementation and a CUDA implementation.
 // Every kernel also has a plain single-threaded reference in kernels_ref.h;
 // the parity tests compare each backend against it.

@@ -2,7 +2,7 @@
 // optimizer in one of three modes:
 //   local         plain AdamW in this process (the accuracy baseline);
 //   zero_offload  every column's AdamW on zenflowd, every step, blocking;
-//   zenflow       important columns here, the rest on zenflowd (DESIGN 1-9).
+//   zenflow       important columns here, the rest on zenflowd (docs/design.md rules 1-9).
 // Prints a progress line (loss, step time, stall %, wire bytes) and writes a
 // per-step log (CSV, or JSON lines when --log ends in .jsonl). The last line
 // on stdout is a machine-readable summary: "ZF_SUMMARY {...}".
@@ -48,7 +48,7 @@
 ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "zenflowd address, or a comma-separated list of daemons to spread the job over, the "
-          "same list in the same order on every rank (README \"Several daemons\"; not used by "
+          "same list in the same order on every rank (docs/several-daemons.md; not used by "
           "local)");
 ABSL_FLAG(std::string, transport, "grpc",
           "data stream transport: grpc, or ucx (shared memory with a local zenflowd; UCX_TLS "
@@ -65,10 +65,9 @@ ABSL_FLAG(std::string, daemon_wait, "0s",
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
 ABSL_FLAG(int64_t, split_tensor_params, 0,
           "with several daemons in --target: split a 2-D tensor of more parameters than this "
-          "into column blocks over them (0: one of more than twice a daemon's share; README "
-          "\"Several daemons\")");
+          "into column blocks over them (0: one of more than twice a daemon's share; docs/several-daemons.md)");
 ABSL_FLAG(std::string, token_file, "",
-          "file whose first line is the job's token, sent with every call (README \"Security\"); "
+          "file whose first line is the job's token, sent with every call (docs/security.md); "
           "every rank of the job uses the same one. Empty: $ZENFLOW_TOKEN; neither: with one "
           "rank, the daemon makes a token for the job");
 ABSL_FLAG(int, rank, 0, "this process's data-parallel rank");
@@ -85,9 +84,9 @@ ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(double, topk, 0.1, "zenflow: fraction of columns updated on the worker");
 ABSL_FLAG(std::string, interval, "auto",
           "zenflow: update_interval S (steps per round), or auto (the default): each round's S "
-          "chosen from the daemon's measured round time, 1..--max_interval (DESIGN rule 10)");
+          "chosen from the daemon's measured round time, 1..--max_interval (docs/design.md rule 10)");
 ABSL_FLAG(bool, predicted_step, true,
-          "zenflow: the predicted step (README \"Worker engine\"): a one-step round applied a step late is "
+          "zenflow: the predicted step (docs/engine.md): a one-step round applied a step late is "
           "followed by the daemon's next AdamW step of its columns, run here with this step's "
           "gradient and the moments sent with the round");
 ABSL_FLAG(int, max_interval, 4, "zenflow with --interval=auto: the longest round (S_max)");

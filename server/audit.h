@@ -1,4 +1,4 @@
-// The audit log (README "Security"): one line for each job created,
+// The audit log (docs/security.md): one line for each job created,
 // deleted, joined or attached to, and for each call refused for its
 // credential, saying who (the peer's address, and its credential's id or
 // TLS identity) did what to which job, and the outcome.

@@ -1,4 +1,4 @@
-// Who may touch a job (README "Security"). A job belongs to a credential:
+// Who may touch a job (docs/security.md). A job belongs to a credential:
 // the bearer token its CreateJob call carried, or a new random token the
 // daemon made and returned. Every later call and stream for the job carries
 // the token as gRPC metadata "authorization: Bearer <token>". The daemon

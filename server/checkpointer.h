@@ -1,4 +1,4 @@
-// zenflowd's checkpoints (README "Checkpoints"): each job's state written to
+// zenflowd's checkpoints (docs/checkpoints.md): each job's state written to
 // --state_dir/<job id>/ckpt-<round>.zfck through server/checkpoint_file (io_uring,
 // checksummed sections, atomic rename), on request, every N rounds in the
 // background, and at shutdown; and every job found there restored at start.

@@ -1,8 +1,8 @@
 // What zenflowd's listeners expose beyond this host, and the rule it starts
 // by: nothing goes beyond this host in plaintext unless --allow_insecure
 // says so. gRPC is encrypted with --tls_cert/--tls_key; the UCX data plane
-// and the Prometheus /metrics endpoint are never encrypted. README
-// "Security" explains the rule.
+// and the Prometheus /metrics endpoint are never encrypted.
+// docs/security.md explains the rule.
 //
 //   ExposureConfig c{.listen = "0.0.0.0:50051", .tls = true, ...};
 //   ZF_RETURN_IF_ERROR(CheckExposure(c));         // refuses plaintext beyond loopback

@@ -1,4 +1,4 @@
-// The hand-off of a reselection (DESIGN rule 8): the columns that change
+// The hand-off of a reselection (docs/design.md rule 8): the columns that change
 // hands between two selections, the check of one HandOff call against the
 // job's tensors, and the ledger of who has handed off what. The first
 // rank's leaving state of a tensor is applied to the daemon's store; the

@@ -1,7 +1,7 @@
 // One optimizer job inside zenflowd: its tensors' fp32 master, Adam moments
 // and accumulation buffers (column-major), the rounds of every rank, the
 // column selection and the update that turns a closed round into parameter
-// deltas (DESIGN rules 5-9). No gRPC here: the service adapts it.
+// deltas (docs/design.md rules 5-9). No gRPC here: the service adapts it.
 //
 // Its spec is checked before it is made (job_spec.h); its counters are
 // JobStatistics (job_stats.h). Its members are defined by concept:
@@ -205,7 +205,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // with the snapshot's; DATA_LOSS naming what does not fit.
   absl::Status LoadSnapshot(const std::map<std::string, const std::string*>& sections);
 
-  // GetState and SetState (the RPCs; README "From PyTorch"). GetState
+  // GetState and SetState (the RPCs; docs/python.md). GetState
   // waits up to 60 s for a round being updated; DEADLINE_EXCEEDED past it.
   absl::StatusOr<v1::GetStateResponse> GetState(const v1::GetStateRequest& req);
   // FAILED_PRECONDITION once the job's first selection or round has
@@ -242,7 +242,7 @@ class Job : public std::enable_shared_from_this<Job> {
     v1::WorkerStats worker;  // what its worker reported (sums)
     HistogramCounts stall_per_step{StallSecondsBuckets()};
     std::shared_ptr<Mailbox> mailbox;
-    // The data stream (README "Dead ranks"): attached, or since when not.
+    // The data stream (docs/checkpoints.md#dead-ranks): attached, or since when not.
     bool streaming = false;
     std::chrono::steady_clock::time_point stream_gone = std::chrono::steady_clock::now();
     bool absence_reported = false;

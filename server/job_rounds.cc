@@ -193,7 +193,7 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
     }
   }
   // Everything but the payload's values checked. The values are checked and
-  // added outside the job's lock (README "The daemon under many ranks"): the
+  // added outside the job's lock (docs/architecture.md#the-daemon-under-many-ranks): the
   // add goes to this rank's own sum buffers (rank-ordered sums) or, in the
   // shared buffer, under the column blocks' stripe locks, so the shards of
   // different ranks accumulate in parallel. While it runs, the rank sends

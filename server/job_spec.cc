@@ -158,7 +158,7 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
           "next round's values, which arithmetic deltas would add to it instead");
     }
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
-    // Unset: update_interval auto with S_max 4 (DESIGN rule 10, README's 11:
+    // Unset: update_interval auto with S_max 4 (docs/design.md rules 10 and 11:
     // rounds as short as the daemon keeps hidden, one step where it can).
     if (z->update_interval() == 0) {
       z->set_update_interval(4);

@@ -19,14 +19,14 @@
 
 namespace zenflow {
 
-// Limits on what a client can name (documented in README "Limits").
+// Limits on what a client can name (documented in docs/protocol.md#job-settings-jobspec).
 inline constexpr size_t kMaxJobIdBytes = 128;
 inline constexpr size_t kMaxTensorNameBytes = 256;
 inline constexpr int kMaxTensors = 1 << 16;
 inline constexpr int kMaxPartitionParts = 64;  // daemons one job may spread over
 inline constexpr int64_t kMaxTensorDim = int64_t{1} << 31;  // of a shape's dimension
 
-// What a job allocates, by part (README "Memory"). Every figure is what the
+// What a job allocates, by part (docs/operating.md#memory-of-a-job). Every figure is what the
 // Job constructor and its round updates really allocate, so the registry can
 // refuse a job before allocating any of it.
 struct JobFootprint {

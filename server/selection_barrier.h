@@ -1,4 +1,4 @@
-// The selection rendezvous of one job (DESIGN rules 2-3, 8): every rank's
+// The selection rendezvous of one job (docs/design.md rules 2-3, 8): every rank's
 // per-column importance for one round-boundary step, the calls waiting for
 // the selection, and the payload they hold. Job decides when the selection
 // can be made (every rank submitted, every closed round updated) and makes

@@ -206,14 +206,14 @@ struct ServerOptions {
   int ucx_dispatch_threads = 2;  // threads handling UCX frames (a connection keeps one)
   // host:port of the Prometheus /metrics endpoint; empty: none.
   std::string metrics_listen;
-  // Checkpoints (README "Checkpoints"): empty state_dir: none.
+  // Checkpoints (docs/checkpoints.md): empty state_dir: none.
   std::string state_dir;
   int checkpoint_keep = 2;
   int checkpoint_every_rounds = 0;
   // A joined rank without a data stream for this long fails what waits on
-  // it (README "Dead ranks"); 0: never.
+  // it (docs/checkpoints.md#dead-ranks); 0: never.
   int dead_rank_timeout_s = 0;
-  // TLS for the gRPC listener (README "Security"), as PEM text checked by
+  // TLS for the gRPC listener (docs/security.md), as PEM text checked by
   // common/tls_files.h. Empty tls_cert_pem: plaintext. With
   // tls_client_ca_pem, every client must present a certificate it signed
   // (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY).
@@ -238,7 +238,7 @@ struct ServerOptions {
   // probes that cannot speak TLS (the kubelet's); empty: none. Needs no
   // local_socket of its own: it implies one.
   std::string health_listen;
-  // Credentials (README "Security"): the admin token (empty: none), where
+  // Credentials (docs/security.md): the admin token (empty: none), where
   // audit lines go (empty: standard error), open streams at most.
   std::string admin_token;
   std::string audit_log;

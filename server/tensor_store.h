@@ -2,7 +2,7 @@
 // values, Adam's m and v, column-major ([cols][rows]: each column contiguous,
 // adjacent columns adjacent), and each column's update count. This is what a
 // checkpoint serializes and what a hand-off moves, and the interface a later
-// NVMe or 8-bit tier would implement (DESIGN §5).
+// NVMe or 8-bit tier would implement (docs/design.md#non-goals).
 //
 //   TensorStore store({{/*rows=*/8, /*cols=*/16}});
 //   store.LoadRowMajor(0, uploaded);               // the upload

@@ -56,7 +56,7 @@ ABSL_FLAG(bool, allow_insecure, false,
           "allow plaintext beyond this host: gRPC without TLS on a non-loopback --listen, the "
           "UCX data plane (never encrypted) over a network transport on devices other than "
           "\"lo\", and /metrics on a non-loopback --metrics_listen. Without it zenflowd "
-          "refuses to start in those cases (README \"Security\")");
+          "refuses to start in those cases (docs/security.md)");
 ABSL_FLAG(std::string, health_listen, "",
           "host:port of a plaintext listener that answers only grpc.health.v1.Health/Check, by "
           "asking the daemon's own server over a local unix socket; for probes that cannot "
@@ -74,7 +74,7 @@ ABSL_FLAG(int64_t, max_params, int64_t{1} << 34,
           "most parameters held over all jobs; larger CreateJob calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "bytes all jobs together may hold: state (20 B/param), bookkeeping (per column, and "
-          "12 B per rank x column) and two rounds of deltas; see README \"Memory\". A CreateJob "
+          "12 B per rank x column) and two rounds of deltas; see docs/operating.md#memory-of-a-job. A CreateJob "
           "over it gets RESOURCE_EXHAUSTED before anything is allocated. 0: 3/4 of physical "
           "memory (or of the cgroup's memory.max)");
 ABSL_FLAG(int64_t, max_outbox_bytes, int64_t{256} << 20,
@@ -95,7 +95,7 @@ ABSL_FLAG(int, ucx_dispatch_threads, 2,
           "threads that handle frames arriving over UCX, 1..64: each connection is handled by "
           "one of them, in order; different ranks' shards are accumulated in parallel");
 ABSL_FLAG(std::string, state_dir, "",
-          "directory for checkpoints (README \"Checkpoints\"): every job found there is "
+          "directory for checkpoints (docs/checkpoints.md): every job found there is "
           "restored at start (health says NOT_SERVING until done), a Checkpoint call and "
           "SIGTERM write them; empty: no checkpoints");
 ABSL_FLAG(int32_t, checkpoint_keep, 2, "checkpoints kept per job (the newest)");
@@ -108,7 +108,7 @@ ABSL_FLAG(int32_t, checkpoint_every_rounds, 0,
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics, plaintext HTTP), e.g. "
           "127.0.0.1:9464; a non-loopback address needs --allow_insecure; empty: none. See "
-          "README \"Metrics\"");
+          "docs/operating.md#metrics");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written to this file once serving (with "
           "--metrics_listen=HOST:0, for scripts and tests)");
@@ -118,7 +118,7 @@ ABSL_FLAG(int32_t, max_jobs, 64,
 ABSL_FLAG(std::string, admin_token_file, "",
           "file holding the admin token (first line; 16-256 characters of A-Z a-z 0-9 - . _ ~ + / "
           "=): a call carrying it as \"authorization: Bearer <token>\" reaches every job, "
-          "GetStats and Checkpoint without job_id included. Empty: no admin (README \"Security\")");
+          "GetStats and Checkpoint without job_id included. Empty: no admin (docs/security.md)");
 ABSL_FLAG(std::string, audit_log, "",
           "file the audit lines go to (appended): each job created, deleted, joined, attached "
           "to, and each call refused for its credential, with the peer's address. Empty: "
@@ -224,7 +224,7 @@ void WritePortFile(const std::string& path, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See README.md for the API.");
+  absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See docs/protocol.md for the API.");
   absl::FlagsUsageConfig usage;
   usage.version_string = [] {
     return absl::StrCat("zenflowd ", zenflow::kZenflowVersion, " (commit ",
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
                  opts.ucx_dispatch_threads);
     return 2;
   }
-  // TLS (README "Security"): the files are read and checked once, here.
+  // TLS (docs/security.md): the files are read and checked once, here.
   const zenflow::TlsPaths tls_paths{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                                     absl::GetFlag(FLAGS_tls_ca)};
   if (!tls_paths.ca.empty() && tls_paths.cert.empty()) {

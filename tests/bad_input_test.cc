@@ -318,8 +318,9 @@ TEST_F(BadInputTest, StepOfClosedRoundIsFailedPrecondition) {
 }
 
 TEST_F(BadInputTest, ReplayedMessagesTheJobHasAreDroppedWithoutAnError) {
-  // What a rank resends after a reconnect (README "Riding through a daemon
-  // restart"): what the job already has is acknowledged and dropped; the
+  // What a rank resends after a reconnect
+  // (docs/checkpoints.md#riding-through-a-daemon-restart):
+  // what the job already has is acknowledged and dropped; the
   // same messages without `replay` are still rejected.
   auto h = MakeJob();  // round 0 is closed and updated
   ASSERT_OK(h->PushStep(0, 4));  // every column of step 4 from rank 0
@@ -1358,7 +1359,7 @@ v1::UpMessage Close(int64_t round) {
 // the updates).
 TEST_F(BadInputTest, RankThatDoesNotReadIsPausedNotBuffered) {
   if (TestTransport() == Transport::kUcx) {
-    GTEST_SKIP() << "over UCX the flow control is the daemon's parking of frames; see README";
+    GTEST_SKIP() << "over UCX the flow control is the daemon's parking of frames; see docs/operating.md#a-rank-that-does-not-read-its-stream";
   }
   auto h = MakeJob();
   ClientOptions co = TestClientOptions(daemon_->target());

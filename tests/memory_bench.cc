@@ -2,7 +2,7 @@
 // Starts a real zenflowd, creates a [4096, 8192] fp32 job (2 ranks), uploads
 // its parameters, and compares the daemon's resident memory growth (VmRSS,
 // against its own size before the job, measured in the same run) with the
-// job's reported state and bookkeeping bytes (README "Limits and memory").
+// job's reported state and bookkeeping bytes (docs/operating.md#limits-and-memory).
 // The delta reserve is charged at creation but allocated by round updates,
 // which this run does not make.
 //

@@ -1,4 +1,4 @@
-// One job over several zenflowd processes (README "Several daemons"): the
+// One job over several zenflowd processes (docs/several-daemons.md): the
 // worker engine (CPU backend, 2 ranks) over 2 and over 3 daemons must end
 // with the parameters of the same job on one daemon, bit for bit; the
 // daemons refuse bad partition maps; a daemon that goes away fails the job

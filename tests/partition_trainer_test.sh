@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A job over two zenflowd processes with real zf_train ranks (README
-# "Several daemons"):
+# A job over two zenflowd processes with real zf_train ranks
+# (docs/several-daemons.md):
 #  - one rank over UCX with apply delay 1, and two ranks over gRPC with
 #    rank-ordered sums in sync: the job spread over daemons A and B ends with
 #    the parameters of the same job on A alone, bit for bit;

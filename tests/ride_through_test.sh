@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Workers ride through a daemon restart (README "Riding through a daemon
-# restart"), with real processes: zf_train ranks run against zenflowd with a
+# Workers ride through a daemon restart
+# (docs/checkpoints.md#riding-through-a-daemon-restart),
+# with real processes: zf_train ranks run against zenflowd with a
 # --state_dir; zenflowd is killed with SIGKILL mid-run (after a checkpoint
 # every 3 rounds) and started again on the same port and state directory.
 #  - one rank, sync apply delay and apply delay 1, and apply delay 1 with the
@@ -19,7 +20,7 @@
 #  - without --daemon_wait a rank fails at once with UNAVAILABLE.
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
-# (zenflowd requires one; README "Security").
+# (zenflowd requires one; docs/security.md).
 export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"
@@ -169,7 +170,7 @@ done
 # A rank process killed mid-run and started again: the new process has none
 # of the rank's worker state, so it stops at once with FAILED_PRECONDITION
 # saying so; after --dead_rank_timeout_s the other rank's wait ends with
-# ABORTED naming the absent rank (README "Dead ranks").
+# ABORTED naming the absent rank (docs/checkpoints.md#dead-ranks).
 kill -TERM "$dpid"
 wait "$dpid" 2>/dev/null || true
 extra_flags=(--dead_rank_timeout_s=2)

@@ -10,7 +10,7 @@
 #    fp32 wire equals local bit for bit, and zenflow ends within 2% of local.
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
-# (zenflowd requires one; README "Security").
+# (zenflowd requires one; docs/security.md).
 export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A job over two daemons on two "hosts" (README "Several daemons"): two
+# A job over two daemons on two "hosts" (docs/several-daemons.md): two
 # network namespaces joined by a veth pair, a zenflowd in each (gRPC and
 # UCX over TCP on the veth), one zf_train rank in each, each rank using both
 # daemons.

@@ -493,7 +493,7 @@ TEST_F(WorkerEngineTest, K1EqualsLocalAdamWBitForBit) {
   }
 }
 
-// update_interval auto (DESIGN rule 10) with rounds of changing length: the
+// update_interval auto (docs/design.md rule 10) with rounds of changing length: the
 // chooser's 1, 3, 2, 4, 1, ... (S_max = 4), each round cut to end before
 // the next selection step (8, 16, 24).
 TEST_F(WorkerEngineTest, AutoIntervalSyncMatchesSimulatorAcrossReselections) {

@@ -50,13 +50,13 @@
 #    S = 1 twelve selections and S = 8 two, mixing reselection with S).
 #  - S = 1, delay "S" is delay 1: it is not run again; its entry copies delay
 #    1 and says "same_as": "1".
-#  - S = auto (DESIGN rule 10; zf_train --interval=auto, S_max 4) is probed
+#  - S = auto (docs/design.md rule 10; zf_train --interval=auto, S_max 4) is probed
 #    once (8 steps against the daemon). If zf_train refuses it (an older
 #    build), every auto entry is written with "skipped" and null ratios. Its
 #    runs carry S_mean, the zenflow summary's s_mean (the mean steps per
 #    closed round), averaged over seeds; delay "S" has no fixed value with
 #    auto and stays skipped.
-#  - Every run has zenflowd's default predicted step (README "Worker engine") on:
+#  - Every run has zenflowd's default predicted step (docs/engine.md) on:
 #    "predicted_step": true in its row. For k 0.1, S 1 (delay 1 and
 #    adaptive) and S auto (adaptive) are also run with zf_train
 #    --predicted_step=false: rows with "predicted_step": false.
@@ -88,7 +88,7 @@
 # --jobs=1 roughly doubles it; --seeds=2 takes two thirds.
 set -euo pipefail
 # The job token every zf_train of this run carries (zenflowd requires one;
-# README "Security").
+# docs/security.md).
 export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

@@ -6,7 +6,7 @@
 # and stall per step. Expects built binaries (./zf demo builds them).
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
-# (zenflowd requires one; README "Security").
+# (zenflowd requires one; docs/security.md).
 export ZENFLOW_TOKEN="${ZENFLOW_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')}"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -20,7 +20,7 @@ usage: ./zf demo [options]
   --lr=X                 learning rate (default 3e-3)
   --topk=X               zenflow: fraction of columns on the worker (default 0.1)
   --interval=N|auto      zenflow: update_interval S (default auto); auto: each round's S
-                         chosen from zenflowd's measured round time, 1..4 (DESIGN rule 10)
+                         chosen from zenflowd's measured round time, 1..4 (docs/design.md rule 10)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
   --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
   --param_dtype=fp32|bf16|fp16
@@ -33,7 +33,7 @@ usage: ./zf demo [options]
   --data=PATH            fine-tuning text (default /usr/share/common-licenses/Apache-2.0)
   --pretrain-data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
   --daemons=N            start N zenflowd processes and spread each offloaded job over
-                         them (default 1; README "Several daemons")
+                         them (default 1; docs/several-daemons.md)
   --target=HOST:PORT[,HOST:PORT...]
                          use running daemons instead of starting them (several: the
                          jobs are spread over them)

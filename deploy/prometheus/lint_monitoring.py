@@ -26,7 +26,7 @@ What it checks (each problem is a line on stderr; exit status 1 if any):
   by instance=~"$instance";
 - every rule is an alert with `for`, labels.severity critical or warning,
   annotations summary, description (saying "What to do:") and runbook
-  README.md#alerts; alert names are unique;
+  docs/operating.md#alerts; alert names are unique;
 - rules_test.yml loads rules.yml and has, for every alert, a test group in
   which it fires at one evaluation time and does not fire at an earlier one;
 - prometheus.yml loads rules.yml, and every scrape job named in an
@@ -268,8 +268,8 @@ def check_rules(rules, problems):
                     problems.append("%s: no annotations.%s" % (where, k))
             if "What to do:" not in str(a.get("description", "")):
                 problems.append("%s: the description does not say what to do" % where)
-            if a.get("runbook") != "README.md#alerts":
-                problems.append("%s: annotations.runbook is %r, not README.md#alerts" % (where, a.get("runbook")))
+            if a.get("runbook") != "docs/operating.md#alerts":
+                problems.append("%s: annotations.runbook is %r, not docs/operating.md#alerts" % (where, a.get("runbook")))
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append("rules.yml: alert %s is defined twice" % n)
     return sorted(set(names))

@@ -1,4 +1,4 @@
-// The predicted step (rule 11, README "Worker engine"): when a job's rounds
+// The predicted step (rule 11, docs/engine.md): when a job's rounds
 // have one step, the daemon's columns would take their AdamW step one step
 // late. The ranks instead run the daemon's next step of those columns
 // themselves, with the step's gradient at hand and the columns' state the

@@ -56,7 +56,7 @@ class RoundPolicy {
   // The first selection step after `step` (zenflow mode).
   int64_t NextSelectionStep(int64_t step) const;
 
-  // The steps of round `round`, which starts at step `start` (DESIGN rule 10).
+  // The steps of round `round`, which starts at step `start` (docs/design.md rule 10).
   // `previous` is round - 1 while it is still in flight (else null): its
   // delay is decided here if it was not yet, and the new round is at least
   // that long (the daemon accumulates two rounds at a time).

@@ -1,4 +1,4 @@
-// The worker side of ZenFlow (DESIGN rules 1-10): given the model's parameter
+// The worker side of ZenFlow (docs/design.md rules 1-10): given the model's parameter
 // and gradient buffers on a Backend, it updates the important columns in
 // place every step, streams the others' gradients to zenflowd through the
 // client library, applies the returned columns after the apply delay, and
@@ -45,7 +45,7 @@ namespace zenflow {
 // Parameters are fp32, bf16 or fp16 (`dtype`, which must equal the job's
 // TensorSpec.dtype). For bf16 / fp16 the engine keeps an fp32 master, beside
 // the fp32 m and v, of the columns it updates itself (the important ones,
-// DESIGN rule 4), runs AdamW on that master and writes the rounded values
+// docs/design.md rule 4), runs AdamW on that master and writes the rounded values
 // into `param`; the daemon keeps the fp32 master of the others and sends
 // them back in the parameter's dtype. Gradients are fp32 whatever the
 // parameters' dtype (the model's backward writes fp32).
@@ -115,7 +115,7 @@ struct ReducePart {
   int64_t n = 0;
 };
 // Replaces every part, in place, with its mean over the job's ranks, the
-// same on every rank (DESIGN rule 4: the important columns' gradients are
+// same on every rank (docs/design.md rule 4: the important columns' gradients are
 // reduced across ranks before their AdamW). Called with the same parts on
 // every rank at every step; a status other than OK fails the step.
 using GradientReducer =
@@ -152,7 +152,7 @@ class ZenFlowOptimizer {
   // 1/world), keeping these bytes off the host and the daemon. Set before
   // the first Step().
   void set_gradient_reducer(GradientReducer reducer) { reducer_ = std::move(reducer); }
-  // With auto_update_interval (DESIGN rule 10), the rounds after warm-up
+  // With auto_update_interval (docs/design.md rule 10), the rounds after warm-up
   // take their length from `chooser` instead of from the daemon's measured
   // round time (tests, or a caller's own schedule). Its answer is clamped to
   // [1, update_interval], then adjusted as a measured choice is: raised to

@@ -13,7 +13,7 @@ DeepSpeed. What this package reads of it:
 - ``zenflowd``, this project's own keys: ``target``, ``job``, ``transport``
   ("grpc" or "ucx"), ``wire_dtype`` ("fp32", "bf16", "fp16", "int8"),
   ``apply_delay`` ("sync", "adaptive" or steps; overrides overlap_step),
-  ``predicted_step`` (true or false, default true: the predicted step, README "Worker engine"),
+  ``predicted_step`` (true or false, default true: the predicted step, docs/engine.md),
   ``mode`` ("zenflow" or "zero_offload"), ``daemon_wait_s``,
   ``rank_ordered_sums``, ``threads``, ``token_file`` (a file whose first line
   is the job's token; read here into the ``token`` setting), ``tls_ca``,

@@ -73,7 +73,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     zenflow.config). Further keywords: transport ("grpc" or "ucx"),
     topk_ratio, update_interval (steps, or "auto"), select_interval, full_warm_up_rounds,
     apply_delay ("sync", "adaptive", "overlap_step" or steps), predicted_step
-    (bool; default true: README "Worker engine", the predicted step), daemon_wait
+    (bool; default true: docs/engine.md, the predicted step), daemon_wait
     (seconds to ride through a daemon restart; 0 fails at once),
     connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
     token, sent with every call; default: $ZENFLOW_TOKEN; the ranks of a job
@@ -181,7 +181,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"predicted_step must be True or False, not {s['predicted_step']!r}")
             zen["predictedStep"] = s["predicted_step"]
         if zen.get("updateInterval") == "auto":
-            # Rounds of 1..S_max steps (the daemon's default S_max), DESIGN rule 10.
+            # Rounds of 1..S_max steps (the daemon's default S_max), docs/design.md rule 10.
             del zen["updateInterval"]
             zen["autoUpdateInterval"] = True
         spec = {

@@ -1,5 +1,5 @@
 // Test support: an independent, plain-loop model of what the daemon must do
-// with a round (DESIGN rule 6): mean of the ranks' x steps' gradients of the
+// with a round (docs/design.md rule 6): mean of the ranks' x steps' gradients of the
 // remote columns, then one AdamW step per column with that column's own update
 // count (adamw_reference.h). Row-major like the worker. Written separately from server/ on
 // purpose; it shares no code with the daemon.

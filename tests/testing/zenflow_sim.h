@@ -1,4 +1,4 @@
-// Test support: an independent simulation of DESIGN rules 1-10 in plain loops
+// Test support: an independent simulation of docs/design.md rules 1-10 in plain loops
 // (worker and daemon together, every rank), to compare the real worker
 // engine + daemon against. Shares no code with gpu_worker/ or server/.
 //
@@ -22,7 +22,7 @@
 namespace zenflow::testing {
 
 // The workers' parameter dtype. With kBF16 / kF16 the workers hold rounded
-// parameters and an fp32 master of their important columns (DESIGN rule 4);
+// parameters and an fp32 master of their important columns (docs/design.md rule 4);
 // the daemon's master is fp32 and its updates arrive rounded.
 enum class SimParamDType { kF32, kBF16, kF16 };
 

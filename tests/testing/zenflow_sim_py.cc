@@ -1,4 +1,4 @@
-// Test support: the independent simulation of DESIGN rules 1-10
+// Test support: the independent simulation of docs/design.md rules 1-10
 // (tests/testing/zenflow_sim.h) as a Python module, `_zenflow_sim`, so that
 // python/tests can compare zenflow.torch.ZenFlowOptimizer with it step by
 // step. Not part of the zenflow package.

@@ -17,7 +17,7 @@
 // the modelled time of Step()'s kernels and copies.
 //
 // The important columns' gradients (k of them) are reduced across a job's
-// ranks before their AdamW (DESIGN rule 4). On GPUs a device collective
+// ranks before their AdamW (docs/design.md rule 4). On GPUs a device collective
 // (NCCL) does that without touching the host or the daemon, so by default
 // (--important_reduce=device) the ranks meet at an in-process rendezvous that
 // stands for it (gpu_worker/engine/local_reducer.h, no arithmetic: emulated memory

@@ -95,7 +95,7 @@ ABSL_FLAG(int, zero_offload_steps, -1, "zero_offload steps (-1: the same as --st
 ABSL_FLAG(double, topk, 0.1, "zenflow: k, fraction of columns updated on the worker");
 ABSL_FLAG(int, interval, 4, "zenflow: update_interval S (S_max with --auto_interval)");
 ABSL_FLAG(bool, auto_interval, false,
-          "zenflow: update_interval auto (DESIGN rule 10): each round's S chosen from the "
+          "zenflow: update_interval auto (docs/design.md rule 10): each round's S chosen from the "
           "daemon's measured round time, 1..--interval; the JSON's s_mean is their mean");
 ABSL_FLAG(int, threads, 1, "worker CPU backend threads (the daemon keeps the other cores)");
 ABSL_FLAG(std::string, device, "cpu",
