@@ -7,6 +7,11 @@
 //   Mutex mu;
 //   MutexLock lock(&mu);
 //   mu.Await([&] { return ready; });   // re-checked whenever mu is released
+//
+// The condition runs with mu held, but clang's thread-safety analysis
+// (./zf lint) sees a lambda as a function of its own that holds nothing: a
+// condition that reads fields GUARDED_BY(mu) first calls a no-op member
+// annotated ABSL_ASSERT_EXCLUSIVE_LOCK(mu) (e.g. Job::AwaitHoldsMu).
 #ifndef ZENFLOW_COMMON_MUTEX_H_
 #define ZENFLOW_COMMON_MUTEX_H_
 
