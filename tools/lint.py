@@ -105,8 +105,12 @@ def parse_flags(args):
     return kept
 
 
-def check(clang, execroot, src, flags):
-    cmd = [clang] + CLANG_FLAGS + flags + [src]
+def check(clang, root, execroot, src, flags):
+    # Bazel plants in the execution root only the top-level folders its last
+    # build needed (a `bazel build //server:zenflowd` leaves out tests/ and
+    # fuzz/), so the source and the project's own headers are also looked up
+    # in the workspace itself; generated headers stay under bazel-out/.
+    cmd = [clang] + CLANG_FLAGS + flags + ["-iquote", root, os.path.join(root, src)]
     p = subprocess.run(cmd, cwd=execroot, text=True, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT)
     return src, p.returncode, p.stdout
@@ -155,7 +159,7 @@ def main():
     log(f"{len(jobs)} compiles of {len({s for s, _ in jobs})} files, {o.jobs} at a time")
     errors = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, o.jobs)) as pool:
-        for src, rc, text in pool.map(lambda j: check(o.clang, execroot, j[0], j[1]), jobs):
+        for src, rc, text in pool.map(lambda j: check(o.clang, root, execroot, j[0], j[1]), jobs):
             if rc != 0:
                 errors.append((src, text))
                 sys.stdout.write(text)
