@@ -7,22 +7,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "server/test_specs.h"
 
 namespace zenflow {
 namespace {
-
-v1::JobSpec OneTensorSpec(int world, int interval) {
-  v1::JobSpec spec;
-  spec.set_job_id("unit");
-  auto* t = spec.add_tensors();
-  t->set_name("w");
-  t->add_shape(2);
-  t->add_shape(3);
-  spec.set_world_size(world);
-  spec.set_wire_dtype(v1::DTYPE_FP32);
-  spec.mutable_zenflow()->set_update_interval(interval);
-  return spec;
-}
 
 TEST(NormalizeJobSpecTest, FillsDefaults) {
   v1::JobSpec spec = OneTensorSpec(1, 4);

@@ -17,23 +17,11 @@
 #include "common/codec.h"
 #include "common/mutex.h"
 #include "gtest/gtest.h"
+#include "server/test_specs.h"
 #include "server/registry.h"
 
 namespace zenflow {
 namespace {
-
-v1::JobSpec OneTensorSpec(int world, int interval) {
-  v1::JobSpec spec;
-  spec.set_job_id("unit");
-  auto* t = spec.add_tensors();
-  t->set_name("w");
-  t->add_shape(2);
-  t->add_shape(3);
-  spec.set_world_size(world);
-  spec.set_wire_dtype(v1::DTYPE_FP32);
-  spec.mutable_zenflow()->set_update_interval(interval);
-  return spec;
-}
 
 // Uploads `init` as the rows x cols tensor "w" of `job`, then joins ranks
 // 0..world-1.

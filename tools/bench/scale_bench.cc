@@ -94,7 +94,8 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/json_writer.h"
-#include "common/malloc_tuning.h"
+#include "tools/bench/bench_main.h"
+#include "tools/bench/cpu_time.h"
 #include "common/mutex.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -171,52 +172,6 @@ std::vector<float> RandomPattern(uint64_t seed, float scale) {
                                    1.0);
   }
   return v;
-}
-
-// utime + stime of process `pid`, seconds.
-absl::StatusOr<double> ProcessCpuSeconds(int pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/stat");
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  // The command name (field 2) is in parentheses and may hold blanks: the
-  // fields after the last ')' start at field 3 (state); utime and stime are
-  // fields 14 and 15.
-  const size_t paren = s.rfind(')');
-  if (!in || paren == std::string::npos) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  }
-  std::vector<std::string> f = absl::StrSplit(s.substr(paren + 2), ' ', absl::SkipEmpty());
-  int64_t utime = 0, stime = 0;
-  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
-    return absl::InternalError(absl::StrCat("unexpected contents of ", path));
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// Seconds the host's CPUs were busy (all of them, /proc/stat: every state
-// but idle and iowait), or -1 when unreadable.
-double HostBusySeconds() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  in >> cpu;
-  if (!in || cpu != "cpu") return -1;
-  int64_t total = 0, idle = 0;
-  for (int i = 0; i < 8; ++i) {
-    int64_t v = 0;
-    if (!(in >> v)) return -1;
-    total += v;
-    if (i == 3 || i == 4) idle += v;  // idle, iowait
-  }
-  return static_cast<double>(total - idle) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-double SelfCpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 // The q-quantile of bucket counts (as v1.Histogram: counts[i] in
@@ -908,15 +863,9 @@ absl::Status Run() {
 }  // namespace zenflow
 
 int main(int argc, char** argv) {
-  zenflow::TuneMallocForBulkBuffers();
-  absl::SetProgramUsageMessage(
+  return zenflow::RunBenchMain(
+      argc, argv, "scale_bench",
       "aggregate accumulate bytes/s, round update latency, stall and daemon CPU per round for "
-      "1..8 EMULATED ranks on one job and over 2 jobs, per-rank vs shared sums (see --target).");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = zenflow::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "scale_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+      "1..8 EMULATED ranks on one job and over 2 jobs, per-rank vs shared sums (see --target).",
+      zenflow::Run);
 }

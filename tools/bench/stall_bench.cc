@@ -59,7 +59,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/malloc_tuning.h"
+#include "tools/bench/bench_main.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -565,15 +565,9 @@ absl::Status Run() {
 }  // namespace zenflow
 
 int main(int argc, char** argv) {
-  zenflow::TuneMallocForBulkBuffers();
-  absl::SetProgramUsageMessage(
+  return zenflow::RunBenchMain(
+      argc, argv, "stall_bench",
       "zero_offload vs zenflow step time, stall and wire bytes; emulated device time, real "
-      "engine and daemon (see --target).");
-  absl::ParseCommandLine(argc, argv);
-  absl::Status s = zenflow::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "stall_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+      "engine and daemon (see --target).",
+      zenflow::Run);
 }
