@@ -62,6 +62,11 @@ struct JobContext {
   // Called (without the job's lock, on its update strand) after each round's
   // update with the job's id and its rounds updated so far; may be empty.
   std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
+  // Every round update takes at least this long: after the real work the
+  // update waits out the rest before its deltas reach the outboxes, standing
+  // in for a model whose CPU update is that slow (zenflowd
+  // --emulate_round_ms; docs/benchmarks.md#fidelity). 0: no wait.
+  double emulate_round_seconds = 0;
 };
 
 // A job's whole state at a round boundary, as named sections of owned bytes

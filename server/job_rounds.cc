@@ -2,10 +2,12 @@
 // values added to the round's sums, and the update of a closed round into
 // deltas for every rank (RunUpdate). Part of Job; see job.h.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -486,6 +488,13 @@ void Job::RunUpdate(UpdateLease lease) {
   const float grad_norm = result.grad_norm;
   std::vector<v1::DownMessage>& deltas = result.deltas;
 
+  if (ctx_.emulate_round_seconds > 0) {
+    // Waits out the rest of the emulated round time (JobContext); the
+    // update's real work is done, its deltas not yet sent.
+    std::this_thread::sleep_until(
+        t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                 std::chrono::duration<double>(ctx_.emulate_round_seconds)));
+  }
   int64_t delta_bytes = 0;
   for (const v1::DownMessage& d : deltas) {
     const v1::ParameterDelta& x = d.delta();

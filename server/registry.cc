@@ -49,6 +49,7 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
   ctx_.simd = BestSimdLevel();
   ctx_.outbox_limit_bytes = options.max_outbox_bytes;
   ctx_.round_updated = options.round_updated;
+  ctx_.emulate_round_seconds = options.emulate_round_seconds;
 }
 
 JobRegistry::~JobRegistry() {

@@ -38,6 +38,8 @@ struct RegistryOptions {
   int max_jobs_per_credential = 16;
   int64_t max_params_per_credential = int64_t{1} << 34;
   int max_world_size = 4096;
+  // See JobContext::emulate_round_seconds (zenflowd --emulate_round_ms).
+  double emulate_round_seconds = 0;
   // See JobContext::round_updated.
   std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };

@@ -67,6 +67,10 @@ ABSL_FLAG(int, update_threads, 2, "threads that run AdamW updates (including the
 ABSL_FLAG(int, update_drivers, 2,
           "jobs whose round updates run at the same time (each job's own rounds run in order); "
           "a large job's update occupies one driver and does not delay other jobs");
+ABSL_FLAG(double, emulate_round_ms, 0,
+          "every round update takes at least this many milliseconds: after the real work the "
+          "daemon waits out the rest before sending the deltas, standing in for a model whose "
+          "CPU update is that slow (benchmarks; like zf_train --emulate_device_ms). 0: off");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{512} << 20,
           "largest message the service accepts or sends, bytes (selection hand-off and all-reduce "
           "are single messages: about 12 B x k x params for the first hand-off)");
@@ -250,6 +254,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflowd: --update_drivers must be in [1, 256]\n");
     return 2;
   }
+  const double emulate_round_ms = absl::GetFlag(FLAGS_emulate_round_ms);
+  if (!(emulate_round_ms >= 0 && emulate_round_ms <= 3600e3)) {
+    std::fprintf(stderr, "zenflowd: --emulate_round_ms must be in [0, 3600000]\n");
+    return 2;
+  }
+  opts.registry.emulate_round_seconds = emulate_round_ms / 1e3;
   opts.registry.max_params = absl::GetFlag(FLAGS_max_params);
   opts.registry.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   opts.registry.max_outbox_bytes = absl::GetFlag(FLAGS_max_outbox_bytes);
@@ -387,6 +397,10 @@ int main(int argc, char** argv) {
                                            : std::string((*server)->ucx_status().message()).c_str());
   zenflow::ExposureConfig served = zenflow::ExposureOf(opts);
   served.ucx = (*server)->ucx() != nullptr;
+  if (emulate_round_ms > 0) {
+    std::fprintf(stderr, "zenflowd: EMULATED round time: every round update takes at least %g ms\n",
+                 emulate_round_ms);
+  }
   std::fprintf(stderr, "zenflowd: security: %s\n", zenflow::DescribeExposure(served).c_str());
   if ((*server)->health_port() != 0) {
     std::fprintf(stderr,
