@@ -96,8 +96,9 @@ ABSL_FLAG(std::string, interval_schedule, "",
 ABSL_FLAG(int, select_interval, 0, "zenflow: select_interval R (0 = 25*S)");
 ABSL_FLAG(int, warmup_rounds, 0, "zenflow: full warm-up rounds");
 ABSL_FLAG(std::string, delay, "adaptive", "zenflow: apply delay: sync, 1..S, or adaptive");
-ABSL_FLAG(std::string, wire, "bf16",
-          "gradient wire dtype: fp32, bf16, fp16, or int8 (one fp32 scale per column)");
+ABSL_FLAG(std::string, wire, "",
+          "gradient wire dtype: fp32, bf16, fp16, or int8 (one fp32 scale per column); empty: "
+          "the daemon's default (int8 for zenflow, bf16 for zero_offload)");
 ABSL_FLAG(std::string, param_dtype, "fp32",
           "the model's parameter dtype: fp32, bf16 or fp16. 16-bit parameters are what the "
           "optimizer updates (zenflow: the important columns here, from an fp32 master of "
@@ -353,11 +354,13 @@ absl::Status Run() {
     want.set_world_size(world);
     want.set_mode(mode == "zero_offload" ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
     const std::string wire = absl::GetFlag(FLAGS_wire);
-    absl::StatusOr<v1::DType> wire_dtype = WireDTypeFromName(wire);
-    if (!wire_dtype.ok()) {
-      return absl::InvalidArgumentError("--wire must be fp32, bf16, fp16 or int8");
+    if (!wire.empty()) {
+      absl::StatusOr<v1::DType> wire_dtype = WireDTypeFromName(wire);
+      if (!wire_dtype.ok()) {
+        return absl::InvalidArgumentError("--wire must be fp32, bf16, fp16 or int8");
+      }
+      want.set_wire_dtype(*wire_dtype);
     }
-    want.set_wire_dtype(*wire_dtype);
     want.set_rank_ordered_sums(absl::GetFlag(FLAGS_rank_ordered_sums));
     want.mutable_adamw()->set_lr(lr);
     want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));

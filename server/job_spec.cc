@@ -84,7 +84,12 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size ", spec->world_size(), " must be in [1, ", kMaxWorldSize, "]"));
   }
-  if (spec->wire_dtype() == v1::DTYPE_UNSPECIFIED) spec->set_wire_dtype(v1::DTYPE_BF16);
+  if (spec->wire_dtype() == v1::DTYPE_UNSPECIFIED) {
+    // docs/design.md rule 5: int8 shards (one fp32 scale per column) for
+    // zenflow, whose wire carries most of the parameters every step; bf16
+    // for zero_offload, the baseline as ZeRO-Offload runs it.
+    spec->set_wire_dtype(spec->mode() == v1::MODE_ZERO_OFFLOAD ? v1::DTYPE_BF16 : v1::DTYPE_INT8);
+  }
   if (spec->wire_dtype() != v1::DTYPE_INT8) {
     ZF_RETURN_IF_ERROR(FromProto(spec->wire_dtype(), "wire_dtype").status());
   }

@@ -23,8 +23,18 @@ TEST(NormalizeJobSpecTest, FillsDefaults) {
   EXPECT_FLOAT_EQ(spec.zenflow().topk_ratio(), 0.1f);
   EXPECT_EQ(spec.zenflow().select_interval(), 100);
   EXPECT_TRUE(spec.zenflow().apply_delay().adaptive());
-  EXPECT_EQ(spec.wire_dtype(), v1::DTYPE_BF16);
+  // docs/design.md rule 5: int8 shards for zenflow, bf16 for zero_offload.
+  EXPECT_EQ(spec.wire_dtype(), v1::DTYPE_INT8);
   EXPECT_EQ(spec.max_shard_bytes(), 4 << 20);
+  v1::JobSpec zo = OneTensorSpec(1, 4);
+  zo.set_wire_dtype(v1::DTYPE_UNSPECIFIED);
+  zo.set_mode(v1::MODE_ZERO_OFFLOAD);
+  ASSERT_TRUE(NormalizeJobSpec(&zo, 64 << 20).ok());
+  EXPECT_EQ(zo.wire_dtype(), v1::DTYPE_BF16);
+  v1::JobSpec chosen = OneTensorSpec(1, 4);
+  chosen.set_wire_dtype(v1::DTYPE_BF16);
+  ASSERT_TRUE(NormalizeJobSpec(&chosen, 64 << 20).ok());
+  EXPECT_EQ(chosen.wire_dtype(), v1::DTYPE_BF16);
 }
 
 TEST(NormalizeJobSpecTest, PredictedStepIsOnUnlessArithmeticOrZeroOffload) {

@@ -114,8 +114,9 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         mode = s.get("mode", "zenflow")
         if mode not in _MODES:
             raise ValueError(f"mode must be \"zenflow\" or \"zero_offload\", not {mode!r}")
-        wire = s.get("wire", "bf16")
-        if wire not in _WIRES:
+        # None: the daemon's default (int8 for zenflow, bf16 for zero_offload).
+        wire = s.get("wire")
+        if wire is not None and wire not in _WIRES:
             raise ValueError(f"wire must be \"fp32\", \"bf16\", \"fp16\" or \"int8\", not {wire!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
@@ -193,7 +194,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             "zenflow": zen,
             "mode": _MODES[mode],
             "worldSize": self._world,
-            "wireDtype": _WIRES[wire],
+            "wireDtype": _WIRES[wire] if wire is not None else "DTYPE_UNSPECIFIED",
             "rankOrderedSums": bool(s.get("rank_ordered_sums", False)),
         }
         target = s.get("target") or os.environ.get("ZENFLOW_TARGET", "127.0.0.1:50051")

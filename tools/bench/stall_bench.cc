@@ -17,12 +17,13 @@
 // The modes run one after another in this process, against the same daemon,
 // each as its own job (deleted afterwards): zero_offload (every column on the
 // daemon, S = 1, sync) and zenflow (k = --topk, S = --interval, adaptive
-// apply delay), both with a bf16 gradient wire (zenflow: --zenflow_wire) and
-// the same --transport (default ucx). Per mode: mean step time
-// (emulated device time + Step()), stall per step (time Step() blocked
-// waiting for deltas) and wire bytes per step (data stream up + down, as the
-// engine counts them between steps). Warm-up, left out of the averages, is
-// every step up to the one that applies the first round's update:
+// apply delay), zero_offload with a bf16 gradient wire and zenflow with the
+// daemon's default (int8) or --zenflow_wire, both over the same --transport
+// (default ucx). Per mode: mean step time (emulated device time + Step()),
+// stall per step (time Step() blocked waiting for deltas) and wire bytes per
+// step (data stream up + down, as the engine counts them between steps).
+// Warm-up, left out of the averages, is every step up to the one that
+// applies the first round's update:
 // zero_offload's step 0, zenflow's first 2S steps (round 0 closes at step
 // S-1 and, before any round time is measured, is applied S steps later). So
 // both modes' warm-ups hold the daemon's first round, which pays one-time
@@ -86,8 +87,9 @@ ABSL_FLAG(std::string, ucx_tls, "sm,self",
           "with --transport=ucx: UCX transports (UCX_TLS syntax); they must overlap the "
           "daemon's --ucx_tls (e.g. tcp,self for a daemon on another host)");
 ABSL_FLAG(int, device_ms, 60, "emulated device (forward + backward) time per step, ms");
-ABSL_FLAG(std::string, zenflow_wire, "bf16",
-          "zenflow mode's gradient wire: bf16 or int8 (zero_offload always uses bf16)");
+ABSL_FLAG(std::string, zenflow_wire, "",
+          "zenflow mode's gradient wire: bf16 or int8; empty: the daemon's default, int8 "
+          "(zero_offload always uses bf16)");
 ABSL_FLAG(int64_t, params, 104857600, "parameters in the 2-D tensors (plus a 4096-value 1-D tensor)");
 ABSL_FLAG(int, tensors, 4, "2-D tensors the parameters are split over");
 ABSL_FLAG(int, steps, 24, "zenflow steps");
@@ -143,6 +145,13 @@ struct Tensor {
 DType ParamDType() {
   const std::string d = absl::GetFlag(FLAGS_param_dtype);
   return d == "fp32" ? DType::kF32 : d == "fp16" ? DType::kF16 : DType::kBF16;
+}
+
+// --zenflow_wire, or when empty the daemon's default for zenflow jobs
+// (server/job_spec.cc, docs/design.md rule 5).
+std::string ZenflowWire() {
+  const std::string w = absl::GetFlag(FLAGS_zenflow_wire);
+  return w.empty() ? "int8" : w;
 }
 
 // Fills backend memory in chunks through a small host buffer. Gradients get
@@ -230,8 +239,11 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
   }
   want.set_world_size(1);
   want.set_mode(zo ? v1::MODE_ZERO_OFFLOAD : v1::MODE_ZENFLOW);
-  want.set_wire_dtype(!zo && absl::GetFlag(FLAGS_zenflow_wire) == "int8" ? v1::DTYPE_INT8
-                                                                        : v1::DTYPE_BF16);
+  if (zo) {
+    want.set_wire_dtype(v1::DTYPE_BF16);
+  } else if (!absl::GetFlag(FLAGS_zenflow_wire).empty()) {
+    want.set_wire_dtype(ZenflowWire() == "int8" ? v1::DTYPE_INT8 : v1::DTYPE_BF16);
+  }  // else the daemon's default, which ZenflowWire() names
   const float lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
   want.mutable_adamw()->set_lr(lr);
   if (!zo) {
@@ -249,7 +261,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
     eo.staging_bytes = static_cast<size_t>(staging_mb) << 20;
   } else {
     const double remote = zo ? 1.0 : 1.0 - absl::GetFlag(FLAGS_topk);
-    const double wire = want.wire_dtype() == v1::DTYPE_INT8 ? 1.0 : 2.0;
+    const double wire = zo || ZenflowWire() != "int8" ? 2.0 : 1.0;
     eo.staging_bytes = static_cast<size_t>(
         remote * wire * static_cast<double>(absl::GetFlag(FLAGS_params)) + (8 << 20));
   }
@@ -493,7 +505,7 @@ absl::Status Run() {
       "emulated device time + ZenFlowOptimizer::Step(); Finish() not included");
   json.Key("wire_dtype").BeginObject();
   json.Key("zero_offload").String("bf16");
-  json.Key("zenflow").String(absl::GetFlag(FLAGS_zenflow_wire));
+  json.Key("zenflow").String(ZenflowWire());
   json.EndObject();
   json.Key("zenflow_config").BeginObject();
   json.Key("topk_ratio").Double(absl::GetFlag(FLAGS_topk));
