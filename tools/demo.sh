@@ -22,7 +22,9 @@ usage: ./zf demo [options]
   --interval=N|auto      zenflow: update_interval S (default auto); auto: each round's S
                          chosen from zenflowd's measured round time, 1..4 (docs/design.md rule 10)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
-  --wire=fp32|bf16|fp16  gradient wire dtype (default bf16)
+  --wire=fp32|bf16|fp16|int8
+                         gradient wire dtype of both offloaded modes (default: zenflowd's,
+                         int8 for zenflow and bf16 for zero_offload; docs/design.md rule 5)
   --param_dtype=fp32|bf16|fp16
                          the model's parameter dtype in all three modes (default fp32);
                          bf16/fp16: AdamW on an fp32 master (the important columns' on
@@ -46,7 +48,7 @@ EOF
 }
 
 steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=auto
-delay=adaptive wire=bf16 emulate=0 target="" out="$ROOT/demo-out" transport=ucx param_dtype=fp32
+delay=adaptive wire= emulate=0 target="" out="$ROOT/demo-out" transport=ucx param_dtype=fp32
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
 kill_at="" daemons=1
 for a in "$@"; do
@@ -210,13 +212,15 @@ if [ -n "$kill_at" ]; then
   killer=$!
   zf_extra=(--daemon_wait=60s)
 fi
-two_ranks zenflow "demo-zf-$run" --topk="$topk" --interval="$interval" --delay="$delay" --wire="$wire" \
+wire_flag=()
+[ -n "$wire" ] && wire_flag=(--wire="$wire")
+two_ranks zenflow "demo-zf-$run" --topk="$topk" --interval="$interval" --delay="$delay" "${wire_flag[@]}" \
   "${zf_extra[@]}"
 if [ -n "$killer" ]; then
   wait "$killer" 2>/dev/null || true
   killer=""
 fi
-two_ranks zero_offload "demo-zo-$run" --wire="$wire"
+two_ranks zero_offload "demo-zo-$run" "${wire_flag[@]}"
 echo "== local: 1 rank, in-process AdamW, batch $((2 * batch)) (the same tokens per step)"
 "$TRAIN" --mode=local --batch=$((2 * batch)) --log="$out/local.csv" "${ft[@]}" | tee "$out/local.out" | grep -v '^ZF_SUMMARY' || true
 
