@@ -49,6 +49,7 @@ absl::Status LocalStep::FromDelta(const EngineTensor& t, const v1::ParameterDelt
         " row moments for ", t.rows, " rows and ", d.col_v_size(), " column moments for ",
         d.columns_size(), " columns"));
   }
+  if (d.columns_size() == 0) return absl::OkStatus();
   std::unique_ptr<Factored>& slot = state_[&t];
   if (slot == nullptr || slot->have.size() != t.remote.size()) {
     slot = std::make_unique<Factored>();
@@ -72,12 +73,40 @@ absl::Status LocalStep::FromDelta(const EngineTensor& t, const v1::ParameterDelt
       ++f.have_count;
     }
   }
-  // The rows' moments and the mean are the tensor's, the same in every
-  // message of a round: the latest message's stand.
-  f.row_v.assign(d.row_v().begin(), d.row_v().end());
-  f.v_mean = d.v_mean();
+  if (d.round() != f.round) {
+    f.round = d.round();
+    f.parts.clear();
+  }
+  Part& part = f.parts[d.columns(0)];
+  part.columns = d.columns_size();
+  part.row_v.assign(d.row_v().begin(), d.row_v().end());
+  part.v_mean = d.v_mean();
+  f.combined = false;
   f.staged = false;
   return absl::OkStatus();
+}
+
+void LocalStep::Combine(Factored* f) {
+  if (f->combined) return;
+  f->combined = true;
+  const Part& first = f->parts.begin()->second;
+  f->row_v = first.row_v;
+  f->v_mean = first.v_mean;
+  bool same = true;
+  for (const auto& [c, p] : f->parts) same = same && p.row_v == first.row_v && p.v_mean == first.v_mean;
+  if (same) return;  // one daemon's
+  // Means over each daemon's columns, weighted by those columns: the mean
+  // over all of them (in double, in column order).
+  std::vector<double> rows(first.row_v.size(), 0.0);
+  double mean = 0, n = 0;
+  for (const auto& [c, p] : f->parts) {
+    const double w = static_cast<double>(p.columns);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] += w * static_cast<double>(p.row_v[i]);
+    mean += w * static_cast<double>(p.v_mean);
+    n += w;
+  }
+  for (size_t i = 0; i < rows.size(); ++i) f->row_v[i] = static_cast<float>(rows[i] / n);
+  f->v_mean = static_cast<float>(mean / n);
 }
 
 bool LocalStep::Ready(const EngineTensor& t) const {
@@ -95,6 +124,7 @@ absl::StatusOr<bool> LocalStep::End(const std::vector<std::unique_ptr<EngineTens
     EngineTensor* t = tp.get();
     if (!Ready(*t)) continue;
     Factored& f = *state_[t];
+    Combine(&f);
     const int64_t n = static_cast<int64_t>(t->remote.size());
     const float* row_v = f.row_v.data();
     const float* col_v = f.col_v.data();

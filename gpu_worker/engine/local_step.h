@@ -73,16 +73,31 @@ class LocalStep {
   absl::StatusOr<bool> End(const std::vector<std::unique_ptr<EngineTensor>>& tensors);
 
  private:
+  // One delta message's row moments and mean, and how many columns it had.
+  struct Part {
+    int64_t columns = 0;
+    std::vector<float> row_v;
+    float v_mean = 0;
+  };
   // One tensor's factored second moment, host side and (staged) backend side.
   struct Factored {
-    std::vector<float> row_v;  // rows
     std::vector<float> col_v;  // per daemon column, in `remote` order
     std::vector<bool> have;    // col_v[k] was received since the last reset
     int64_t have_count = 0;
+    // The latest round's messages by first column. One daemon sends the
+    // same row_v and v_mean in each; a tensor split over several daemons
+    // gets each daemon's over its own columns, and their mean weighted by
+    // columns is the tensor's (Combine()), the same whatever order the
+    // messages arrived in: every rank steps with the same bits.
+    int64_t round = -1;
+    std::map<int32_t, Part> parts;
+    bool combined = false;  // row_v, v_mean are the parts'
+    std::vector<float> row_v;  // rows
     float v_mean = 0;
     bool staged = false;  // d_row_v, d_col_v hold row_v, col_v
     worker::DeviceBuffer d_row_v, d_col_v;
   };
+  static void Combine(Factored* f);
 
   worker::Backend* const backend_;
   const bool enabled_;
