@@ -183,13 +183,15 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
 }
 
 absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
-    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals) {
+    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals,
+    std::vector<OptimizerTotals>* totals) {
   std::vector<absl::StatusOr<std::vector<std::vector<float>>>> out(
       job.cfg.world, absl::UnknownError("not run"));
   std::vector<std::vector<int32_t>> steps(job.cfg.world);
+  std::vector<OptimizerTotals> sums(job.cfg.world);
   std::vector<std::thread> threads;
   for (int r = 0; r < job.cfg.world; ++r) {
-    threads.emplace_back([&, r] { out[r] = RunEngineRank(job, r, nullptr, &steps[r]); });
+    threads.emplace_back([&, r] { out[r] = RunEngineRank(job, r, &sums[r], &steps[r]); });
   }
   for (auto& t : threads) t.join();
   std::vector<std::vector<std::vector<float>>> result;
@@ -200,10 +202,12 @@ absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
     result.push_back(*std::move(out[r]));
   }
   if (intervals != nullptr) *intervals = std::move(steps);
+  if (totals != nullptr) *totals = std::move(sums);
   return result;
 }
 
-std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t>* round_steps) {
+std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t>* round_steps,
+                                       int* local_steps) {
   ZenFlowSim sim(job.cfg, EngineModel());
   const size_t nt = EngineModel().size();
   for (int64_t t = 0; t < job.steps; ++t) {
@@ -215,9 +219,25 @@ std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t
   }
   sim.Finish();
   if (round_steps != nullptr) *round_steps = sim.round_steps();
+  if (local_steps != nullptr) *local_steps = sim.local_steps();
   std::vector<std::vector<float>> out(nt);
   for (size_t ti = 0; ti < nt; ++ti) out[ti] = sim.params(ti);
   return out;
+}
+
+double Mismatch(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                double atol, double rtol, std::string* where) {
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    for (size_t i = 0; i < a[t].size(); ++i) {
+      const double e = std::fabs(a[t][i] - b[t][i]) / (atol + rtol * std::fabs(b[t][i]));
+      if (e > worst) {
+        worst = e;
+        *where = absl::StrCat("tensor ", t, " element ", i, ": ", a[t][i], " vs ", b[t][i]);
+      }
+    }
+  }
+  return worst;
 }
 
 }  // namespace zenflow::testing
