@@ -548,6 +548,7 @@ absl::Status Run() {
     summary.Key("update_interval").String(absl::GetFlag(FLAGS_interval));
     summary.Key("rounds_closed").Int(tot.rounds_closed);
     summary.Key("predicted_steps").Int(tot.predicted_steps);
+    summary.Key("local_steps").Int(tot.local_steps);  // docs/design.md rule 13
     summary.Key("s_mean").Double(tot.rounds_closed > 0 ? static_cast<double>(tot.round_steps) /
                                                              static_cast<double>(tot.rounds_closed)
                                                        : 0.0);
