@@ -227,6 +227,47 @@ TEST_F(LocalStepTest, DeltasWithoutAMomentChangeNothing) {
   EXPECT_FALSE(disabled.Ready(T()));
 }
 
+// A tensor split over two daemons: each sends the moment of its own columns
+// (here {0, 2} with row moments r and {3} with 4r); the ranks step with their
+// column-weighted mean (2r + 4r) / 3 = 2r whichever arrives first, and a new
+// round's messages replace the old round's.
+TEST_F(LocalStepTest, SplitMomentsCombineByColumnsInAnyOrder) {
+  auto part = [](std::vector<int32_t> columns, float scale, int64_t round) {
+    v1::ParameterDelta d = Delta(std::move(columns));
+    d.set_round(round);
+    for (int i = 0; i < d.row_v_size(); ++i) d.set_row_v(i, d.row_v(i) * scale);
+    d.set_v_mean(d.v_mean() * scale);
+    return d;
+  };
+  std::vector<std::vector<float>> results;
+  for (bool reversed : {false, true}) {
+    Make(DType::kF32);
+    LocalStep local(backend_.get(), Spec());
+    // An older round's single message, replaced by round 3's two.
+    ASSERT_TRUE(local.FromDelta(T(), part({0, 2, 3}, 100.0f, 2)).ok());
+    if (reversed) {
+      ASSERT_TRUE(local.FromDelta(T(), part({3}, 4.0f, 3)).ok());
+      ASSERT_TRUE(local.FromDelta(T(), part({0, 2}, 1.0f, 3)).ok());
+    } else {
+      ASSERT_TRUE(local.FromDelta(T(), part({0, 2}, 1.0f, 3)).ok());
+      ASSERT_TRUE(local.FromDelta(T(), part({3}, 4.0f, 3)).ok());
+    }
+    local.Begin(true, kLr);
+    ASSERT_TRUE(local.End(tensors_).ok());
+    results.emplace_back(param_.f32(), param_.f32() + kRows * kCols);
+  }
+  EXPECT_EQ(results[0], results[1]) << "the order of the messages changed the step";
+  // The combined moment is the one-daemon Delta's with row_v and v_mean
+  // doubled, exactly (in double: (2 * 1 + 1 * 4) / 3 = 2).
+  Make(DType::kF32);
+  LocalStep whole(backend_.get(), Spec());
+  ASSERT_TRUE(whole.FromDelta(T(), part({0, 2, 3}, 2.0f, 3)).ok());
+  whole.Begin(true, kLr);
+  ASSERT_TRUE(whole.End(tensors_).ok());
+  const std::vector<float> want(param_.f32(), param_.f32() + kRows * kCols);
+  EXPECT_EQ(results[0], want);
+}
+
 TEST_F(LocalStepTest, AMomentThatDoesNotFitIsAnInternalError) {
   LocalStep local(backend_.get(), Spec());
   v1::ParameterDelta d = Delta({0, 2, 3});
