@@ -104,6 +104,10 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   z->set_full_warmup_rounds(job.cfg.warmup_rounds);
   z->set_auto_update_interval(job.cfg.auto_interval);
   z->set_predicted_step(job.cfg.predicted_step);
+  // The simulator (zenflow_sim.h) does not model rules 12 and 13 (the scaled
+  // round step, the local step): the engine's jobs turn them off.
+  z->set_scale_round_step(false);
+  z->set_local_step(false);
   if (job.adaptive) {
     z->mutable_apply_delay()->set_adaptive(true);
   } else if (job.cfg.delay == 0) {
