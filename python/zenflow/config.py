@@ -43,8 +43,8 @@ ZENFLOW_KEYS = {
     "local_step",
     "fidelity_budget",
 }
-# Rules 12-14's options: in either block (zenflowd's wins), passed on as given
-# (ZenFlowOptimizer checks their types).
+# The options of rules 12 and 13 and fidelity_budget: in either block
+# (zenflowd's wins), passed on as given (ZenFlowOptimizer checks their types).
 RULE_KEYS = ("scale_round_step", "local_step", "fidelity_budget")
 OPTIMIZER_PARAM_KEYS = {"lr", "betas", "eps", "weight_decay"}
 ZENFLOWD_KEYS = {
