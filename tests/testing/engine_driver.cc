@@ -104,6 +104,8 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   z->set_full_warmup_rounds(job.cfg.warmup_rounds);
   z->set_auto_update_interval(job.cfg.auto_interval);
   z->set_predicted_step(job.cfg.predicted_step);
+  // Rules 12 and 13 as the simulator (zenflow_sim.h) models them: on by
+  // default, off where a test turns them off.
   z->set_scale_round_step(job.cfg.scale_round_step);
   z->set_local_step(job.cfg.local_step);
   if (job.adaptive) {
