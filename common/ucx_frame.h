@@ -70,6 +70,10 @@ inline absl::string_view SplitFrameShared(const v1::DownMessage& m, std::string*
     o->set_m(d.m());
     o->set_v(d.v());
     *o->mutable_update_counts() = d.update_counts();
+    // The local step's factored second moment (docs/design.md rule 13).
+    *o->mutable_row_v() = d.row_v();
+    *o->mutable_col_v() = d.col_v();
+    o->set_v_mean(d.v_mean());
     h.AppendToString(header);
     payload = d.payload();
   } else {

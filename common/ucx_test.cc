@@ -427,7 +427,7 @@ TEST(UcxFrame, RoundTripsEveryKind) {
 TEST(UcxFrame, SharedMessageRoundTripsUntouched) {
   // SplitFrameShared copies ParameterDelta field by field: a new field must
   // be added there (and here).
-  EXPECT_EQ(v1::ParameterDelta::descriptor()->field_count(), 9);
+  EXPECT_EQ(v1::ParameterDelta::descriptor()->field_count(), 12);
   v1::DownMessage down;
   v1::ParameterDelta* d = down.mutable_delta();
   d->set_round(9);
@@ -441,6 +441,11 @@ TEST(UcxFrame, SharedMessageRoundTripsUntouched) {
   d->set_v(Pattern(64, 6));
   d->add_update_counts(4);
   d->add_update_counts(11);
+  d->add_row_v(0.5f);
+  d->add_row_v(0.25f);
+  d->add_col_v(2.0f);
+  d->add_col_v(3.0f);
+  d->set_v_mean(0.125f);
   const std::string want = down.SerializeAsString();
   std::string header;
   const absl::string_view payload = SplitFrameShared(down, &header);

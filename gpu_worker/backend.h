@@ -118,6 +118,23 @@ class Backend {
                                         const int64_t* steps, const float* grad, float* master,
                                         float* m, float* v) = 0;
 
+  // The local step (docs/design.md rule 13) on selected columns of a
+  // row-major W[rows][cols] of `w_dtype` (kF32, kBF16 or kF16) from a
+  // factored second moment: grad is compact column-major [ncols][rows] fp32,
+  // row_v has `rows` values and col_v one per selected column. Per element,
+  // with vh = (row_v[r] * col_v[c]) / v_mean:
+  //   W[r, columns[c]] = W - (lr * g) / (sqrt(vh) + eps)   if vh > 0,
+  // in fp32 operations in that order (no contraction, correctly rounded
+  // sqrt and division: every backend gives the same bits). An element whose
+  // vh is not > 0 (zero, or NaN when v_mean is 0) keeps its value: a row or
+  // column the daemon never saw a gradient in has no scale to step by. A
+  // 16-bit W is read as fp32 and the result rounded to nearest even.
+  // Columns distinct. No weight decay, no moments.
+  virtual absl::Status FactoredStep(float lr, float eps, void* w, PackDType w_dtype, int64_t rows,
+                                    int64_t cols, const int32_t* columns, int64_t ncols,
+                                    const float* grad, const float* row_v, const float* col_v,
+                                    float v_mean) = 0;
+
   // dst[i] = convert(src[i]) for i < n, between kF32, kBF16 and kF16:
   // to 16 bits rounds to nearest even, to fp32 is exact, equal dtypes copy.
   // src and dst must not overlap. (A model that computes in fp32 reads its

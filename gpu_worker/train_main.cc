@@ -89,6 +89,15 @@ ABSL_FLAG(bool, predicted_step, true,
           "zenflow: the predicted step (docs/engine.md): a one-step round applied a step late is "
           "followed by the daemon's next AdamW step of its columns, run here with this step's "
           "gradient and the moments sent with the round");
+ABSL_FLAG(bool, scale_round_step, true,
+          "zenflow: the scaled round step (docs/design.md rule 12): a round of S steps takes one "
+          "AdamW step of S x lr on the daemon");
+ABSL_FLAG(bool, local_step, true,
+          "zenflow: the local step (docs/design.md rule 13): between rounds the daemon's columns "
+          "move every step here, scaled by the factored second moment the deltas carry");
+ABSL_FLAG(std::string, fidelity_budget, "",
+          "zenflow: the update divergence --interval=auto keeps under (docs/design.md rule 10); "
+          "0 or below: no limit; empty (the default): the daemon's default");
 ABSL_FLAG(int, max_interval, 4, "zenflow with --interval=auto: the longest round (S_max)");
 ABSL_FLAG(std::string, interval_schedule, "",
           "zenflow with --interval=auto: round lengths to use instead of the measured choice, "
@@ -379,6 +388,17 @@ absl::Status Run() {
     }
     if (absl::GetFlag(FLAGS_select_interval) > 0) z->set_select_interval(absl::GetFlag(FLAGS_select_interval));
     z->set_predicted_step(absl::GetFlag(FLAGS_predicted_step));
+    z->set_scale_round_step(absl::GetFlag(FLAGS_scale_round_step));
+    z->set_local_step(absl::GetFlag(FLAGS_local_step));
+    if (const std::string budget = absl::GetFlag(FLAGS_fidelity_budget); !budget.empty()) {
+      float b = 0;
+      if (!absl::SimpleAtof(budget, &b) || !std::isfinite(b)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--fidelity_budget must be a finite number (or empty: the daemon's default), not '",
+            budget, "'"));
+      }
+      z->set_fidelity_budget(b);
+    }
     z->set_full_warmup_rounds(absl::GetFlag(FLAGS_warmup_rounds));
     const std::string delay = absl::GetFlag(FLAGS_delay);
     int d = 0;
@@ -551,6 +571,7 @@ absl::Status Run() {
     summary.Key("update_interval").String(absl::GetFlag(FLAGS_interval));
     summary.Key("rounds_closed").Int(tot.rounds_closed);
     summary.Key("predicted_steps").Int(tot.predicted_steps);
+    summary.Key("local_steps").Int(tot.local_steps);  // docs/design.md rule 13
     summary.Key("s_mean").Double(tot.rounds_closed > 0 ? static_cast<double>(tot.round_steps) /
                                                              static_cast<double>(tot.rounds_closed)
                                                        : 0.0);

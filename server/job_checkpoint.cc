@@ -382,7 +382,8 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
       std::vector<v1::DownMessage> deltas;
       if (!done.skipped_nonfinite()) {
         deltas = ValueDeltas(done.round(), update_tensors_, RemoteColumnsLocked(), store_.get(),
-                             spec_.max_shard_bytes(), WithMoments(done.steps()));
+                             spec_.max_shard_bytes(), WithMoments(done.steps()),
+                             DeltasCarryFactoredMoment(spec_), spec_.adamw().beta2());
       }
       if (static_cast<int64_t>(deltas.size()) == done.delta_messages()) {
         for (v1::DownMessage& d : deltas) {

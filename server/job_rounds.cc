@@ -471,7 +471,7 @@ void Job::RunUpdate(UpdateLease lease) {
   RoundUpdateInput in;
   in.round = round;
   in.steps_sum = rs.steps_sum;
-  in.lr = rs.lr;
+  in.lr = RoundStepLr(spec_, rs.lr, rs.steps);  // docs/design.md rule 12
   in.nonfinite = rs.nonfinite;
   in.tensors = &update_tensors_;
   in.remote = &remote;
@@ -480,6 +480,7 @@ void Job::RunUpdate(UpdateLease lease) {
   in.max_grad_norm = cfg.max_grad_norm();
   in.arithmetic = spec_.delta_kind() == v1::DELTA_ARITHMETIC;
   in.moments = WithMoments(rs.steps);
+  in.factored_moment = DeltasCarryFactoredMoment(spec_);  // docs/design.md rule 13
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
   in.pool = ctx_.pool;
@@ -500,6 +501,7 @@ void Job::RunUpdate(UpdateLease lease) {
     const v1::ParameterDelta& x = d.delta();
     delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
                                         8 * x.update_counts_size());
+    if (x.row_v_size() > 0) delta_bytes += 4 * (x.row_v_size() + x.col_v_size() + 1);
   }
   // One copy of each delta, shared by every rank's outbox.
   std::vector<Mailbox::Message> shared;

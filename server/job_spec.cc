@@ -13,6 +13,7 @@
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
+#include "server/factored_moment.h"
 #include "server/quote.h"
 
 namespace zenflow {
@@ -155,12 +156,24 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
     z->set_auto_update_interval(false);
     z->mutable_apply_delay()->set_sync(true);
     z->set_predicted_step(false);
+    z->set_scale_round_step(false);
+    z->set_local_step(false);
   } else if (spec->mode() == v1::MODE_ZENFLOW) {
     if (!z->has_predicted_step()) z->set_predicted_step(spec->delta_kind() != v1::DELTA_ARITHMETIC);
     if (z->predicted_step() && spec->delta_kind() == v1::DELTA_ARITHMETIC) {
       return absl::InvalidArgumentError(
           "zenflow.predicted_step needs DELTA_VALUES: a rank's predicted step is replaced by the "
           "next round's values, which arithmetic deltas would add to it instead");
+    }
+    // docs/design.md rules 12 and 13: on unless asked off (the local step
+    // only with values deltas, as the predicted step).
+    if (!z->has_scale_round_step()) z->set_scale_round_step(true);
+    if (!z->has_local_step()) z->set_local_step(spec->delta_kind() != v1::DELTA_ARITHMETIC);
+    if (z->local_step() && spec->delta_kind() == v1::DELTA_ARITHMETIC) {
+      return absl::InvalidArgumentError(
+          "zenflow.local_step needs DELTA_VALUES: a rank's local steps are replaced by the next "
+          "round's values, which arithmetic deltas would add to them instead; set local_step "
+          "false or use DELTA_VALUES (the default)");
     }
     if (!z->has_topk_ratio()) z->set_topk_ratio(0.1f);
     // Unset: update_interval auto with S_max 4 (docs/design.md rules 10 and 11:
@@ -199,6 +212,13 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
   if (z->full_warmup_rounds() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zenflow.full_warmup_rounds ", z->full_warmup_rounds(), " must be >= 0"));
+  }
+  // Its meaning (and default) belongs to update_interval auto (rule 10);
+  // here only that any comparison with it is well defined.
+  if (z->has_fidelity_budget() && !std::isfinite(z->fidelity_budget())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zenflow.fidelity_budget ", z->fidelity_budget(),
+        " must be finite (0 or below: no limit; unset: the default)"));
   }
   if (z->importance() == v1::IMPORTANCE_UNSPECIFIED) z->set_importance(v1::IMPORTANCE_L1);
   const v1::ApplyDelay& d = z->apply_delay();
@@ -365,6 +385,7 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
   };
   auto add = [&](int64_t* acc, int64_t b) { overflow |= __builtin_add_overflow(*acc, b, acc); };
   const bool arithmetic = spec.delta_kind() == v1::DELTA_ARITHMETIC;
+  const bool factored = DeltasCarryFactoredMoment(spec);
   int64_t delta_round = 0;
   for (const v1::TensorSpec& t : spec.tensors()) {
     const ColumnGeometry geo = GeometryOf(t);
@@ -381,8 +402,20 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     // One-step rounds' deltas carry bf16 m and v for the predicted step.
     if (RoundsMayCarryPredictedState(spec)) out += kPredictedStateBytesPerValue;
     add(&delta_round, mul(n, out));
+    if (factored) {
+      // Rule 13: every message carries row_v, v_mean and its columns'
+      // col_v; the update sums in doubles (factored_moment.h) and keeps
+      // the tensor's result once while it encodes.
+      const int64_t per = DeltaColumnsPerMessage(spec.max_shard_bytes(), rows, out, true);
+      const int64_t messages = cols / per + (cols % per != 0 ? 1 : 0);
+      add(&delta_round, mul(messages, FactoredMomentBytes(rows, 0)));
+      add(&delta_round, mul(cols, 4));
+      const int64_t blocks = rows / kFactoredRowBlock + (rows % kFactoredRowBlock != 0 ? 1 : 0);
+      add(&f.delta_bytes, mul(rows + mul(blocks, cols), sizeof(double)));
+      add(&f.delta_bytes, FactoredMomentBytes(rows, cols));
+    }
   }
-  f.delta_bytes = mul(delta_round, 2);
+  add(&f.delta_bytes, mul(delta_round, 2));
   int64_t total = f.state_bytes;
   add(&total, f.bookkeeping_bytes);
   add(&total, f.delta_bytes);
@@ -391,6 +424,18 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
         "job ", Quote(spec.job_id()), " is too large: its size in bytes overflows 64 bits"));
   }
   return f;
+}
+
+bool DeltasCarryFactoredMoment(const v1::JobSpec& spec) {
+  return spec.mode() == v1::MODE_ZENFLOW && spec.zenflow().local_step() &&
+         spec.delta_kind() != v1::DELTA_ARITHMETIC;
+}
+
+float RoundStepLr(const v1::JobSpec& spec, float lr, int32_t steps) {
+  if (spec.mode() != v1::MODE_ZENFLOW || !spec.zenflow().scale_round_step() || steps <= 1) {
+    return lr;
+  }
+  return lr * static_cast<float>(steps);
 }
 
 }  // namespace zenflow

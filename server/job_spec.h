@@ -39,7 +39,9 @@ struct JobFootprint {
   // column: last step received and hits in the open round (12 B).
   int64_t bookkeeping_bytes = 0;
   // One round's deltas, held once for every rank (plus the old values for
-  // arithmetic deltas), for the two rounds that can be queued at a time.
+  // arithmetic deltas), for the two rounds that can be queued at a time;
+  // with the local step, also the factored second moment's sums and result
+  // while an update runs (docs/design.md rule 13).
   int64_t delta_bytes = 0;
   int64_t total() const { return state_bytes + bookkeeping_bytes + delta_bytes; }
 };
@@ -59,6 +61,18 @@ std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape);
 absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes);
 // Checks spec.partition (NormalizeJobSpec calls it when it is set).
 absl::Status CheckPartition(const v1::JobSpec& spec);
+
+// Whether every round's deltas carry the factored second moment of their
+// tensor's columns (ParameterDelta.row_v, col_v, v_mean) for the ranks'
+// local step (docs/design.md rule 13): a normalized zenflow spec with
+// local_step on and values deltas.
+bool DeltasCarryFactoredMoment(const v1::JobSpec& spec);
+
+// The learning rate of the one AdamW step the daemon takes for a round of
+// `steps` steps closed with `lr` (docs/design.md rule 12): with
+// scale_round_step, lr * steps (one fp32 product), else lr. The decoupled
+// weight decay multiplies it, so it scales alike.
+float RoundStepLr(const v1::JobSpec& spec, float lr, int32_t steps);
 
 }  // namespace zenflow
 

@@ -2,6 +2,7 @@
 // and the job's footprint.
 #include "server/job_spec.h"
 
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
@@ -60,10 +61,101 @@ TEST(NormalizeJobSpecTest, PredictedStepIsOnUnlessArithmeticOrZeroOffload) {
   EXPECT_FALSE(spec.zenflow().predicted_step());
 }
 
+// Rules 12 and 13 (the scaled round step, the local step): on by default
+// in zenflow mode, off for zero_offload; the local step needs values
+// deltas, refused with arithmetic ones (and off by default there).
+TEST(NormalizeJobSpecTest, ScaledRoundStepAndLocalStepDefaults) {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_TRUE(spec.zenflow().has_scale_round_step() && spec.zenflow().scale_round_step());
+  EXPECT_TRUE(spec.zenflow().has_local_step() && spec.zenflow().local_step());
+  EXPECT_FALSE(spec.zenflow().has_fidelity_budget()) << "its default belongs to auto";
+  EXPECT_TRUE(DeltasCarryFactoredMoment(spec));
+
+  spec = OneTensorSpec(1, 4);
+  spec.mutable_zenflow()->set_scale_round_step(false);
+  spec.mutable_zenflow()->set_local_step(false);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().scale_round_step());
+  EXPECT_FALSE(spec.zenflow().local_step());
+  EXPECT_FALSE(DeltasCarryFactoredMoment(spec));
+
+  spec = OneTensorSpec(1, 4);
+  spec.set_delta_kind(v1::DELTA_ARITHMETIC);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().local_step());
+  EXPECT_TRUE(spec.zenflow().scale_round_step()) << "rule 12 does not depend on the delta kind";
+  spec.mutable_zenflow()->set_local_step(true);
+  const absl::Status bad = NormalizeJobSpec(&spec, 64 << 20);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_TRUE(absl::StrContains(bad.message(), "zenflow.local_step needs DELTA_VALUES")) << bad;
+
+  spec = OneTensorSpec(1, 4);
+  spec.set_mode(v1::MODE_ZERO_OFFLOAD);
+  spec.mutable_zenflow()->set_scale_round_step(true);
+  spec.mutable_zenflow()->set_local_step(true);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_FALSE(spec.zenflow().scale_round_step());
+  EXPECT_FALSE(spec.zenflow().local_step());
+  EXPECT_FALSE(DeltasCarryFactoredMoment(spec));
+}
+
+TEST(NormalizeJobSpecTest, FidelityBudgetMustBeFinite) {
+  for (float ok : {0.0f, -1.0f, 0.05f, 3.0f}) {
+    v1::JobSpec spec = OneTensorSpec(1, 4);
+    spec.mutable_zenflow()->set_fidelity_budget(ok);
+    ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok()) << ok;
+    EXPECT_EQ(spec.zenflow().fidelity_budget(), ok) << "kept as given";
+  }
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    v1::JobSpec spec = OneTensorSpec(1, 4);
+    spec.mutable_zenflow()->set_fidelity_budget(bad);
+    const absl::Status s = NormalizeJobSpec(&spec, 64 << 20);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(s.message(), "zenflow.fidelity_budget")) << s;
+  }
+}
+
+// Rule 12: a round of s steps takes one step of s times its learning rate
+// (an fp32 product); one-step rounds, the option off and zero_offload keep lr.
+TEST(RoundStepLrTest, ScalesByTheRoundsSteps) {
+  v1::JobSpec spec = OneTensorSpec(1, 4);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, 64 << 20).ok());
+  EXPECT_EQ(RoundStepLr(spec, 3e-4f, 4), 3e-4f * 4.0f);
+  EXPECT_EQ(RoundStepLr(spec, 3e-4f, 3), 3e-4f * 3.0f);
+  EXPECT_EQ(RoundStepLr(spec, 3e-4f, 1), 3e-4f);
+  spec.mutable_zenflow()->set_scale_round_step(false);
+  EXPECT_EQ(RoundStepLr(spec, 3e-4f, 4), 3e-4f);
+  v1::JobSpec offload = OneTensorSpec(1, 4);
+  offload.set_mode(v1::MODE_ZERO_OFFLOAD);
+  ASSERT_TRUE(NormalizeJobSpec(&offload, 64 << 20).ok());
+  EXPECT_EQ(RoundStepLr(offload, 3e-4f, 1), 3e-4f);
+}
+
+// Rule 13's fields travel in every delta message and the update sums them
+// in doubles: the footprint counts both, and nothing more per parameter
+// than O(rows + cols) per tensor.
+TEST(JobFootprintTest, CountsTheFactoredMoment) {
+  v1::JobSpec on = OneTensorSpec(1, 4);
+  ASSERT_TRUE(NormalizeJobSpec(&on, 64 << 20).ok());
+  v1::JobSpec off = on;
+  off.mutable_zenflow()->set_local_step(false);
+  absl::StatusOr<JobFootprint> a = ComputeJobFootprint(on), b = ComputeJobFootprint(off);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // A 2 x 3 tensor in one message: row_v, col_v and v_mean (4 x 6 B) for each of
+  // two rounds, plus the doubles of the sums (2 + 3) and the result (4 x 6 B).
+  EXPECT_EQ(a->delta_bytes - b->delta_bytes, 2 * 24 + 8 * 5 + 24);
+  EXPECT_EQ(a->state_bytes, b->state_bytes);
+}
+
 // One-step rounds' deltas carry bf16 m and v: the footprint counts them
 // where rounds can have one step.
 TEST(JobFootprintTest, CountsThePredictedStepsStateWhereRoundsCanHaveOneStep) {
   v1::JobSpec four = OneTensorSpec(1, 4), one = OneTensorSpec(1, 1);
+  // (Without the local step's fields, which do not scale with the values.)
+  four.mutable_zenflow()->set_local_step(false);
+  one.mutable_zenflow()->set_local_step(false);
   ASSERT_TRUE(NormalizeJobSpec(&four, 64 << 20).ok());
   ASSERT_TRUE(NormalizeJobSpec(&one, 64 << 20).ok());
   absl::StatusOr<JobFootprint> f4 = ComputeJobFootprint(four), f1 = ComputeJobFootprint(one);
@@ -105,8 +197,9 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   EXPECT_EQ(f->state_bytes, 6 * 20);
   EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
   // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
-  // carry the predicted step's state).
-  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 4));
+  // carry the predicted step's state), and the local step's factored
+  // moment (CountsTheFactoredMoment).
+  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 4) + 2 * 24 + 8 * 5 + 24);
   EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
   // Rank-ordered sums: two accumulation buffers per rank.
   spec.set_rank_ordered_sums(true);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
+#include "server/factored_moment.h"
 
 namespace zenflow {
 namespace {
@@ -27,14 +29,33 @@ struct ColumnRun {
   int64_t ncols;
 };
 
+// The factored second moment of every tensor's daemon columns as the
+// update left them (docs/design.md rule 13).
+std::vector<FactoredMoment> FactoredMoments(const std::vector<RoundUpdateTensor>& tensors,
+                                            const std::vector<std::vector<int32_t>>& remote,
+                                            TensorStore* store, float beta2,
+                                            const ParallelRange& parallel) {
+  std::vector<FactoredMomentTensor> in(tensors.size());
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const int t = static_cast<int>(ti);
+    in[ti].rows = tensors[ti].rows;
+    in[ti].columns = &remote[ti];
+    in[ti].v = [store, t](int32_t c) -> const float* { return store->v(t, c); };
+    in[ti].count = [store, t](int32_t c) { return store->count(t, c); };
+  }
+  return ComputeFactoredMoments(in, beta2, parallel);
+}
+
 // The columns' new values (with `old_values`: fp32 new - old) as
 // ParameterDelta messages of at most max_shard_bytes, in column order.
 std::vector<v1::DownMessage> EncodeDeltas(
     int64_t round, const std::vector<RoundUpdateTensor>& tensors,
     const std::vector<std::vector<int32_t>>& remote, TensorStore* store,
     const std::vector<std::vector<float>>* old_values, int64_t max_shard_bytes, bool moments,
-    const std::function<void(size_t, const std::function<void(size_t, size_t)>&)>& parallel) {
+    bool factored, float beta2, const ParallelRange& parallel) {
   const bool arithmetic = old_values != nullptr;
+  std::vector<FactoredMoment> fm;
+  if (factored) fm = FactoredMoments(tensors, remote, store, beta2, parallel);
   struct Chunk {
     int tensor;
     size_t begin, end;  // indices into remote[tensor]
@@ -45,8 +66,8 @@ std::vector<v1::DownMessage> EncodeDeltas(
     const DType out = arithmetic ? DType::kF32 : t.param_dtype;
     // With moments every element also takes bf16 m and v.
     const int64_t state_bytes = moments ? kPredictedStateBytesPerValue : 0;
-    const size_t per = static_cast<size_t>(ColumnsPerMessage(
-        max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out)) + state_bytes));
+    const size_t per = static_cast<size_t>(DeltaColumnsPerMessage(
+        max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out)) + state_bytes, factored));
     for (size_t i = 0; i < remote[ti].size(); i += per) {
       chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
     }
@@ -71,6 +92,13 @@ std::vector<v1::DownMessage> EncodeDeltas(
       if (moments) {
         d->mutable_m()->resize(n * col_bytes);
         d->mutable_v()->resize(n * col_bytes);
+      }
+      if (factored) {
+        const FactoredMoment& f = fm[ch.tensor];
+        d->mutable_row_v()->Add(f.row_v.begin(), f.row_v.end());
+        d->mutable_col_v()->Add(f.col_v.begin() + static_cast<std::ptrdiff_t>(ch.begin),
+                                f.col_v.begin() + static_cast<std::ptrdiff_t>(ch.end));
+        d->set_v_mean(f.v_mean);
       }
       for (size_t i = ch.begin; i < ch.end; ++i) {
         const int32_t c = remote[ch.tensor][i];
@@ -101,8 +129,9 @@ std::vector<v1::DownMessage> EncodeDeltas(
 std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundUpdateTensor>& tensors,
                                          const std::vector<std::vector<int32_t>>& remote,
                                          TensorStore* store, int64_t max_shard_bytes,
-                                         bool moments) {
+                                         bool moments, bool factored_moment, float beta2) {
   return EncodeDeltas(round, tensors, remote, store, nullptr, max_shard_bytes, moments,
+                      factored_moment, beta2,
                       [](size_t n, const std::function<void(size_t, size_t)>& fn) {
                         if (n > 0) fn(0, n);
                       });
@@ -239,7 +268,8 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
   std::vector<v1::DownMessage> deltas;
   if (!skip) {
     deltas = EncodeDeltas(round, tensors_, remote, store_, arithmetic ? &old_values : nullptr,
-                          in.max_shard_bytes, in.moments && !arithmetic, parallel);
+                          in.max_shard_bytes, in.moments && !arithmetic,
+                          in.factored_moment && !arithmetic, in.hyper.beta2, parallel);
   }
   RoundUpdateResult out;
   out.skipped = skip;

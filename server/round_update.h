@@ -3,7 +3,8 @@
 // daemon's columns of the tensor store (bias correction by each column's own
 // count), the round's sums cleared, and the new values (or arithmetic
 // deltas) encoded as ParameterDelta messages of at most max_shard_bytes
-// (with the columns' state for the predicted step, if asked). A
+// (with the columns' state for the predicted step and the factored second
+// moment for the local step, if asked). A
 // round whose shards were non-finite, or whose mean cannot give a finite
 // update, is skipped: the store is untouched and the sums are cleared.
 //
@@ -83,6 +84,10 @@ struct RoundUpdateInput {
   // after the update (ParameterDelta.m, v, update_counts), for the ranks'
   // predicted step; values kind only.
   bool moments = false;
+  // The deltas also carry the factored second moment of each tensor's
+  // columns after the update (ParameterDelta.row_v, col_v, v_mean), for the
+  // ranks' local step (docs/design.md rule 13); values kind only.
+  bool factored_moment = false;
   int64_t max_shard_bytes = 4 << 20;
   SimdLevel simd = SimdLevel::kScalar;
   ThreadPool* pool = nullptr;  // large updates are spread over it
@@ -104,7 +109,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease);
 std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundUpdateTensor>& tensors,
                                          const std::vector<std::vector<int32_t>>& remote,
                                          TensorStore* store, int64_t max_shard_bytes,
-                                         bool moments);
+                                         bool moments, bool factored_moment, float beta2);
 
 }  // namespace zenflow
 

@@ -1,9 +1,11 @@
 #include "server/round_update.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 
 namespace zenflow {
@@ -149,6 +151,99 @@ TEST(RoundUpdateTest, RankOrderedSumsAreFoldedBeforeTheUpdate) {
   EXPECT_TRUE(UpdateRound(in, UpdateLease::Grant(1, &skipped.store, &skipped.acc)).skipped);
   EXPECT_EQ(skipped.acc.sum_of(0, 1, 1, 3)[1], 0.0f);
   EXPECT_EQ(skipped.acc.sum(0, 1, 3)[1], 0.0f);
+}
+
+// With the local step (docs/design.md rule 13) every delta carries the
+// factored second moment of the tensor's daemon columns after the update:
+// row_v the same in every message, col_v one per column, v_mean; each
+// column's v bias-corrected by its own new count. Arithmetic deltas never do.
+TEST(RoundUpdateTest, DeltasCarryTheFactoredSecondMoment) {
+  Fixture f;
+  RoundUpdateInput in = f.Input();
+  in.factored_moment = true;
+  in.max_shard_bytes = 2 * kRows * 4 + 4 * (kRows + 3);  // two columns with the moment
+  RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(in.round, &f.store, &f.acc));
+  ASSERT_EQ(r.deltas.size(), 2u);
+  std::vector<double> row(kRows, 0.0);
+  double total = 0;
+  std::vector<float> col_v;
+  for (int32_t c : f.remote[0]) {
+    const double bc2 = 1.0 - std::pow(static_cast<double>(0.999f), static_cast<double>(f.store.count(0, c)));
+    double s = 0;
+    for (int64_t i = 0; i < kRows; ++i) {
+      const double vh = static_cast<double>(f.store.v(0, c)[i]) / bc2;
+      row[i] += vh;
+      s += vh;
+    }
+    total += s;
+    col_v.push_back(static_cast<float>(s / kRows));
+  }
+  size_t at = 0;
+  for (const v1::DownMessage& m : r.deltas) {
+    const v1::ParameterDelta& d = m.delta();
+    ASSERT_EQ(d.row_v_size(), kRows);
+    ASSERT_EQ(d.col_v_size(), d.columns_size());
+    for (int64_t i = 0; i < kRows; ++i) {
+      EXPECT_NEAR(d.row_v(i), row[i] / 3, 1e-6 * row[i]) << "row " << i;
+      EXPECT_EQ(d.row_v(i), r.deltas[0].delta().row_v(i)) << "the same in every message";
+    }
+    for (int i = 0; i < d.col_v_size(); ++i, ++at) {
+      EXPECT_NEAR(d.col_v(i), col_v[at], 1e-6 * col_v[at]) << "column " << d.columns(i);
+    }
+    EXPECT_NEAR(d.v_mean(), total / (3 * kRows), 1e-6 * total / (3 * kRows));
+  }
+  EXPECT_EQ(at, 3u);
+  EXPECT_EQ(ValueDeltas(1, f.tensors, f.remote, &f.store, in.max_shard_bytes, false, true, 0.999f)[1]
+                .SerializeAsString(),
+            r.deltas[1].SerializeAsString())
+      << "made again from the store (a restarted daemon's resend): the same bytes";
+
+  Fixture g;
+  in = g.Input();
+  in.factored_moment = true;
+  in.arithmetic = true;
+  r = UpdateRound(in, UpdateLease::Grant(in.round, &g.store, &g.acc));
+  ASSERT_FALSE(r.deltas.empty());
+  EXPECT_EQ(r.deltas[0].delta().row_v_size(), 0);
+}
+
+// A large update spreads over the pool; its store and deltas (the factored
+// moment included) are the same bits for any number of update threads.
+TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
+  constexpr int64_t kBigRows = 300, kBigCols = 301;
+  auto run = [&](int threads) {
+    TensorStore store({{kBigRows, kBigCols}});
+    RoundAccumulator acc({{kBigRows, kBigCols}}, 1, false);
+    std::vector<RoundUpdateTensor> tensors{{"w", kBigRows, DType::kBF16}};
+    std::vector<std::vector<int32_t>> remote(1);
+    for (int32_t c = 0; c < kBigCols; ++c) {
+      if (c % 10 != 3) remote[0].push_back(c);
+      store.set_count(0, c, c % 7 == 0 ? 3 : 1);
+      for (int64_t i = 0; i < kBigRows; ++i) {
+        store.master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * kBigCols + c));
+        store.v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
+        acc.sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
+      }
+    }
+    ThreadPool pool(threads);
+    RoundUpdateInput in;
+    in.round = 0;
+    in.steps_sum = 2;
+    in.lr = 1e-3f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.factored_moment = true;
+    in.max_shard_bytes = 16 << 10;
+    in.pool = &pool;
+    RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(0, &store, &acc));
+    std::string all;
+    for (const v1::DownMessage& d : r.deltas) all += d.SerializeAsString();
+    return all;
+  };
+  const std::string one = run(1);
+  EXPECT_GT(one.size(), size_t{kBigRows * 270 * 2});
+  EXPECT_EQ(run(2), one);
+  EXPECT_EQ(run(4), one);
 }
 
 }  // namespace

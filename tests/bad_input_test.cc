@@ -244,12 +244,22 @@ TEST_F(BadInputTest, CreateJobBadSpecsAreInvalidArgument) {
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
                "zenflow.predicted_step needs DELTA_VALUES");
   spec.mutable_zenflow()->clear_predicted_step();
+  spec.mutable_zenflow()->set_local_step(true);
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "zenflow.local_step needs DELTA_VALUES");
+  spec.mutable_zenflow()->clear_local_step();
+  spec.mutable_zenflow()->set_fidelity_budget(std::numeric_limits<float>::quiet_NaN());
+  ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kInvalidArgument,
+               "zenflow.fidelity_budget nan must be finite");
+  spec.mutable_zenflow()->clear_fidelity_budget();
   spec.clear_delta_kind();
   ASSERT_OK((*c)->CreateJob(spec).status());
   absl::StatusOr<v1::GetJobResponse> job = (*c)->GetJob("badspec");
   ASSERT_OK(job.status());
   EXPECT_EQ(job->spec().zenflow().apply_delay().steps(), 4) << "overlap_step means d = S";
   EXPECT_TRUE(job->spec().zenflow().predicted_step()) << "the predicted step is the default";
+  EXPECT_TRUE(job->spec().zenflow().scale_round_step()) << "rule 12 is the default";
+  EXPECT_TRUE(job->spec().zenflow().local_step()) << "rule 13 is the default with values deltas";
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kAlreadyExists, "already exists");
   ASSERT_OK((*c)->DeleteJob("badspec"));
   ExpectStatus((*c)->GetJob("badspec").status(), StatusCode::kNotFound, "no job");
@@ -486,7 +496,7 @@ TEST_F(BadInputTest, LearningRateMustAgreeAcrossRanks) {
   for (int rank = 0; rank < 2; ++rank) {
     for (int64_t step = 4; step < 8; ++step) grads.push_back(h->FullGrad(rank, step));
   }
-  h->ref().Round(grads, 1e-2f, h->remote(), h->remote(), false);
+  h->ref().Round(grads, h->RoundLr(1e-2f), h->remote(), h->remote(), false);
   ASSERT_OK(h->CheckRound(1));
 }
 
@@ -943,6 +953,9 @@ v1::JobSpec SquareJob(const std::string& id, std::vector<std::vector<int64_t>> s
     for (int64_t d : shapes[i]) t->add_shape(d);
   }
   spec.set_world_size(world);
+  // The sizes below are of the values, m, v and deltas; the local step's
+  // few floats per row and column are counted in server/job_spec_test.cc.
+  spec.mutable_zenflow()->set_local_step(false);
   return spec;
 }
 

@@ -1,6 +1,7 @@
 // End-to-end tests of zenflowd: a real daemon process, real loopback gRPC,
 // the client library, and an independent reference optimizer.
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -79,6 +80,75 @@ TEST_F(DaemonE2ETest, OneStepRoundsCarryTheStateForThePredictedStep) {
   ASSERT_OK(h.Reselect({imp, {}}));
   ASSERT_OK(h.GoodRound(1e-3f));
   ASSERT_OK(h.GoodRound(1e-3f));
+}
+
+// Rule 12 (docs/design.md): the daemon's step of a four-step round has
+// 4 x lr, or lr with scale_round_step off; the harness's reference AdamW
+// (adamw_reference.h) takes the one the job asked for, so each job passes
+// only if the daemon honours its own setting. Rule 13: every delta carries
+// row_v, col_v and v_mean, which equal the means of the bias-corrected v
+// the daemon holds (GetState) to fp32 rounding; off, none.
+TEST_F(DaemonE2ETest, ScaledRoundStepAndFactoredMomentOfTheDaemonsV) {
+  JobOptions o;
+  o.job_id = "rule12-13";
+  o.world = 2;
+  o.interval = 4;
+  Harness h(daemon_->target(), o);
+  ASSERT_OK(h.Setup());
+  ASSERT_TRUE(h.created().zenflow().scale_round_step()) << "the default";
+  ASSERT_TRUE(h.created().zenflow().local_step()) << "the default";
+  EXPECT_EQ(h.RoundLr(1e-2f), 4e-2f);
+  for (float lr : {1e-2f, 5e-3f}) ASSERT_OK(h.GoodRound(lr));
+  std::vector<float> imp(16, 1.0f);
+  imp[3] = imp[11] = 50.0f;
+  ASSERT_OK(h.Reselect({imp, {}}));
+  ASSERT_OK(h.GoodRound(2e-3f));
+
+  absl::StatusOr<v1::ColumnState> st = h.client(0).GetState("rule12-13", "w");
+  ASSERT_OK(st.status());
+  const int64_t rows = 8;
+  const int n = st->columns_size();
+  ASSERT_EQ(n, 12) << "16 columns, 4 important (k 0.25)";
+  std::vector<double> row(rows, 0.0), col(n, 0.0);
+  double total = 0;
+  for (int i = 0; i < n; ++i) {
+    const double bc2 = 1.0 - std::pow(static_cast<double>(0.999f),
+                                      static_cast<double>(st->update_counts(i)));
+    for (int64_t r = 0; r < rows; ++r) {
+      const double vh = static_cast<double>(st->v(static_cast<int>(i * rows + r))) / bc2;
+      row[r] += vh;
+      col[i] += vh;
+      total += vh;
+    }
+  }
+  int checked = 0;
+  for (const v1::ParameterDelta& d : h.last_deltas()) {
+    if (d.tensor() != "w") continue;
+    ASSERT_EQ(d.row_v_size(), rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_NEAR(d.row_v(static_cast<int>(r)), row[r] / n, 4e-7 * row[r] / n) << "row " << r;
+    }
+    for (int i = 0; i < d.columns_size(); ++i) {
+      const int at = static_cast<int>(std::find(st->columns().begin(), st->columns().end(),
+                                                d.columns(i)) - st->columns().begin());
+      ASSERT_LT(at, n);
+      EXPECT_NEAR(d.col_v(i), col[at] / rows, 4e-7 * col[at] / rows) << "column " << d.columns(i);
+      ++checked;
+    }
+    EXPECT_NEAR(d.v_mean(), total / (n * rows), 4e-7 * total / (n * rows));
+  }
+  EXPECT_EQ(checked, n);
+
+  JobOptions off = o;
+  off.job_id = "rule12-13-off";
+  off.scale_round_step = false;
+  off.local_step = false;
+  Harness g(daemon_->target(), off);
+  ASSERT_OK(g.Setup());
+  EXPECT_EQ(g.RoundLr(1e-2f), 1e-2f);
+  ASSERT_OK(g.GoodRound(1e-2f));  // one step of lr, and no factored moment (CheckRound)
+  ASSERT_OK(g.GoodRound(5e-3f));
+  for (const v1::ParameterDelta& d : g.last_deltas()) EXPECT_EQ(d.row_v_size(), 0);
 }
 
 TEST_F(DaemonE2ETest, TwoRanksFourStepsBf16MatchReferenceOnBf16Inputs) {

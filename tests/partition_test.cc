@@ -232,12 +232,47 @@ TEST_F(PartitionTest, DelayOneOverTwoAndThreeDaemonsEqualsOneDaemonBitForBit) {
 
 // The same with w1 and w2 split into column blocks over the daemons: top-k
 // stays the whole tensor's, so the ranks still end where one daemon takes them.
+// Without the local step (rule 13): each block's daemon sends the factored
+// moment of its own columns, and the ranks' column-weighted mean of those is
+// the whole tensor's to fp32 rounding only (SplitLocalStepKeepsRanksIdenticalAndNearOneDaemon below).
 TEST_F(PartitionTest, SyncWithTensorsSplitByColumnsEqualsOneDaemonBitForBit) {
-  RunAndCompare(0, "split-sync", daemons_, Targets, Job, /*split=*/70);
+  auto no_local_step = [](const std::string& id, int daemons, int delay) {
+    EngineJob j = Job(id, daemons, delay);
+    j.cfg.local_step = false;
+    return j;
+  };
+  RunAndCompare(0, "split-sync", daemons_, Targets, no_local_step, /*split=*/70);
 }
 
 TEST_F(PartitionTest, DelayOneWithTensorsSplitByColumnsEqualsOneDaemonBitForBit) {
-  RunAndCompare(1, "split-delay1", daemons_, Targets, Job, /*split=*/70);
+  auto no_local_step = [](const std::string& id, int daemons, int delay) {
+    EngineJob j = Job(id, daemons, delay);
+    j.cfg.local_step = false;
+    return j;
+  };
+  RunAndCompare(1, "split-delay1", daemons_, Targets, no_local_step, /*split=*/70);
+}
+
+// With the local step over split tensors, the ranks combine the blocks'
+// moments whatever order their messages arrive in: two ranks end
+// bit-identical, and within fp32 rounding of the one-daemon job.
+TEST_F(PartitionTest, SplitLocalStepKeepsRanksIdenticalAndNearOneDaemon) {
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> one =
+      RunEngineRanks(Job("split-local-one", 1, 1));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EngineJob j = Job("split-local-3", 3, 1);
+  j.split_tensor_params = 70;
+  std::vector<OptimizerTotals> totals;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> got =
+      RunEngineRanks(j, nullptr, &totals);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t t = 0; t < (*got)[0].size(); ++t) {
+    EXPECT_EQ(std::memcmp((*got)[0][t].data(), (*got)[1][t].data(), (*got)[0][t].size() * 4), 0)
+        << "tensor " << t << " differs between the ranks";
+  }
+  EXPECT_GT(totals[0].local_steps, 0);
+  std::string where;
+  EXPECT_LE(Mismatch((*got)[0], (*one)[0], 2e-5, 1e-4, &where), 1.0) << where;
 }
 
 // One-step rounds with the predicted step: each block's daemon sends its

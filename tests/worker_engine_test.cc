@@ -75,22 +75,6 @@ class WorkerEngineTest : public ::testing::Test {
 
 DaemonProcess* WorkerEngineTest::daemon_ = nullptr;
 
-// Max |a-b| / (atol + rtol|b|) over all values; <= 1 passes.
-double Mismatch(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
-                double atol, double rtol, std::string* where) {
-  double worst = 0;
-  for (size_t t = 0; t < a.size(); ++t) {
-    for (size_t i = 0; i < a[t].size(); ++i) {
-      const double e = std::fabs(a[t][i] - b[t][i]) / (atol + rtol * std::fabs(b[t][i]));
-      if (e > worst) {
-        worst = e;
-        *where = absl::StrCat("tensor ", t, " element ", i, ": ", a[t][i], " vs ", b[t][i]);
-      }
-    }
-  }
-  return worst;
-}
-
 // The round lengths S(r) chosen from the first step on, as every step sees
 // them: each round's S repeated S times, cut at `steps`.
 std::vector<int32_t> PerStep(const std::vector<int32_t>& chosen, int64_t steps) {

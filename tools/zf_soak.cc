@@ -148,6 +148,10 @@ absl::StatusOr<v1::JobSpec> MakeSpec(const Config& cfg, const std::string& id) {
   z->set_select_interval(std::max(1, cfg.select_every) * cfg.interval);
   z->set_full_warmup_rounds(0);
   z->mutable_apply_delay()->set_steps(1);
+  // The reference (zf_soak_rank) is one AdamW step of lr per round, its
+  // deltas values only: rules 12 and 13 (docs/design.md) off.
+  z->set_scale_round_step(false);
+  z->set_local_step(false);
   return spec;
 }
 

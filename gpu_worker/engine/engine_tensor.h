@@ -31,8 +31,8 @@ struct EngineTensor {
   // columns: compact, column-major, like the packed gradients in gbuf.
   worker::DeviceBuffer d_important, d_remote, d_steps, m, v, master, gbuf, scores;
   // The daemon's columns' gradients, packed like the shards (column-major,
-  // in `remote` order) and reduced across ranks, for the predicted step;
-  // reserved at the first one.
+  // in `remote` order) and reduced across ranks, for the predicted step or
+  // the local step; reserved at the first one.
   worker::DeviceBuffer pbuf;
 
   bool fp32() const { return dtype == DType::kF32; }

@@ -90,6 +90,7 @@ ZenFlowOptimizer::ZenFlowOptimizer(Backend* backend, Client* client, const v1::J
       // The predicted step as the daemon decides it.
       policy_(spec, RoundsMayCarryPredictedState(spec)),
       predicted_(backend, spec.adamw(), RoundsMayCarryPredictedState(spec)),
+      local_(backend, spec),
       reselection_(backend, client, spec.zenflow().importance()) {}
 
 ZenFlowOptimizer::~ZenFlowOptimizer() {
@@ -270,9 +271,12 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   last_ = StepStats();
   last_.step = step;
   predicted_.Begin(false, lr);  // a drain below applies without one
-  if (policy_.IsSelectionStep(step)) {
+  local_.Begin(false, lr);
+  const bool selection = policy_.IsSelectionStep(step);
+  if (selection) {
     ZF_RETURN_IF_ERROR(ApplyDue(step, /*drain=*/true));  // rule 8: drain first
     ZF_ASSIGN_OR_RETURN(version_, reselection_.Run(step, tensors_));
+    local_.Reset();  // rule 13: the daemon's columns changed
     last_.reselected = true;
     ++totals_.reselections;
   }
@@ -283,11 +287,13 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
   }
   last_.update_interval = round_steps_;
   predicted_.Begin(PredictedStep::Decide(predicted_.enabled(), step, round_steps_, pending_), lr);
+  const bool closes = step == round_start_ + round_steps_ - 1;
+  local_.Begin(local_.Decide(step, selection, predicted_.now(), closes, pending_), lr);
   const double t_imp = Now();
   ZF_RETURN_IF_ERROR(UpdateImportant(step, lr));
   last_.important_seconds = Now() - t_imp;
   ZF_RETURN_IF_ERROR(PushRemote(step));
-  if (step == round_start_ + round_steps_ - 1) {
+  if (closes) {
     ZF_RETURN_IF_ERROR(CloseRound(round_, lr, round_steps_));
     pending_.push_back({round_, step, -1, round_steps_});
     totals_.rounds_closed += 1;
@@ -304,6 +310,8 @@ absl::Status ZenFlowOptimizer::Step(int64_t step, float lr) {
     last_.predicted = true;
     totals_.predicted_steps += 1;
   }
+  ZF_ASSIGN_OR_RETURN(last_.local_step, local_.End(tensors_));  // rule 13
+  totals_.local_steps += last_.local_step ? 1 : 0;
   const ClientStats after = client_->stats();
   snapshot_ = after;
   have_snapshot_ = true;
@@ -418,16 +426,19 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
   for (auto& t : tensors_) {
     if (!t->important.empty()) active.push_back(t.get());
   }
-  if (active.empty() && !predicted_.now()) return absl::OkStatus();
+  // The daemon columns' gradients, reduced, for the predicted step or the
+  // local step (never both in one step).
+  const bool daemon_columns = predicted_.now() || local_.now();
+  if (active.empty() && !daemon_columns) return absl::OkStatus();
   for (EngineTensor* t : active) {
     ZF_RETURN_IF_ERROR(backend_->PackColumns(t->grad, t->rows, t->cols, t->d_important.i32(),
                                              static_cast<int64_t>(t->important.size()),
                                              PackDType::kF32, t->gbuf.p(), nullptr));
   }
-  if (predicted_.now()) ZF_RETURN_IF_ERROR(predicted_.Pack(tensors_));
+  if (daemon_columns) ZF_RETURN_IF_ERROR(predicted_.Pack(tensors_));
   // Every rank reduces the same parts in the same order: a tensor's
-  // important columns, then (with a predicted step this step) its daemon
-  // columns.
+  // important columns, then (with a predicted or local step this step) its
+  // daemon columns.
   struct Part {
     EngineTensor* t;
     float* device;
@@ -439,7 +450,7 @@ absl::Status ZenFlowOptimizer::UpdateImportant(int64_t step, float lr) {
     if (!t->important.empty()) {
       reduce.push_back({t, t->gbuf.f32(), static_cast<int64_t>(t->important.size()) * t->rows});
     }
-    if (predicted_.now() && !t->remote.empty()) {
+    if (daemon_columns && !t->remote.empty()) {
       reduce.push_back({t, t->pbuf.f32(), static_cast<int64_t>(t->remote.size()) * t->rows});
     }
   }
@@ -646,6 +657,7 @@ absl::Status ZenFlowOptimizer::ApplyRound(const PendingRound& p, int64_t step) {
     // Rule 11: a one-step round applied one step late, with this step's
     // gradient at hand: the daemon's next step of these columns, here.
     if (predicted_.Carries(p, step, d)) ZF_RETURN_IF_ERROR(predicted_.FromDelta(t, d, cols));
+    ZF_RETURN_IF_ERROR(local_.FromDelta(*t, d));  // rule 13: the factored moment
     ZF_RETURN_IF_ERROR(backend_->Synchronize());
     client_->Recycle(std::move(*d.mutable_payload()));
   }

@@ -6,8 +6,8 @@
 // ZenFlowConfig.auto_update_interval it also chooses each round's length.
 //
 // It composes the engine's parts: the round schedule (round_policy.h: the
-// interval and the apply delay), the predicted step (predicted_step.h) and
-// the reselection (reselection.h); it owns the tensors, the staging of the
+// interval and the apply delay), the predicted step (predicted_step.h), the
+// local step (local_step.h) and the reselection (reselection.h); it owns the tensors, the staging of the
 // shards on their way out and the application of the rounds coming back.
 //
 //   ZF_ASSIGN_OR_RETURN(v1::JobSpec spec, JoinOrCreateJob(&client, want, rank, backend, params));
@@ -33,6 +33,7 @@
 #include "gpu_worker/backend.h"
 #include "gpu_worker/device_buffer.h"
 #include "gpu_worker/engine/engine_tensor.h"
+#include "gpu_worker/engine/local_step.h"
 #include "gpu_worker/engine/predicted_step.h"
 #include "gpu_worker/engine/reselection.h"
 #include "gpu_worker/engine/round_policy.h"
@@ -76,6 +77,8 @@ struct StepStats {
   bool reselected = false;
   // The step ended with the predicted step (rule 11) on the daemon's columns.
   bool predicted = false;
+  // The step ended with the local step (rule 13) on the daemon's columns.
+  bool local_step = false;
   // Steps of the round this step belongs to: the update interval S in use
   // (with auto_update_interval it changes from round to round).
   int32_t update_interval = 0;
@@ -96,6 +99,8 @@ struct OptimizerTotals {
   int64_t round_steps = 0;
   // Steps that ended with the predicted step (rule 11).
   int64_t predicted_steps = 0;
+  // Steps that ended with the local step (rule 13).
+  int64_t local_steps = 0;
 };
 
 // Creates the job (rank 0, with the initial parameter values read from the
@@ -208,6 +213,7 @@ class ZenFlowOptimizer {
   const int32_t rank_;
   RoundPolicy policy_;
   PredictedStep predicted_;
+  LocalStep local_;
   Reselection reselection_;
   DType wire_ = DType::kBF16;
   worker::PackDType pack_wire_ = worker::PackDType::kBF16;

@@ -217,6 +217,39 @@ absl::Status CheckAdamW16Args(const AdamWHyper& h, float grad_scale, const void*
   return CheckPointer(kOp, "w", w, ncols > 0 && rows > 0);
 }
 
+absl::Status CheckFactoredStepArgs(float lr, float eps, const void* w, PackDType w_dtype,
+                                   int64_t rows, int64_t cols, const int32_t* columns,
+                                   int64_t ncols, const float* grad, const float* row_v,
+                                   const float* col_v) {
+  constexpr const char* kOp = "FactoredStep";
+  if (w_dtype != PackDType::kF32 && w_dtype != PackDType::kBF16 && w_dtype != PackDType::kF16) {
+    return Invalid(kOp, absl::StrCat("the parameter dtype must be f32, bf16 or f16, got ",
+                                     PackDTypeName(w_dtype)));
+  }
+  ZF_RETURN_IF_ERROR(CheckShape(kOp, rows, cols));
+  ZF_RETURN_IF_ERROR(CheckNonNegative(kOp, "ncols", ncols));
+  if (ncols > 0 && cols == 0) {
+    return Invalid(
+        kOp, absl::StrCat("ncols = ", ncols, " columns requested from a tensor with 0 columns"));
+  }
+  if (ncols > 0 && rows > std::numeric_limits<int64_t>::max() / 8 / ncols) {
+    return Invalid(kOp,
+                   absl::StrCat("rows * ncols overflows (rows = ", rows, ", ncols = ", ncols, ")"));
+  }
+  if (!std::isfinite(lr) || lr < 0.0f) {
+    return Invalid(kOp, absl::StrCat("lr must be finite and >= 0, got ", lr));
+  }
+  if (!std::isfinite(eps) || eps < 0.0f) {
+    return Invalid(kOp, absl::StrCat("eps must be finite and >= 0, got ", eps));
+  }
+  const bool touches = ncols > 0 && rows > 0;
+  ZF_RETURN_IF_ERROR(CheckPointer(kOp, "columns", columns, ncols > 0));
+  ZF_RETURN_IF_ERROR(CheckPointer(kOp, "w", w, touches));
+  ZF_RETURN_IF_ERROR(CheckPointer(kOp, "grad", grad, touches));
+  ZF_RETURN_IF_ERROR(CheckPointer(kOp, "row_v", row_v, touches));
+  return CheckPointer(kOp, "col_v", col_v, touches);
+}
+
 absl::Status CheckConvertArgs(const void* src, PackDType src_dtype, const void* dst,
                               PackDType dst_dtype, int64_t n) {
   constexpr const char* kOp = "Convert";

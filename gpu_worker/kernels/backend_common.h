@@ -66,6 +66,11 @@ absl::Status CheckAdamW16Args(const AdamWHyper& h, float grad_scale, const void*
                               const int32_t* columns, int64_t ncols, const int64_t* steps,
                               const float* grad, const float* master, const float* m,
                               const float* v);
+// FactoredStep: w_dtype kF32, kBF16 or kF16; lr and eps finite and >= 0.
+absl::Status CheckFactoredStepArgs(float lr, float eps, const void* w, PackDType w_dtype,
+                                   int64_t rows, int64_t cols, const int32_t* columns,
+                                   int64_t ncols, const float* grad, const float* row_v,
+                                   const float* col_v);
 absl::Status CheckConvertArgs(const void* src, PackDType src_dtype, const void* dst,
                               PackDType dst_dtype, int64_t n);
 
@@ -125,6 +130,16 @@ ZF_HOST_DEVICE inline int8_t QuantizeInt8(float x, float scale) {
 
 ZF_HOST_DEVICE inline float DequantizeInt8(int8_t q, float scale) {
   return static_cast<float>(q) * scale;
+}
+
+// FactoredStep's element (backend.h), the same expression on every backend:
+// the updated value of w, or w itself when vh is not > 0.
+ZF_HOST_DEVICE inline float FactoredStepElement(float w, float g, float rv, float cv, float v_mean,
+                                                float lr, float eps) {
+  const float vh = (rv * cv) / v_mean;
+  if (!(vh > 0.0f)) return w;
+  const float step = (lr * g) / (sqrtf(vh) + eps);
+  return w - step;
 }
 
 }  // namespace zenflow::worker::internal

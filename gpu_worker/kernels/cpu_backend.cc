@@ -47,6 +47,7 @@ namespace {
 using cpu::CeilDiv;
 using cpu::CodecDType;
 using cpu::GatherTile;
+using cpu::GatherTile16;
 using cpu::kTileCols;
 using cpu::kTileRows;
 using cpu::ScatterTile;
@@ -118,6 +119,38 @@ double ChunkSquaredNorm(const float* x, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// FactoredStep on one gathered column: x[r] (rows r0.. of the column,
+// contiguous) with its gradient g[r] and row moments rv[r]. The element is
+// backend_common.h's; the AVX2 form computes the same IEEE operations
+// (multiply, divide, sqrt, add, subtract, each correctly rounded) eight at a
+// time, so both give the same bits.
+void FactoredColumnScalar(float* x, const float* g, const float* rv, float cv, float v_mean,
+                          float lr, float eps, int64_t n) {
+  for (int64_t r = 0; r < n; ++r) {
+    x[r] = internal::FactoredStepElement(x[r], g[r], rv[r], cv, v_mean, lr, eps);
+  }
+}
+
+ZF_TARGET("avx2")
+void FactoredColumnAvx2(float* x, const float* g, const float* rv, float cv, float v_mean,
+                        float lr, float eps, int64_t n) {
+  const __m256 vcv = _mm256_set1_ps(cv);
+  const __m256 vmean = _mm256_set1_ps(v_mean);
+  const __m256 vlr = _mm256_set1_ps(lr);
+  const __m256 veps = _mm256_set1_ps(eps);
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256 vh = _mm256_div_ps(_mm256_mul_ps(_mm256_loadu_ps(rv + r), vcv), vmean);
+    const __m256 ok = _mm256_cmp_ps(vh, zero, _CMP_GT_OQ);  // false for NaN
+    const __m256 step = _mm256_div_ps(_mm256_mul_ps(vlr, _mm256_loadu_ps(g + r)),
+                                      _mm256_add_ps(_mm256_sqrt_ps(vh), veps));
+    const __m256 xv = _mm256_loadu_ps(x + r);
+    _mm256_storeu_ps(x + r, _mm256_blendv_ps(xv, _mm256_sub_ps(xv, step), ok));
+  }
+  FactoredColumnScalar(x + r, g + r, rv + r, cv, v_mean, lr, eps, n - r);
+}
+
 // Thread-compatible (see Backend); the pool's workers are internal.
 class CpuBackend final : public Backend {
  public:
@@ -165,6 +198,9 @@ class CpuBackend final : public Backend {
                                 float* v) override;
   absl::Status Convert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype,
                        int64_t n) override;
+  absl::Status FactoredStep(float lr, float eps, void* w, PackDType w_dtype, int64_t rows,
+                            int64_t cols, const int32_t* columns, int64_t ncols, const float* grad,
+                            const float* row_v, const float* col_v, float v_mean) override;
 
  private:
   absl::Status Copy(const char* op, void* dst, const void* src, size_t bytes);
@@ -480,6 +516,67 @@ absl::Status CpuBackend::Convert(const void* src, PackDType src_dtype, void* dst
         f32.resize(cn);
         Decode(CodecDType(src_dtype), s, cn, f32.data());
         Encode(CodecDType(dst_dtype), f32.data(), cn, d);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::FactoredStep(float lr, float eps, void* w, PackDType w_dtype,
+                                      int64_t rows, int64_t cols, const int32_t* columns,
+                                      int64_t ncols, const float* grad, const float* row_v,
+                                      const float* col_v, float v_mean) {
+  ZF_RETURN_IF_ERROR(internal::CheckFactoredStepArgs(lr, eps, w, w_dtype, rows, cols, columns,
+                                                     ncols, grad, row_v, col_v));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("FactoredStep", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const bool f32 = w_dtype == PackDType::kF32;
+  const DType codec = CodecDType(w_dtype);
+  const bool avx2 = simd_ && simd::HasAvx2();
+  const int64_t tiles = CeilDiv(ncols, kTileCols);
+  const int64_t row_blocks = CeilDiv(rows, kTileRows);
+  // As ApplyColumns: threads own row blocks, so they write disjoint rows.
+  // A tile of W is gathered into a transposition buffer (decoded for 16
+  // bits), stepped column by column against the contiguous gradients and
+  // row moments, and scattered back (rounded to nearest even for 16 bits).
+  pool_.ParallelFor(static_cast<size_t>(row_blocks), 1, [&](size_t bb, size_t be) {
+    alignas(64) float buf[kTileCols * kTileRows];
+    alignas(64) uint16_t buf16[kTileCols * kTileRows];
+    int64_t idx[kTileCols];
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t c0 = t * kTileCols;
+      const int64_t cn = std::min(kTileCols, ncols - c0);
+      for (int64_t c = 0; c < cn; ++c) idx[c] = columns[c0 + c];
+      for (int64_t b = static_cast<int64_t>(bb); b < static_cast<int64_t>(be); ++b) {
+        const int64_t r0 = b * kTileRows;
+        const int64_t rn = std::min(kTileRows, rows - r0);
+        if (f32) {
+          GatherTile(static_cast<const float*>(w), cols, idx, cn, r0, rn, buf, kTileRows);
+        } else {
+          GatherTile16(static_cast<const uint16_t*>(w), cols, idx, cn, r0, rn, buf16, kTileRows);
+          for (int64_t c = 0; c < cn; ++c) {
+            Decode(codec, buf16 + c * kTileRows, static_cast<size_t>(rn), buf + c * kTileRows);
+          }
+        }
+        for (int64_t c = 0; c < cn; ++c) {
+          float* x = buf + c * kTileRows;
+          const float* g = grad + static_cast<size_t>((c0 + c) * rows + r0);
+          if (avx2) {
+            FactoredColumnAvx2(x, g, row_v + r0, col_v[c0 + c], v_mean, lr, eps, rn);
+          } else {
+            FactoredColumnScalar(x, g, row_v + r0, col_v[c0 + c], v_mean, lr, eps, rn);
+          }
+        }
+        if (f32) {
+          ScatterTile(static_cast<float*>(w), cols, idx, cn, r0, rn, buf, kTileRows,
+                      /*add=*/false);
+        } else {
+          for (int64_t c = 0; c < cn; ++c) {
+            Encode(codec, buf + c * kTileRows, static_cast<size_t>(rn), buf16 + c * kTileRows);
+          }
+          ScatterTile16(static_cast<uint16_t*>(w), cols, idx, cn, r0, rn, buf16, kTileRows);
+        }
       }
     }
   });

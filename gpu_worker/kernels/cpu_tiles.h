@@ -53,6 +53,15 @@ inline void ScatterTile(float* w, int64_t cols, const int64_t* idx, int64_t cn, 
   }
 }
 
+// 16-bit W: buf[c * stride + r] = w[(r0 + r) * cols + idx[c]].
+inline void GatherTile16(const uint16_t* w, int64_t cols, const int64_t* idx, int64_t cn,
+                         int64_t r0, int64_t rn, uint16_t* buf, int64_t stride) {
+  for (int64_t r = 0; r < rn; ++r) {
+    const uint16_t* row = w + (r0 + r) * cols;
+    for (int64_t c = 0; c < cn; ++c) buf[c * stride + r] = row[idx[c]];
+  }
+}
+
 // 16-bit W: w[(r0 + r) * cols + idx[c]] = buf[c * stride + r].
 inline void ScatterTile16(uint16_t* w, int64_t cols, const int64_t* idx, int64_t cn, int64_t r0,
                           int64_t rn, const uint16_t* buf, int64_t stride) {

@@ -57,6 +57,7 @@ using cuda_kernels::ImportanceReduceKernel;
 using cuda_kernels::Int8ScaleKernel;
 using cuda_kernels::NormFinalKernel;
 using cuda_kernels::NormPartialKernel;
+using cuda_kernels::FactoredStepKernel;
 using cuda_kernels::PackKernel;
 using cuda_kernels::SelectDigitKernel;
 using cuda_kernels::SelectHistogramKernel;
@@ -74,6 +75,8 @@ using cuda_kernels::kErrApply16Duplicate;
 using cuda_kernels::kErrApply16Index;
 using cuda_kernels::kErrApplyDuplicate;
 using cuda_kernels::kErrApplyIndex;
+using cuda_kernels::kErrFactoredDuplicate;
+using cuda_kernels::kErrFactoredIndex;
 using cuda_kernels::kErrPackIndex;
 using cuda_kernels::kMaxGridY;
 using cuda_kernels::kNormMaxBlocks;
@@ -104,6 +107,8 @@ std::string DescribeErrors(unsigned int bits) {
   add(kErrAdam16Index, "SelectiveAdamW16: a column index was outside [0, cols)");
   add(kErrAdam16Duplicate, "SelectiveAdamW16: a column index appeared more than once");
   add(kErrAdam16Step, "SelectiveAdamW16: a step count was < 1 (steps include this update)");
+  add(kErrFactoredIndex, "FactoredStep: a column index was outside [0, cols)");
+  add(kErrFactoredDuplicate, "FactoredStep: a column index appeared more than once");
   return out;
 }
 
@@ -161,6 +166,9 @@ class CudaBackend final : public Backend {
                                 float* v) override;
   absl::Status Convert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype,
                        int64_t n) override;
+  absl::Status FactoredStep(float lr, float eps, void* w, PackDType w_dtype, int64_t rows,
+                            int64_t cols, const int32_t* columns, int64_t ncols, const float* grad,
+                            const float* row_v, const float* col_v, float v_mean) override;
 
  private:
   // Makes device_ current on the calling thread.
@@ -517,6 +525,34 @@ absl::Status CudaBackend::ApplyColumns16(void* w, PackDType w_dtype, int64_t row
         <<<grid, block, 0, stream_.get()>>>(w16, rows, cols, columns, ncols, src);
   }
   return CheckLaunch(kWho, "Apply16Kernel");
+}
+
+absl::Status CudaBackend::FactoredStep(float lr, float eps, void* w, PackDType w_dtype,
+                                       int64_t rows, int64_t cols, const int32_t* columns,
+                                       int64_t ncols, const float* grad, const float* row_v,
+                                       const float* col_v, float v_mean) {
+  ZF_RETURN_IF_ERROR(internal::CheckFactoredStepArgs(lr, eps, w, w_dtype, rows, cols, columns,
+                                                     ncols, grad, row_v, col_v));
+  if (ncols == 0) return absl::OkStatus();
+  ZF_RETURN_IF_ERROR(Activate());
+  ZF_RETURN_IF_ERROR(
+      LaunchColumnCheck(columns, ncols, cols, kErrFactoredIndex, kErrFactoredDuplicate));
+  if (rows == 0) return absl::OkStatus();
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const dim3 grid(static_cast<unsigned int>((ncols + kTile - 1) / kTile),
+                  static_cast<unsigned int>(std::min<int64_t>(row_tiles, kMaxGridY)));
+  const dim3 block(kTile, kTileY);
+  if (w_dtype == PackDType::kF32) {
+    FactoredStepKernel<PackDType::kF32><<<grid, block, 0, stream_.get()>>>(
+        lr, eps, w, rows, cols, columns, ncols, grad, row_v, col_v, v_mean);
+  } else if (w_dtype == PackDType::kBF16) {
+    FactoredStepKernel<PackDType::kBF16><<<grid, block, 0, stream_.get()>>>(
+        lr, eps, w, rows, cols, columns, ncols, grad, row_v, col_v, v_mean);
+  } else {
+    FactoredStepKernel<PackDType::kF16><<<grid, block, 0, stream_.get()>>>(
+        lr, eps, w, rows, cols, columns, ncols, grad, row_v, col_v, v_mean);
+  }
+  return CheckLaunch(kWho, "FactoredStepKernel");
 }
 
 absl::Status CudaBackend::SelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w,

@@ -34,6 +34,8 @@ enum ErrorBit : unsigned int {
   kErrAdam16Index = 1u << 8,
   kErrAdam16Duplicate = 1u << 9,
   kErrAdam16Step = 1u << 10,
+  kErrFactoredIndex = 1u << 11,
+  kErrFactoredDuplicate = 1u << 12,
 };
 
 // ---------------------------------------------------------------------------
@@ -405,6 +407,47 @@ __global__ void Apply16Kernel(uint16_t* __restrict__ w, int64_t rows, int64_t co
       for (int r = threadIdx.y; r < kTile; r += kTileY) {
         const int64_t rr = r0 + r;
         if (rr < rows) w[rr * cols + dst_col] = tile[r][threadIdx.x];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// FactoredStep (the local step, docs/design.md rule 13) on W of dtype kW
+// (kF32, kBF16, kF16): the tile's gradients are read along rows
+// (column-major, coalesced) into shared memory, then each thread steps its
+// column of W down the tile's rows with backend_common.h's element (the
+// same fp32 operations as the CPU backend: -fmad=false, IEEE sqrt and
+// division).
+template <PackDType kW>
+__global__ void FactoredStepKernel(float lr, float eps, void* __restrict__ w, int64_t rows,
+                                   int64_t cols, const int32_t* __restrict__ columns,
+                                   int64_t ncols, const float* __restrict__ grad,
+                                   const float* __restrict__ row_v,
+                                   const float* __restrict__ col_v, float v_mean) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t dst_col = TileColumn(columns, ncols, cols);
+  const float cv = dst_col >= 0 ? col_v[c0 + threadIdx.x] : 0.0f;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    const int64_t row = r0 + threadIdx.x;
+    for (int c = threadIdx.y; c < kTile; c += kTileY) {
+      const int64_t cc = c0 + c;
+      if (row < rows && cc < ncols) tile[threadIdx.x][c] = grad[cc * rows + row];
+    }
+    __syncthreads();
+    if (dst_col >= 0) {
+      for (int r = threadIdx.y; r < kTile; r += kTileY) {
+        const int64_t rr = r0 + r;
+        if (rr < rows) {
+          const int64_t i = rr * cols + dst_col;
+          const float x = DevLoad<kW>(w, i, 0.0f);
+          const float y = internal::FactoredStepElement(x, tile[r][threadIdx.x], row_v[rr], cv,
+                                                        v_mean, lr, eps);
+          DevStore<kW>(w, i, y, 0.0f);
+        }
       }
     }
     __syncthreads();

@@ -376,6 +376,29 @@ absl::Status EmulatedBackend::Convert(const void* src, PackDType src_dtype, void
   return absl::OkStatus();
 }
 
+absl::Status EmulatedBackend::FactoredStep(float lr, float eps, void* w, PackDType w_dtype,
+                                           int64_t rows, int64_t cols, const int32_t* columns,
+                                           int64_t ncols, const float* grad, const float* row_v,
+                                           const float* col_v, float v_mean) {
+  ZF_RETURN_IF_ERROR(internal::CheckFactoredStepArgs(lr, eps, w, w_dtype, rows, cols, columns,
+                                                     ncols, grad, row_v, col_v));
+  ZF_RETURN_IF_ERROR(internal::CheckColumnIndices("FactoredStep", columns, ncols, cols,
+                                                  /*distinct=*/true));
+  if (ncols == 0 || rows == 0) return absl::OkStatus();
+  const double r = static_cast<double>(rows);
+  const double n = static_cast<double>(ncols);
+  const int64_t esize = static_cast<int64_t>(PackDTypeSize(w_dtype));
+  // grad read (compact, coalesced); W's sectors read and written; row_v,
+  // col_v and the indices: about 4 + 2 * 4 bytes per fp32 element.
+  const double bytes =
+      r * n * 4.0 +
+      2.0 * r * static_cast<double>(internal::ColumnSectorsPerRow(columns, ncols, esize)) *
+          kSector +
+      r * 4.0 + n * 8.0;
+  Enqueue(KernelCostSeconds(profile_, bytes));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<EmulatedBackend>> MakeEmulatedBackend(const std::string& profile) {
   ZF_ASSIGN_OR_RETURN(DeviceProfile p, FindDeviceProfile(profile));
   return std::make_unique<EmulatedBackend>(std::move(p), nullptr);

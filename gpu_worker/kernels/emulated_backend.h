@@ -146,6 +146,9 @@ class EmulatedBackend : public Backend {
                                 float* v) override;
   absl::Status Convert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype,
                        int64_t n) override;
+  absl::Status FactoredStep(float lr, float eps, void* w, PackDType w_dtype, int64_t rows,
+                            int64_t cols, const int32_t* columns, int64_t ncols, const float* grad,
+                            const float* row_v, const float* col_v, float v_mean) override;
 
  private:
   // Puts an operation of `seconds` on the stream.

@@ -163,6 +163,33 @@ TEST_F(EmulatedBackendTest, SixteenBitAdamWCostsTwoByteSectorsAndAnFp32Master) {
   for (void* p : bufs) be_->Free(p);
 }
 
+TEST_F(EmulatedBackendTest, FactoredStepCostsTheGradientAndWsSectors) {
+  const int64_t rows = 64, cols = 64, ncols = 16;
+  std::vector<void*> bufs;
+  for (size_t bytes : {size_t{rows * cols * 4}, size_t{ncols * 4}, size_t{rows * ncols * 4},
+                       size_t{rows * 4}, size_t{ncols * 4}}) {
+    absl::StatusOr<void*> p = be_->Alloc(bytes);
+    ASSERT_TRUE(p.ok());
+    bufs.push_back(*p);
+  }
+  std::vector<int32_t> columns(ncols);
+  std::iota(columns.begin(), columns.end(), 0);  // two 32-byte sectors of each fp32 row
+  std::memcpy(bufs[1], columns.data(), ncols * 4);
+  auto f = [&](int i) { return static_cast<float*>(bufs[i]); };
+  ASSERT_TRUE(be_->FactoredStep(1e-3f, 1e-8f, bufs[0], PackDType::kF32, rows, cols,
+                                static_cast<int32_t*>(bufs[1]), ncols, f(2), f(3), f(4), 1.0f)
+                  .ok());
+  // The gradient read (4 B per element); W's sectors read and written; the
+  // row moments, the column moments and indices.
+  const double bytes = 64 * 16 * 4 + 2 * 64 * 2 * 32 + 64 * 4 + 16 * 8;
+  EXPECT_DOUBLE_EQ(be_->device_busy_until(), 100.0 + kLaunch + bytes / kHbm);
+  EXPECT_EQ(be_->FactoredStep(1e-3f, 1e-8f, bufs[0], PackDType::kInt8, rows, cols,
+                              static_cast<int32_t*>(bufs[1]), ncols, f(2), f(3), f(4), 1.0f)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  for (void* p : bufs) be_->Free(p);
+}
+
 TEST(ColumnSectorsTest, CountsDistinctSectorsSortedOrNot) {
   const std::vector<int32_t> one = {0, 1, 2, 3, 4, 5, 6, 7};
   EXPECT_EQ(internal::ColumnSectorsPerRow(one.data(), 8), 1);

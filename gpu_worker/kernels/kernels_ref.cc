@@ -193,6 +193,23 @@ void RefSelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDTy
   }
 }
 
+void RefFactoredStep(float lr, float eps, void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                     const int32_t* columns, int64_t ncols, const float* grad, const float* row_v,
+                     const float* col_v, float v_mean) {
+  for (int64_t c = 0; c < ncols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * cols + columns[c];
+      const float estimate = row_v[r] * col_v[c];
+      const float vh = estimate / v_mean;
+      if (std::isnan(vh) || vh <= 0.0f) continue;  // no scale: no step
+      const float numerator = lr * grad[c * rows + r];
+      const float denominator = std::sqrt(vh) + eps;
+      const float x = EncodedToFloat(w_dtype, w, at, 0.0f);
+      StoreFloat(w_dtype, w, at, x - numerator / denominator);
+    }
+  }
+}
+
 void RefConvert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype, int64_t n) {
   for (int64_t i = 0; i < n; ++i) StoreFloat(dst_dtype, dst, i, EncodedToFloat(src_dtype, src, i, 0.0f));
 }

@@ -54,6 +54,12 @@ void RefSelectiveAdamW16(const AdamWHyper& h, float grad_scale, void* w, PackDTy
                          const int64_t* steps, const float* grad, float* master, float* m,
                          float* v);
 
+// The local step of Backend::FactoredStep, element by element (W of
+// w_dtype kF32, kBF16 or kF16).
+void RefFactoredStep(float lr, float eps, void* w, PackDType w_dtype, int64_t rows, int64_t cols,
+                     const int32_t* columns, int64_t ncols, const float* grad, const float* row_v,
+                     const float* col_v, float v_mean);
+
 // dst[i] = convert(src[i]).
 void RefConvert(const void* src, PackDType src_dtype, void* dst, PackDType dst_dtype, int64_t n);
 

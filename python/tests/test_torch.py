@@ -246,6 +246,42 @@ def test_defaults_are_auto_with_the_predicted_step_which_a_keyword_turns_off(dae
                                        predicted_step="yes")
 
 
+def test_rule_options_reach_the_job_spec_from_keywords_and_config(daemon):
+    m = model()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen-rules-default",
+                                        lr=1e-2, topk_ratio=0.25) as opt:
+        z = opt.spec["zenflow"]
+        assert z["scale_round_step"] is True and z["local_step"] is True
+        assert "fidelity_budget" not in z
+        train_on_four_batches(m, opt, 4)
+    with zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-rules-kw",
+                                        update_interval=4, scale_round_step=False,
+                                        local_step=False, fidelity_budget=0.25) as opt:
+        z = opt.spec["zenflow"]
+        assert z.get("scale_round_step", False) is False
+        assert z.get("local_step", False) is False
+        assert z["fidelity_budget"] == pytest.approx(0.25)
+    # DeepSpeed-style keys, in the zenflow block or the zenflowd block; a
+    # keyword wins over the config.
+    with zenflow.torch.ZenFlowOptimizer(
+            model().parameters(), target=daemon, job="zen-rules-config", update_interval=4,
+            local_step=True,
+            config={"zenflow": {"scale_round_step": False, "local_step": False},
+                    "zenflowd": {"fidelity_budget": 0.5}}) as opt:
+        z = opt.spec["zenflow"]
+        assert z.get("scale_round_step", False) is False
+        assert z["local_step"] is True
+        assert z["fidelity_budget"] == pytest.approx(0.5)
+    assert zenflow.config.load({"zenflowd": {"scale_round_step": False}}) == {
+        "scale_round_step": False}
+    with pytest.raises(ValueError, match="local_step must be True or False"):
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-bad",
+                                       local_step="yes")
+    with pytest.raises(ValueError, match="fidelity_budget must be a finite number"):
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-bad",
+                                       fidelity_budget=float("nan"))
+
+
 def test_config_file_and_unknown_keys():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"zenflow": {"topk_ratio": 0.1, "update_interval": "auto"},
@@ -318,13 +354,15 @@ def test_zenflow_equals_the_reference_simulator_step_by_step(daemon, delay):
         _zenflow_sim = pytest.importorskip("_zenflow_sim")
     m = model()
     sim = _zenflow_sim.Sim(dict(S=2, R=8, warmup_rounds=1, delay=0 if delay == "sync" else delay,
-                                k=0.25, wd=0.01),
+                                k=0.25, wd=0.01, scale_round_step=False, local_step=False),
                            sim_tensors(m))
     with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job=f"sim_{delay}",
                                         lr=1e-2, weight_decay=0.01, topk_ratio=0.25,
                                         update_interval=2, select_interval=8,
                                         full_warm_up_rounds=1, apply_delay=delay,
-                                        wire="fp32") as opt:
+                                        wire="fp32",
+                                        # (rules 12 and 13: not in the simulator)
+                                        scale_round_step=False, local_step=False) as opt:
         for t in range(24):
             opt.zero_grad()
             loss_of(m, t).backward()

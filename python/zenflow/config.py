@@ -7,7 +7,12 @@ DeepSpeed. What this package reads of it:
   keys: ``topk_ratio``, ``select_strategy`` ("auto" or "step"),
   ``select_interval`` ("auto" or steps), ``update_interval`` ("auto" or steps),
   ``full_warm_up_rounds``, ``overlap_step`` (true: apply delay = S; false:
-  sync).
+  sync); and this project's ``scale_round_step`` (true or false, default
+  true: a round of S steps takes one step of S x lr, docs/design.md rule 12),
+  ``local_step`` (true or false, default true: the ranks step the daemon's
+  columns between rounds, rule 13) and ``fidelity_budget`` (a number: the
+  update divergence update_interval auto keeps under; 0 or below: no limit),
+  which the ``zenflowd`` block takes too.
 - ``optimizer.params``: ``lr``, ``betas``, ``eps``, ``weight_decay`` ("auto"
   means: the optimizer's own argument).
 - ``zenflowd``, this project's own keys: ``target``, ``job``, ``transport``
@@ -34,7 +39,13 @@ ZENFLOW_KEYS = {
     "update_interval",
     "full_warm_up_rounds",
     "overlap_step",
+    "scale_round_step",
+    "local_step",
+    "fidelity_budget",
 }
+# The options of rules 12 and 13 and fidelity_budget: in either block
+# (zenflowd's wins), passed on as given (ZenFlowOptimizer checks their types).
+RULE_KEYS = ("scale_round_step", "local_step", "fidelity_budget")
 OPTIMIZER_PARAM_KEYS = {"lr", "betas", "eps", "weight_decay"}
 ZENFLOWD_KEYS = {
     "target",
@@ -43,6 +54,9 @@ ZENFLOWD_KEYS = {
     "wire_dtype",
     "apply_delay",
     "predicted_step",
+    "scale_round_step",
+    "local_step",
+    "fidelity_budget",
     "mode",
     "daemon_wait_s",
     "rank_ordered_sums",
@@ -78,7 +92,8 @@ def load(config):
 
     Keys of the result: the optimizer's keyword names (topk_ratio,
     update_interval, select_interval, full_warm_up_rounds, apply_delay, lr,
-    betas, eps, weight_decay, target, job, transport, wire, mode,
+    betas, eps, weight_decay, predicted_step, scale_round_step, local_step,
+    fidelity_budget, target, job, transport, wire, mode,
     daemon_wait, rank_ordered_sums, threads, token, tls_ca, tls_cert, tls_key,
     tls_server_name); only those the config sets.
     """
@@ -132,6 +147,9 @@ def load(config):
             if not isinstance(zen["overlap_step"], bool):
                 raise ValueError("config: overlap_step must be true or false")
             out["apply_delay"] = "overlap_step" if zen["overlap_step"] else "sync"
+        for key in RULE_KEYS:
+            if key in zen:
+                out[key] = zen[key]
     opt = config.get("optimizer")
     if isinstance(opt, dict) and "params" in opt:
         params = opt["params"]

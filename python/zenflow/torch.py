@@ -73,7 +73,12 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     zenflow.config). Further keywords: transport ("grpc" or "ucx"),
     topk_ratio, update_interval (steps, or "auto"), select_interval, full_warm_up_rounds,
     apply_delay ("sync", "adaptive", "overlap_step" or steps), predicted_step
-    (bool; default true: docs/engine.md, the predicted step), daemon_wait
+    (bool; default true: docs/engine.md, the predicted step), scale_round_step
+    (bool; default true: a round of S steps takes one step of S x lr,
+    docs/design.md rule 12), local_step (bool; default true: the daemon's
+    columns move every step between rounds, rule 13), fidelity_budget (a
+    number: the update divergence update_interval auto keeps under; 0 or
+    below: no limit; default: the daemon's), daemon_wait
     (seconds to ride through a daemon restart; 0 fails at once),
     connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
     token, sent with every call; default: $ZENFLOW_TOKEN; the ranks of a job
@@ -91,7 +96,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                  lr=None, betas=None, eps=None, weight_decay=None, mode=None, wire=None,
                  config=None, transport=None, topk_ratio=None, update_interval=None,
                  select_interval=None, full_warm_up_rounds=None, apply_delay=None,
-                 predicted_step=None, daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
+                 predicted_step=None, scale_round_step=None, local_step=None,
+                 fidelity_budget=None, daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
                  token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
         given = dict(target=target, job=job, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
                      tls_key=tls_key, tls_server_name=tls_server_name, lr=lr, betas=betas, eps=eps,
@@ -99,7 +105,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                      topk_ratio=topk_ratio, update_interval=update_interval,
                      select_interval=select_interval, full_warm_up_rounds=full_warm_up_rounds,
                      apply_delay=apply_delay, predicted_step=predicted_step,
-                     daemon_wait=daemon_wait,
+                     scale_round_step=scale_round_step, local_step=local_step,
+                     fidelity_budget=fidelity_budget, daemon_wait=daemon_wait,
                      rank_ordered_sums=rank_ordered_sums, threads=threads)
         s = _config.load(config)
         s.update({k: v for k, v in given.items() if v is not None})
@@ -181,6 +188,16 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             if not isinstance(s["predicted_step"], bool):
                 raise ValueError(f"predicted_step must be True or False, not {s['predicted_step']!r}")
             zen["predictedStep"] = s["predicted_step"]
+        for key, proto in (("scale_round_step", "scaleRoundStep"), ("local_step", "localStep")):
+            if key in s:
+                if not isinstance(s[key], bool):
+                    raise ValueError(f"{key} must be True or False, not {s[key]!r}")
+                zen[proto] = s[key]
+        if "fidelity_budget" in s:
+            b = s["fidelity_budget"]
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b):
+                raise ValueError(f"fidelity_budget must be a finite number, not {b!r}")
+            zen["fidelityBudget"] = float(b)
         if zen.get("updateInterval") == "auto":
             # Rounds of 1..S_max steps (the daemon's default S_max), docs/design.md rule 10.
             del zen["updateInterval"]

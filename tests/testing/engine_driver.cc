@@ -104,6 +104,10 @@ v1::JobSpec EngineSpec(const EngineJob& job) {
   z->set_full_warmup_rounds(job.cfg.warmup_rounds);
   z->set_auto_update_interval(job.cfg.auto_interval);
   z->set_predicted_step(job.cfg.predicted_step);
+  // Rules 12 and 13 as the simulator (zenflow_sim.h) models them: on by
+  // default, off where a test turns them off.
+  z->set_scale_round_step(job.cfg.scale_round_step);
+  z->set_local_step(job.cfg.local_step);
   if (job.adaptive) {
     z->mutable_apply_delay()->set_adaptive(true);
   } else if (job.cfg.delay == 0) {
@@ -181,13 +185,15 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(const EngineJob& j
 }
 
 absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
-    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals) {
+    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals,
+    std::vector<OptimizerTotals>* totals) {
   std::vector<absl::StatusOr<std::vector<std::vector<float>>>> out(
       job.cfg.world, absl::UnknownError("not run"));
   std::vector<std::vector<int32_t>> steps(job.cfg.world);
+  std::vector<OptimizerTotals> sums(job.cfg.world);
   std::vector<std::thread> threads;
   for (int r = 0; r < job.cfg.world; ++r) {
-    threads.emplace_back([&, r] { out[r] = RunEngineRank(job, r, nullptr, &steps[r]); });
+    threads.emplace_back([&, r] { out[r] = RunEngineRank(job, r, &sums[r], &steps[r]); });
   }
   for (auto& t : threads) t.join();
   std::vector<std::vector<std::vector<float>>> result;
@@ -198,10 +204,12 @@ absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
     result.push_back(*std::move(out[r]));
   }
   if (intervals != nullptr) *intervals = std::move(steps);
+  if (totals != nullptr) *totals = std::move(sums);
   return result;
 }
 
-std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t>* round_steps) {
+std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t>* round_steps,
+                                       int* local_steps) {
   ZenFlowSim sim(job.cfg, EngineModel());
   const size_t nt = EngineModel().size();
   for (int64_t t = 0; t < job.steps; ++t) {
@@ -213,9 +221,25 @@ std::vector<std::vector<float>> RunSim(const EngineJob& job, std::vector<int32_t
   }
   sim.Finish();
   if (round_steps != nullptr) *round_steps = sim.round_steps();
+  if (local_steps != nullptr) *local_steps = sim.local_steps();
   std::vector<std::vector<float>> out(nt);
   for (size_t ti = 0; ti < nt; ++ti) out[ti] = sim.params(ti);
   return out;
+}
+
+double Mismatch(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                double atol, double rtol, std::string* where) {
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    for (size_t i = 0; i < a[t].size(); ++i) {
+      const double e = std::fabs(a[t][i] - b[t][i]) / (atol + rtol * std::fabs(b[t][i]));
+      if (e > worst) {
+        worst = e;
+        *where = absl::StrCat("tensor ", t, " element ", i, ": ", a[t][i], " vs ", b[t][i]);
+      }
+    }
+  }
+  return worst;
 }
 
 }  // namespace zenflow::testing

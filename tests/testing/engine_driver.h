@@ -50,12 +50,21 @@ absl::StatusOr<std::vector<std::vector<float>>> RunEngineRank(
     std::vector<int32_t>* intervals = nullptr);
 // Runs every rank, each in its own thread with its own connection;
 // `intervals`, if not null, receives each rank's per-step update_interval.
+// `totals`, if not null, each rank's OptimizerTotals.
 absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunEngineRanks(
-    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals = nullptr);
+    const EngineJob& job, std::vector<std::vector<int32_t>>* intervals = nullptr,
+    std::vector<OptimizerTotals>* totals = nullptr);
 // The simulator's final parameters for the same job; `round_steps`, if not
-// null, receives the steps of each of its rounds.
+// null, receives the steps of each of its rounds; `local_steps` the steps
+// that ended with a local step (rule 13).
 std::vector<std::vector<float>> RunSim(const EngineJob& job,
-                                       std::vector<int32_t>* round_steps = nullptr);
+                                       std::vector<int32_t>* round_steps = nullptr,
+                                       int* local_steps = nullptr);
+
+// Max |a-b| / (atol + rtol|b|) over all values of every tensor; <= 1 passes.
+// `where` receives the worst element.
+double Mismatch(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                double atol, double rtol, std::string* where);
 
 }  // namespace zenflow::testing
 

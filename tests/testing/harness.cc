@@ -86,7 +86,16 @@ v1::JobSpec Harness::spec() const {
   spec.set_skip_nonfinite_rounds(opts_.skip_nonfinite);
   spec.mutable_adamw()->set_max_grad_norm(opts_.max_grad_norm);
   spec.set_delta_kind(opts_.delta_kind);
+  if (opts_.scale_round_step.has_value()) {
+    spec.mutable_zenflow()->set_scale_round_step(*opts_.scale_round_step);
+  }
+  if (opts_.local_step.has_value()) spec.mutable_zenflow()->set_local_step(*opts_.local_step);
   return spec;
+}
+
+float Harness::RoundLr(float lr) const {
+  const bool scaled = created_.zenflow().scale_round_step() && opts_.interval > 1;
+  return scaled ? lr * static_cast<float>(opts_.interval) : lr;
 }
 
 absl::Status Harness::Connect() {
@@ -107,7 +116,10 @@ absl::Status Harness::Connect() {
   return absl::OkStatus();
 }
 
-absl::Status Harness::CreateJob() { return clients_[0]->CreateJob(spec()).status(); }
+absl::Status Harness::CreateJob() {
+  ZF_ASSIGN_OR_RETURN(created_, clients_[0]->CreateJob(spec()));
+  return absl::OkStatus();
+}
 
 absl::Status Harness::Upload() {
   std::vector<Client::TensorValues> values;
@@ -187,7 +199,10 @@ absl::Status Harness::GoodRound(float lr) {
   for (size_t ti = 0; ti < opts_.tensors.size(); ++ti) {
     for (int64_t c = 0; c < opts_.tensors[ti].cols; ++c) all[ti].push_back(static_cast<int32_t>(c));
   }
-  ref_->Round(grads, lr, remote_, all, opts_.wire == DType::kBF16, opts_.max_grad_norm);
+  // The daemon's columns take the round's step (rule 12); the others
+  // stand in for the worker's, one step of lr.
+  ref_->Round(grads, lr, remote_, all, opts_.wire == DType::kBF16, opts_.max_grad_norm,
+              RoundLr(lr));
   ZF_RETURN_IF_ERROR(CheckRound(round));
   ++next_round_;
   return absl::OkStatus();
@@ -216,6 +231,7 @@ absl::Status Harness::CheckRound(int64_t round) {
     }
   }
   const RoundUpdate& u = updates[0];
+  last_deltas_.assign(u.deltas.begin(), u.deltas.end());
   if (u.done.skipped_nonfinite()) {
     return absl::InternalError(absl::StrCat("round ", round, " was skipped as non-finite"));
   }
@@ -252,6 +268,7 @@ absl::Status Harness::CheckRound(int64_t round) {
       Decode(DType::kBF16, d.m().data(), dm.size(), dm.data());
       Decode(DType::kBF16, d.v().data(), dv.size(), dv.data());
     }
+    ZF_RETURN_IF_ERROR(CheckFactoredMoment(round, ti, d));
     for (int i = 0; i < d.columns_size(); ++i) {
       const int32_t c = d.columns(i);
       seen[ti][c] += 1;
@@ -290,6 +307,64 @@ absl::Status Harness::CheckRound(int64_t round) {
       return absl::InternalError(absl::StrCat("round ", round, " tensor '", opts_.tensors[ti].name,
                                               "': returned columns differ from the remote set"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Harness::CheckFactoredMoment(int64_t round, size_t ti,
+                                          const v1::ParameterDelta& d) const {
+  const RefTensor& t = ref_->tensor(ti);
+  const bool want = created_.mode() == v1::MODE_ZENFLOW && created_.zenflow().local_step() &&
+                    created_.delta_kind() == v1::DELTA_VALUES;
+  const std::string where = absl::StrCat("round ", round, " tensor '", t.name, "': ");
+  if (!want) {
+    if (d.row_v_size() > 0 || d.col_v_size() > 0 || d.v_mean() != 0) {
+      return absl::InternalError(absl::StrCat(where, "a factored moment without local_step"));
+    }
+    return absl::OkStatus();
+  }
+  if (d.row_v_size() != t.rows || d.col_v_size() != d.columns_size()) {
+    return absl::InternalError(absl::StrCat(where, d.row_v_size(), " row_v and ", d.col_v_size(),
+                                            " col_v for ", t.rows, " rows and ", d.columns_size(),
+                                            " columns"));
+  }
+  // The definition, from the reference's v (the daemon's to fp32 rounding).
+  const std::vector<int32_t>& cols = remote_[ti];
+  const RefHyper h;
+  std::vector<double> row(t.rows, 0.0);
+  double total = 0;
+  auto vh = [&](int64_t r, int32_t c) {
+    const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(t.count[c]));
+    return static_cast<double>(t.v[r * t.cols + c]) / bc2;
+  };
+  for (int32_t c : cols) {
+    for (int64_t r = 0; r < t.rows; ++r) {
+      row[r] += vh(r, c);
+      total += vh(r, c);
+    }
+  }
+  auto close = [](double got, double want) {
+    return std::fabs(got - want) <= 1e-12 + 2e-5 * std::fabs(want);
+  };
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const double w = row[r] / static_cast<double>(cols.size());
+    if (!close(d.row_v(static_cast<int>(r)), w)) {
+      return absl::InternalError(absl::StrCat(where, "row_v[", r, "] ", d.row_v(static_cast<int>(r)),
+                                              " want ", w));
+    }
+  }
+  for (int i = 0; i < d.columns_size(); ++i) {
+    double s = 0;
+    for (int64_t r = 0; r < t.rows; ++r) s += vh(r, d.columns(i));
+    const double w = s / static_cast<double>(t.rows);
+    if (!close(d.col_v(i), w)) {
+      return absl::InternalError(absl::StrCat(where, "col_v of column ", d.columns(i), " ",
+                                              d.col_v(i), " want ", w));
+    }
+  }
+  const double w = total / (static_cast<double>(t.rows) * static_cast<double>(cols.size()));
+  if (!close(d.v_mean(), w)) {
+    return absl::InternalError(absl::StrCat(where, "v_mean ", d.v_mean(), " want ", w));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,11 @@ struct JobOptions {
   bool skip_nonfinite = false;
   float max_grad_norm = 0;
   v1::DeltaKind delta_kind = v1::DELTA_VALUES;
+  // ZenFlowConfig.scale_round_step and local_step (docs/design.md rules 12
+  // and 13); unset: the daemon's default. The harness checks the job as
+  // CreateJob normalized it.
+  std::optional<bool> scale_round_step;
+  std::optional<bool> local_step;
   bool handoff_per_tensor = false;  // one HandOff call per tensor
   // Set: every rank uses the UCX transport with these options (else the
   // test transport, TestTransport()).
@@ -93,6 +98,9 @@ class Harness {
   // A whole good round: every rank pushes S steps and closes; then every
   // rank's update must match the reference, bit-identical across ranks.
   absl::Status GoodRound(float lr);
+  // The learning rate of the daemon's step for a round of S steps closed
+  // with `lr` (docs/design.md rule 12: lr * S with scale_round_step).
+  float RoundLr(float lr) const;
   // Waits for `round` on every rank and checks it against the reference
   // (which Round() on the reference must already reflect).
   absl::Status CheckRound(int64_t round);
@@ -109,8 +117,16 @@ class Harness {
   RefOptimizer& ref() { return *ref_; }
   const std::vector<std::vector<int32_t>>& remote() const { return remote_; }
   v1::JobSpec spec() const;
+  // The spec as the daemon normalized it (after CreateJob).
+  const v1::JobSpec& created() const { return created_; }
+  // Rank 0's deltas of the last round CheckRound checked.
+  const std::vector<v1::ParameterDelta>& last_deltas() const { return last_deltas_; }
 
  private:
+  // Checks a delta's factored second moment (docs/design.md rule 13)
+  // against the reference's v and counts of the tensor's remote columns.
+  absl::Status CheckFactoredMoment(int64_t round, size_t ti, const v1::ParameterDelta& d) const;
+
   std::string target_;
   JobOptions opts_;
   std::vector<std::unique_ptr<Client>> clients_;
@@ -120,6 +136,8 @@ class Harness {
   std::set<std::pair<int, int64_t>> pushed_;  // (rank, step) pushed by PushStep
   int64_t next_round_ = 0;
   int64_t version_ = 0;
+  v1::JobSpec created_;
+  std::vector<v1::ParameterDelta> last_deltas_;
 };
 
 }  // namespace zenflow::testing

@@ -6,6 +6,7 @@
 #ifndef ZENFLOW_TESTS_TESTING_REFERENCE_H_
 #define ZENFLOW_TESTS_TESTING_REFERENCE_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -57,11 +58,13 @@ class RefOptimizer {
   // step); `remote[tensor]` lists the columns the daemon owns (the clipping
   // norm covers those); `update[tensor]` the columns to update (remote ones
   // plus any a test updates in place of a worker); `bf16` rounds every
-  // gradient value to bf16 first (the wire).
+  // gradient value to bf16 first (the wire). `remote_lr` >= 0: the remote
+  // columns' step takes it instead of lr (docs/design.md rule 12: the
+  // daemon's step of a round of s steps has lr * s).
   void Round(const std::vector<std::vector<std::vector<float>>>& grads, float lr,
              const std::vector<std::vector<int32_t>>& remote,
              const std::vector<std::vector<int32_t>>& update, bool bf16,
-             float max_grad_norm = 0) {
+             float max_grad_norm = 0, float remote_lr = -1) {
     const size_t n = grads.size();
     std::vector<std::vector<float>> mean(t_.size());
     double norm2 = 0;
@@ -92,7 +95,9 @@ class RefOptimizer {
     for (size_t ti = 0; ti < t_.size(); ++ti) {
       RefTensor& t = t_[ti];
       for (int32_t c : update[ti]) {
-        const AdamWStepFactors f = AdamWFactors(h_, lr, ++t.count[c]);
+        const bool daemon = std::find(remote[ti].begin(), remote[ti].end(), c) != remote[ti].end();
+        const AdamWStepFactors f =
+            AdamWFactors(h_, daemon && remote_lr >= 0 ? remote_lr : lr, ++t.count[c]);
         for (int64_t r = 0; r < t.rows; ++r) {
           const size_t i = r * t.cols + c;
           AdamWElement(h_, f, mean[ti][i] * scale, &t.p[i], &t.m[i], &t.v[i]);

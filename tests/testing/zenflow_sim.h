@@ -1,4 +1,4 @@
-// Test support: an independent simulation of docs/design.md rules 1-10 in plain loops
+// Test support: an independent simulation of docs/design.md rules 1-13 in plain loops
 // (worker and daemon together, every rank), to compare the real worker
 // engine + daemon against. Shares no code with gpu_worker/ or server/.
 //
@@ -53,6 +53,21 @@ struct SimConfig {
   // with the current step's mean gradient; at step 0 (of a one-step round)
   // from the zero state.
   bool predicted_step = true;
+  // The scaled round step (rule 12; the daemon's default): a round of s
+  // steps takes its AdamW step with lr * s (one fp32 product), the decay
+  // scaled alike.
+  bool scale_round_step = true;
+  // The local step (rule 13; the daemon's default): every round's update
+  // also yields its tensor's factored second moment of the daemon columns
+  // (with vh = v / (1 - beta2^count): row means, column means, the overall
+  // mean; double sums in index order, rounded to float), and the workers
+  // keep the latest applied one (dropped at a reselection). At the end of a
+  // step that is not a selection step, has no predicted step and does not
+  // close a round applied at once (sync), every tensor whose daemon columns
+  // all have one steps them with the step's mean gradient:
+  //   w = round(w - (lr * g) / (sqrt(row_v[i] * col_v[j] / v_mean) + eps)),
+  // an element whose estimate is not > 0 unchanged.
+  bool local_step = true;
 };
 
 struct SimTensor {
@@ -88,6 +103,8 @@ class ZenFlowSim {
   // The workers' parameters (rounded to the parameter dtype, held as fp32).
   const std::vector<float>& params(size_t ti) const { return t_[ti].w; }
   int reselections() const { return reselections_; }
+  // Steps that ended with a local step (rule 13).
+  int local_steps() const { return local_steps_; }
   // The steps of every round closed so far, in order.
   const std::vector<int32_t>& round_steps() const { return round_steps_; }
   std::vector<int32_t> important(size_t ti) const {
@@ -173,8 +190,14 @@ class ZenFlowSim {
                     pending_.front().steps == 1 && pending_.front().delay == 1));
     std::vector<State> before;
     if (predict) before = st_;
-    if (t == start_ + steps_ - 1) Close(t, lr, Delay(steps_));
-    while (!pending_.empty() && pending_.front().due <= t) ApplyFront();
+    if (t == start_ + steps_ - 1) {
+      Close(t, lr, Delay(steps_));
+      closed_at_ = t;
+    }
+    while (!pending_.empty() && pending_.front().due <= t) {
+      if (pending_.front().close == t) applied_at_ = t;
+      ApplyFront();
+    }
     if (predict) {
       for (size_t ti = 0; ti < t_.size(); ++ti) {
         SimTensor& x = t_[ti];
@@ -195,6 +218,13 @@ class ZenFlowSim {
         }
       }
     }
+    // Rule 13: a sync round closed at this step holds its gradient already.
+    const bool closed_sync = closed_at_ == t && applied_at_ == t;
+    if (cfg_.local_step && !cfg_.zero_offload && !select && !predict && !closed_sync) {
+      bool any = false;
+      for (size_t ti = 0; ti < t_.size(); ++ti) any = LocalStep(ti, lr, grads) || any;
+      if (any) ++local_steps_;
+    }
   }
 
   void Finish() {
@@ -203,12 +233,20 @@ class ZenFlowSim {
   }
 
  private:
+  // A tensor's factored second moment (rule 13): per row, per column (by
+  // column index; `have` marks the columns it covers) and overall.
+  struct Factored {
+    std::vector<float> row_v, col_v;
+    std::vector<bool> have;
+    float v_mean = 0;
+  };
   struct State {
     // master: the daemon's fp32 master; ww: the worker's fp32 master (its
     // important columns'; for fp32 parameters ww of those columns equals w).
     std::vector<float> master, ww, mw, vw, md, vd, acc;
     std::vector<int64_t> cw, cd;
     std::vector<bool> important;
+    Factored fact;  // the workers' latest
   };
   struct Pending {
     int64_t round;
@@ -217,7 +255,69 @@ class ZenFlowSim {
     int64_t close = 0;  // the round's last step
     int steps = 0;
     std::vector<std::vector<std::pair<int32_t, std::vector<float>>>> cols;  // per tensor
+    std::vector<Factored> fact;  // per tensor, after the round's update
   };
+
+  // The factored moment of tensor ti's daemon columns as the daemon's v and
+  // update counts stand (rule 13, ParameterDelta.row_v's definition).
+  Factored FactoredOf(size_t ti) const {
+    const SimTensor& x = t_[ti];
+    const State& s = st_[ti];
+    Factored f;
+    f.row_v.assign(x.rows, 0.0f);
+    f.col_v.assign(x.cols, 0.0f);
+    f.have.assign(x.cols, false);
+    std::vector<double> rows(x.rows, 0.0);
+    double total = 0;
+    int64_t n = 0;
+    for (int64_t c = 0; c < x.cols; ++c) {
+      if (s.important[c]) continue;
+      const double inv_bc2 =
+          1.0 / (1.0 - std::pow(static_cast<double>(cfg_.beta2), static_cast<double>(s.cd[c])));
+      double col = 0;
+      for (int64_t r = 0; r < x.rows; ++r) {
+        const double vh = static_cast<double>(s.vd[r * x.cols + c]) * inv_bc2;
+        rows[r] += vh;
+        col += vh;
+      }
+      f.col_v[c] = static_cast<float>(col / static_cast<double>(x.rows));
+      f.have[c] = true;
+      total += col;
+      ++n;
+    }
+    if (n == 0) return Factored{};
+    for (int64_t r = 0; r < x.rows; ++r) f.row_v[r] = static_cast<float>(rows[r] / static_cast<double>(n));
+    f.v_mean = static_cast<float>(total / (static_cast<double>(x.rows) * static_cast<double>(n)));
+    return f;
+  }
+
+  // Rule 13's local step of tensor ti; whether it took one.
+  bool LocalStep(size_t ti, float lr, const std::vector<std::vector<std::vector<float>>>& grads) {
+    SimTensor& x = t_[ti];
+    const State& s = st_[ti];
+    const Factored& f = s.fact;
+    bool any_remote = false;
+    for (int64_t c = 0; c < x.cols; ++c) {
+      if (s.important[c]) continue;
+      any_remote = true;
+      if (f.have.empty() || !f.have[c]) return false;  // not every daemon column has one
+    }
+    if (!any_remote) return false;
+    const float inv_world = 1.0f / static_cast<float>(cfg_.world);
+    for (int64_t c = 0; c < x.cols; ++c) {
+      if (s.important[c]) continue;
+      for (int64_t r = 0; r < x.rows; ++r) {
+        const size_t i = r * x.cols + c;
+        float g = 0;
+        for (int k = 0; k < cfg_.world; ++k) g += grads[k][ti][i];
+        g *= inv_world;
+        const float vh = f.row_v[r] * f.col_v[c] / f.v_mean;
+        if (!(vh > 0.0f)) continue;
+        x.w[i] = Round(x.w[i] - lr * g / (std::sqrt(vh) + cfg_.eps));
+      }
+    }
+    return true;
+  }
 
   // The apply delay of a round of `steps` steps.
   int Delay(int steps) const {
@@ -236,6 +336,9 @@ class ZenFlowSim {
     p.close = t;
     p.steps = steps;
     const float scale = static_cast<float>(1.0 / (static_cast<double>(cfg_.world) * steps));
+    // Rule 12: one step standing for the round's s.
+    const float round_lr =
+        cfg_.scale_round_step && !cfg_.zero_offload ? lr * static_cast<float>(steps) : lr;
     for (size_t ti = 0; ti < t_.size(); ++ti) {
       SimTensor& x = t_[ti];
       State& s = st_[ti];
@@ -246,13 +349,14 @@ class ZenFlowSim {
         std::vector<float> col(x.rows);
         for (int64_t r = 0; r < x.rows; ++r) {
           const size_t i = r * x.cols + c;
-          Adam(&s.master[i], &s.md[i], &s.vd[i], s.acc[i] * scale, lr, s.cd[c]);
+          Adam(&s.master[i], &s.md[i], &s.vd[i], s.acc[i] * scale, round_lr, s.cd[c]);
           s.acc[i] = 0;
           col[r] = s.master[i];
         }
         cols.push_back({static_cast<int32_t>(c), std::move(col)});
       }
       p.cols.push_back(std::move(cols));
+      if (cfg_.local_step && !cfg_.zero_offload) p.fact.push_back(FactoredOf(ti));
     }
     pending_.push_back(std::move(p));
     round_steps_.push_back(steps);
@@ -285,6 +389,22 @@ class ZenFlowSim {
       for (auto& [c, col] : p.cols[ti]) {
         for (int64_t r = 0; r < t_[ti].rows; ++r) t_[ti].w[r * t_[ti].cols + c] = Round(col[r]);
       }
+      // Rule 13: the round's factored moment, for the columns it covers.
+      if (ti < p.fact.size() && !p.fact[ti].have.empty()) {
+        Factored& f = st_[ti].fact;
+        const Factored& from = p.fact[ti];
+        if (f.have.empty()) {
+          f.col_v.assign(t_[ti].cols, 0.0f);
+          f.have.assign(t_[ti].cols, false);
+        }
+        f.row_v = from.row_v;
+        f.v_mean = from.v_mean;
+        for (int64_t c = 0; c < t_[ti].cols; ++c) {
+          if (!from.have[c]) continue;
+          f.col_v[c] = from.col_v[c];
+          f.have[c] = true;
+        }
+      }
     }
     pending_.erase(pending_.begin());
   }
@@ -294,6 +414,7 @@ class ZenFlowSim {
     for (size_t ti = 0; ti < t_.size(); ++ti) {
       SimTensor& x = t_[ti];
       State& s = st_[ti];
+      s.fact = Factored{};  // rule 13: the daemon columns change
       std::vector<bool> now(x.cols, false);
       if (x.one_d) {
         now.assign(x.cols, true);
@@ -341,6 +462,10 @@ class ZenFlowSim {
   std::vector<State> st_;
   std::vector<Pending> pending_;
   int reselections_ = 0;
+  int local_steps_ = 0;
+  // The step that closed the last round, and the last step that applied a
+  // round closed at that same step (sync).
+  int64_t closed_at_ = -1, applied_at_ = -1;
   // The open round: its number, first step and steps (0 before its first
   // step); the next step and the last step's lr (for a partial close).
   int64_t round_ = 0, start_ = 0, next_ = 0;

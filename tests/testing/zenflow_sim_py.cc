@@ -1,4 +1,4 @@
-// Test support: the independent simulation of docs/design.md rules 1-10
+// Test support: the independent simulation of docs/design.md rules 1-13
 // (tests/testing/zenflow_sim.h) as a Python module, `_zenflow_sim`, so that
 // python/tests can compare zenflow.torch.ZenFlowOptimizer with it step by
 // step. Not part of the zenflow package.
@@ -56,6 +56,9 @@ ZenFlowSim* Make(const py::dict& cfg, const std::vector<PyTensor>& tensors) {
       else if (d == "fp16") c.param_dtype = zenflow::testing::SimParamDType::kF16;
       else throw py::value_error("param_dtype must be fp32, bf16 or fp16, got '" + d + "'");
     }
+    else if (key == "predicted_step") c.predicted_step = v.cast<bool>();
+    else if (key == "scale_round_step") c.scale_round_step = v.cast<bool>();
+    else if (key == "local_step") c.local_step = v.cast<bool>();
     else if (key == "beta1") c.beta1 = v.cast<float>();
     else if (key == "beta2") c.beta2 = v.cast<float>();
     else if (key == "eps") c.eps = v.cast<float>();
@@ -79,5 +82,6 @@ PYBIND11_MODULE(_zenflow_sim, m) {
       .def("params", &ZenFlowSim::params, py::arg("tensor"))
       .def("important", &ZenFlowSim::important, py::arg("tensor"))
       .def("reselections", &ZenFlowSim::reselections)
+      .def("local_steps", &ZenFlowSim::local_steps)
       .def("round_steps", &ZenFlowSim::round_steps);
 }
