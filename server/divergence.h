@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/adamw.h"
@@ -62,6 +63,13 @@ class UpdateDivergence {
   // index per column.
   static int64_t BufferBytes(int64_t rows, int64_t cols, int64_t interval, int world,
                              bool rank_ordered);
+
+  // A job's seed: FNV-1a of its id (the same in every build and run).
+  static uint64_t SeedOf(const std::string& job_id) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char ch : job_id) h = (h ^ ch) * 1099511628211ull;
+    return h;
+  }
 
   // `interval`: the job's update_interval (S_max with auto); `seed`: what
   // the job's samples are drawn from (a hash of its id).
