@@ -50,6 +50,11 @@ absl::StatusOr<RoundUpdate> PartitionedClient::Combine(std::vector<RoundUpdate> 
     out.done.set_stall_seconds(std::max(out.done.stall_seconds(), d.stall_seconds()));
     out.done.set_durable_rounds(std::min(out.done.durable_rounds(), d.durable_rounds()));
     out.done.set_skipped_nonfinite(out.done.skipped_nonfinite() || d.skipped_nonfinite());
+    // The update divergence (docs/design.md rule 14): the largest daemon's.
+    if (d.has_update_divergence() && (!out.done.has_update_divergence() ||
+                                      d.update_divergence() > out.done.update_divergence())) {
+      out.done.set_update_divergence(d.update_divergence());
+    }
   }
   out.done.set_delta_messages(messages);
   out.done.set_grad_norm(static_cast<float>(std::sqrt(norm2)));

@@ -166,6 +166,13 @@ std::vector<MetricFamily> RenderMetrics(const v1::GetStatsResponse& s) {
             "Steps of the last fully closed round: the update interval S in use (with "
             "update_interval auto it changes from round to round).",
             job, static_cast<double>(j.last_round_steps()));
+    if (j.has_update_divergence()) {
+      f.Gauge("zenflow_job_update_divergence",
+              "The last measured round's update divergence: ||applied - per-step AdamW|| / "
+              "||per-step AdamW|| of the daemon's columns, on a ~1% sample (docs/design.md rule "
+              "14).",
+              job, static_cast<double>(j.update_divergence()));
+    }
     f.Gauge("zenflow_job_apply_delay_steps",
             "The apply delay the ranks report (the largest), in steps.", job, delay);
     f.Gauge("zenflow_job_staleness_steps",

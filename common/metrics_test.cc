@@ -44,6 +44,7 @@ v1::GetStatsResponse Snapshot() {
   j->set_rounds_updated(7);
   j->set_update_queue_depth(1);
   j->set_last_round_steps(3);
+  j->set_update_divergence(0.125f);
   v1::TransportStats* t = j->add_transports();
   t->set_transport("ucx");
   t->set_shards_received(10);
@@ -105,6 +106,8 @@ TEST(RenderMetricsTest, EveryFigureOfTheSnapshotBecomesItsSeries) {
   EXPECT_EQ(f["zenflow_job_rounds_completed_total"].metric[0].counter.value, 7);
   EXPECT_EQ(f["zenflow_job_update_queue_depth"].metric[0].gauge.value, 1);
   EXPECT_EQ(f["zenflow_job_update_interval_steps"].metric[0].gauge.value, 3);
+  EXPECT_EQ(f["zenflow_job_update_divergence"].metric[0].gauge.value, 0.125);
+  EXPECT_EQ(Label(f["zenflow_job_update_divergence"].metric[0], "job"), "j1");
   EXPECT_EQ(f["zenflow_job_apply_delay_steps"].metric[0].gauge.value, 2);  // the largest
   const auto& shards = f["zenflow_job_shards_received_total"].metric[0];
   EXPECT_EQ(Label(shards, "transport"), "ucx");

@@ -575,6 +575,14 @@ absl::Status Run() {
     summary.Key("s_mean").Double(tot.rounds_closed > 0 ? static_cast<double>(tot.round_steps) /
                                                              static_cast<double>(tot.rounds_closed)
                                                        : 0.0);
+    // The mean update divergence of the rounds the daemon measured
+    // (docs/design.md rule 14); null when it measured none.
+    summary.Key("divergence");
+    if (tot.divergence_rounds > 0) {
+      summary.Double(tot.divergence_sum / static_cast<double>(tot.divergence_rounds));
+    } else {
+      summary.Null();
+    }
   }
   if (opt != nullptr) {
     // What went to the daemon, for checks against its figures.

@@ -197,6 +197,13 @@ class Worker {
     d["reselections"] = t.reselections;
     d["rounds_closed"] = t.rounds_closed;
     d["round_steps"] = t.round_steps;  // / rounds_closed: the mean S
+    // The mean update divergence of the measured rounds (docs/design.md
+    // rule 14); None when none was measured.
+    if (t.divergence_rounds > 0) {
+      d["divergence"] = t.divergence_sum / static_cast<double>(t.divergence_rounds);
+    } else {
+      d["divergence"] = py::none();
+    }
     d["reconnects"] = client_->stats().reconnects;
     d["selection_version"] = opt_->selection_version();
     return d;

@@ -81,6 +81,9 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
   for (const TensorState& t : tensors_) shapes.push_back({t.rows, t.cols});
   store_ = std::make_unique<TensorStore>(shapes);
   acc_ = std::make_unique<RoundAccumulator>(shapes, world_, spec.rank_ordered_sums());
+  divergence_ = std::make_unique<UpdateDivergence>(shapes, world_, spec.rank_ordered_sums(),
+                                                   interval_,
+                                                   UpdateDivergence::SeedOf(spec.job_id()));
   for (const TensorState& t : tensors_) update_tensors_.push_back({t.name, t.rows, t.param_dtype});
   ranks_.resize(world_);
   for (RankState& r : ranks_) r.mailbox = std::make_shared<Mailbox>(ctx_.outbox_limit_bytes);

@@ -38,6 +38,7 @@
 #include "common/thread_pool.h"
 #include "common/up_wire.h"
 #include "server/all_reduce_barrier.h"
+#include "server/divergence.h"
 #include "server/hand_off.h"
 #include "server/job_spec.h"
 #include "server/job_stats.h"
@@ -302,6 +303,7 @@ class Job : public std::enable_shared_from_this<Job> {
     bool int8;
     DType dt;
     size_t esize;
+    int64_t step_in_round;  // the shard's step, 0-based in its round
   };
   // Without mu_: INVALID_ARGUMENT for non-finite values (unless the job
   // skips such rounds: then *finite = false and nothing is added), else adds
@@ -321,6 +323,13 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs on the job's strand, holding the round's lease.
   void RunUpdate(UpdateLease lease);
+  // After the update of a round that divergence_->Start took (its lr and
+  // grad norm): the update divergence (job_divergence.cc).
+  std::optional<float> MeasureDivergence(float lr, float grad_norm, TensorStore* store);
+  // A round of `steps` steps measured `divergence`: the job's figures, and
+  // the warning of a fixed interval beyond the budget.
+  void NoteDivergenceLocked(float divergence, int32_t steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kDivergenceWindow = 5;
   // Completes a pending selection if it is complete and drained. Returns the
   // callbacks to run (outside the lock).
   std::vector<std::function<void()>> MaybeFinishSelectionLocked()
@@ -357,6 +366,13 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unique_ptr<RoundAccumulator> acc_;
   // What the update needs of each tensor (immutable).
   std::vector<RoundUpdateTensor> update_tensors_;
+  // The update divergence's sample (docs/design.md rule 14): drawn under
+  // mu_, captured as shards are added, measured by the round's update.
+  std::unique_ptr<UpdateDivergence> divergence_;
+  // Measured divergences of the last rounds (newest last, at most 5) and
+  // whether a fixed interval's excess over the budget was logged.
+  std::vector<float> recent_divergence_ ABSL_GUARDED_BY(mu_);
+  bool budget_warned_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<RankState> ranks_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, RoundState> rounds_ ABSL_GUARDED_BY(mu_);
   int64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;   // fully closed rounds

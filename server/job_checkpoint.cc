@@ -197,6 +197,9 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
 absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& sections) {
   MutexLock lock(&mu_);
   QuiesceAddsLocked();
+  // The divergence's side buffers are not in a checkpoint: the rounds open
+  // at the restore are not measured (docs/design.md rule 14).
+  divergence_->Invalidate();
   auto section = [&](const std::string& name) -> const std::string* {
     auto it = sections.find(name);
     return it == sections.end() ? nullptr : it->second;

@@ -203,9 +203,12 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
   // has not closed the round) and whatever changes what the shard was
   // checked against, or reads the sums, waits (QuiesceAddsLocked).
   RankState& me = ranks_[rank];
+  // The round's divergence sample is drawn at its first shard, from the
+  // daemon's columns then (they stay until the round's update).
+  if (!divergence_->Began(round)) divergence_->BeginRound(round, RemoteColumnsLocked());
   me.adding = true;
   ++adds_in_flight_;
-  const AddPlan plan{ti, round, int8, dt, esize};
+  const AddPlan plan{ti, round, int8, dt, esize, shard.step() - rs.round_first_step};
   mu_.Unlock();
   bool finite = true;
   const absl::Status checked = AddShard(rank, shard, payload, plan, &finite);
@@ -314,12 +317,18 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
     }
     float* dst = acc_->sum_of(plan.ti, rank, plan.round, c);
     const char* values = column(i);  // (a second pass: the reader starts over at 0)
-    if (plan.int8) {
-      DecodeAddInt8(reinterpret_cast<const int8_t*>(values), static_cast<size_t>(t.rows),
-                    shard.scales(static_cast<int>(i)), dst);
-    } else {
-      DecodeAdd(plan.dt, values, t.rows, dst);
-    }
+    auto add = [&](float* to) {
+      if (plan.int8) {
+        DecodeAddInt8(reinterpret_cast<const int8_t*>(values), static_cast<size_t>(t.rows),
+                      shard.scales(static_cast<int>(i)), to);
+      } else {
+        DecodeAdd(plan.dt, values, t.rows, to);
+      }
+    };
+    add(dst);
+    // A sampled column's step is also kept apart (docs/design.md rule 14).
+    const int slot = divergence_->Slot(plan.ti, plan.round, c);
+    if (slot >= 0) divergence_->Capture(slot, rank, plan.round, plan.step_in_round, add);
   }
   return absl::OkStatus();
 }
@@ -484,9 +493,14 @@ void Job::RunUpdate(UpdateLease lease) {
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
   in.pool = ctx_.pool;
+  TensorStore* const store = lease.store();
+  const bool measure = divergence_->Start(round, rs.steps, store);
   RoundUpdateResult result = UpdateRound(in, std::move(lease));
   const bool skip = result.skipped, overflowed = result.overflowed;
   const float grad_norm = result.grad_norm;
+  // The update divergence; negative: not measured.
+  const float divergence =
+      measure && !skip ? MeasureDivergence(rs.lr, grad_norm, store).value_or(-1.0f) : -1.0f;
   std::vector<v1::DownMessage>& deltas = result.deltas;
 
   if (ctx_.emulate_round_seconds > 0) {
@@ -525,6 +539,7 @@ void Job::RunUpdate(UpdateLease lease) {
   rd->set_round_interval_seconds(rs.interval_seconds);
   rd->set_steps(rs.steps);
   rd->set_stall_seconds(rs.max_stall_seconds);
+  if (divergence >= 0) rd->set_update_divergence(divergence);
 
   std::vector<std::function<void()>> callbacks;
   {
@@ -537,6 +552,7 @@ void Job::RunUpdate(UpdateLease lease) {
       resend_round_ = -1;  // every rank has applied it
       resend_.clear();
     }
+    if (divergence >= 0) NoteDivergenceLocked(divergence, rs.steps);
     if (skip) ++stats_.rounds_skipped;
     if (overflowed) ++stats_.rounds_overflowed;
     stats_.delta_messages_sent += static_cast<int64_t>(deltas.size() * boxes.size());

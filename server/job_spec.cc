@@ -13,6 +13,7 @@
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
+#include "server/divergence.h"
 #include "server/factored_moment.h"
 #include "server/quote.h"
 
@@ -191,6 +192,8 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
     if (z->apply_delay().kind_case() == v1::ApplyDelay::KIND_NOT_SET) {
       z->mutable_apply_delay()->set_adaptive(true);
     }
+    // Unset: the measured default (docs/design.md rules 10 and 14).
+    if (!z->has_fidelity_budget()) z->set_fidelity_budget(kDefaultFidelityBudget);
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "mode ", static_cast<int>(spec->mode()), " is unknown (MODE_ZENFLOW or MODE_ZERO_OFFLOAD)"));
@@ -398,6 +401,20 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     add(&f.bookkeeping_bytes, mul(cols, sizeof(int64_t) + 1 + 2 * sizeof(int32_t)));
     add(&f.bookkeeping_bytes,
         mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
+    // The update divergence's side buffers (docs/design.md rule 14): two
+    // rounds of ~1% of the columns' per-step values (per rank when
+    // rank-ordered), their received flags, a slot per column, and the
+    // update's copy of the sample's state (5 floats per value).
+    {
+      const int64_t sampled = mul(UpdateDivergence::SampleColumns(cols), rows);
+      const int64_t steps = std::min<int64_t>(std::max<int64_t>(spec.zenflow().update_interval(), 1),
+                                              UpdateDivergence::kMaxSteps);
+      add(&f.bookkeeping_bytes, mul(mul(mul(sampled, steps), sums), 2 * sizeof(float)));
+      add(&f.bookkeeping_bytes,
+          mul(mul(UpdateDivergence::SampleColumns(cols), steps), 2 * spec.world_size()));
+      add(&f.bookkeeping_bytes, mul(cols, 2 * sizeof(int32_t)));
+      add(&f.bookkeeping_bytes, mul(sampled, 5 * sizeof(float)));
+    }
     int64_t out = arithmetic ? 2 * 4 : (t.dtype() == v1::DTYPE_FP32 ? 4 : 2);
     // One-step rounds' deltas carry bf16 m and v for the predicted step.
     if (RoundsMayCarryPredictedState(spec)) out += kPredictedStateBytesPerValue;

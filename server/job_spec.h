@@ -29,6 +29,12 @@ inline constexpr int64_t kMaxTensorDim = int64_t{1} << 31;  // of a shape's dime
 // What a job allocates, by part (docs/operating.md#memory-of-a-job). Every figure is what the
 // Job constructor and its round updates really allocate, so the registry can
 // refuse a job before allocating any of it.
+// fidelity_budget when a zenflow job leaves it unset (docs/design.md rules
+// 10 and 14): update_interval auto does not choose an S whose measured
+// update divergence exceeded it. Measured on the demo's fine-tuning, it
+// admits S <= 4 with rules 12 and 13 (0.30-0.42) and caps S = 8 (0.76-0.85).
+inline constexpr float kDefaultFidelityBudget = 0.5f;
+
 struct JobFootprint {
   int64_t params = 0;
   // fp32 master, m, v and two accumulation buffers: 20 B per parameter
@@ -36,7 +42,9 @@ struct JobFootprint {
   // rank_ordered_sums, two accumulation buffers per rank: 12 + 8 * world B.
   int64_t state_bytes = 0;
   // Per column: update count, selection flag and lists (17 B); per rank and
-  // column: last step received and hits in the open round (12 B).
+  // column: last step received and hits in the open round (12 B); the
+  // update divergence's side buffers (server/divergence.h: about 1% of the
+  // columns x min(S, 16) steps, per rank when rank-ordered, two rounds).
   int64_t bookkeeping_bytes = 0;
   // One round's deltas, held once for every rank (plus the old values for
   // arithmetic deltas), for the two rounds that can be queued at a time;

@@ -195,7 +195,12 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->params, 6);
   EXPECT_EQ(f->state_bytes, 6 * 20);
-  EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12);  // per column; per rank x column
+  // Per column; per rank x column; the update divergence's side buffers
+  // (one sampled column of 2 rows, one step: two rounds of fp32 values and
+  // of 4 ranks' flags, an int32 slot per column and round, and the
+  // update's 5 floats per sampled value).
+  const int64_t divergence = 2 * (2 * 4) + 2 * 4 + 2 * 3 * 4 + 2 * 5 * 4;
+  EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12 + divergence);
   // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
   // carry the predicted step's state), and the local step's factored
   // moment (CountsTheFactoredMoment).
@@ -206,7 +211,8 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   absl::StatusOr<JobFootprint> ordered = ComputeJobFootprint(spec);
   ASSERT_TRUE(ordered.ok()) << ordered.status();
   EXPECT_EQ(ordered->state_bytes, 6 * (12 + 4 * 8));
-  EXPECT_EQ(ordered->bookkeeping_bytes, f->bookkeeping_bytes);
+  // (and the divergence's values per rank too)
+  EXPECT_EQ(ordered->bookkeeping_bytes, f->bookkeeping_bytes + 2 * (2 * 4) * 3);
 
   v1::JobSpec huge = OneTensorSpec(1, 2);
   for (int i = 0; i < 2; ++i) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,6 +42,8 @@ struct JobStatistics {
   HistogramCounts accumulate_seconds{RoundSecondsBuckets()};
   int64_t rounds_skipped = 0;
   int32_t last_round_steps = 0;  // of the last fully closed round
+  // The last measured round's update divergence (docs/design.md rule 14).
+  std::optional<float> last_update_divergence;
   // Of those, rounds whose accepted shards summed to a non-finite gradient.
   int64_t rounds_overflowed = 0;
   int64_t delta_messages_sent = 0;

@@ -151,6 +151,39 @@ TEST_F(DaemonE2ETest, ScaledRoundStepAndFactoredMomentOfTheDaemonsV) {
   for (const v1::ParameterDelta& d : g.last_deltas()) EXPECT_EQ(d.row_v_size(), 0);
 }
 
+// The update divergence (docs/design.md rule 14): a one-step round's update
+// is per-step AdamW, so its divergence is zero; one AdamW step for a round
+// of four (the scaled round step, rule 12, off) is far from four steps.
+TEST_F(DaemonE2ETest, UpdateDivergenceIsZeroForOneStepRoundsAndLargeForOneStepOfFour) {
+  for (int interval : {1, 4}) {
+    JobOptions o;
+    o.job_id = absl::StrCat("divergence-", interval);
+    o.interval = interval;
+    o.tensors = {{"w", 8, 400, false}, {"b", 1, 16, true}};
+    Harness h(daemon_->target(), o);
+    ASSERT_OK(h.Connect());
+    v1::JobSpec spec = h.spec();
+    spec.mutable_zenflow()->set_scale_round_step(false);
+    ASSERT_OK(h.client(0).CreateJob(spec).status());
+    ASSERT_OK(h.Upload());
+    ASSERT_OK(h.JoinAll());
+    absl::StatusOr<v1::GetStatsResponse> stats = h.client(0).GetStats(o.job_id);
+    ASSERT_OK(stats.status());
+    EXPECT_FALSE(stats->jobs(0).has_update_divergence());  // nothing measured yet
+    for (int r = 0; r < 3; ++r) ASSERT_OK(h.GoodRound(1e-2f));
+    stats = h.client(0).GetStats(o.job_id);
+    ASSERT_OK(stats.status());
+    ASSERT_TRUE(stats->jobs(0).has_update_divergence()) << interval;
+    const float d = stats->jobs(0).update_divergence();
+    if (interval == 1) {
+      EXPECT_LT(d, 1e-6f);
+    } else {
+      EXPECT_GT(d, 0.3f);
+      EXPECT_LT(d, 2.0f);
+    }
+  }
+}
+
 TEST_F(DaemonE2ETest, TwoRanksFourStepsBf16MatchReferenceOnBf16Inputs) {
   JobOptions o;
   o.job_id = "bf16";

@@ -111,7 +111,8 @@ lint=$(promtool check metrics <"$dir/metrics.txt" 2>&1 || true)
 "$STATS" --target="$T" --job=m --json >"$dir/stats.json"
 # ./zf stats' readable form names the job and each rank's stall.
 "$STATS" --target="$T" --job=m >"$dir/stats.txt"
-grep -q '^job m: ' "$dir/stats.txt" && grep -q '^  rank 1: .*stall' "$dir/stats.txt" ||
+grep -q '^job m: ' "$dir/stats.txt" && grep -q '^  rank 1: .*stall' "$dir/stats.txt" &&
+  grep -q '^  update divergence: [0-9]' "$dir/stats.txt" ||
   { echo "zf_stats printed:"; cat "$dir/stats.txt"; exit 1; }
 grep '^ZF_SUMMARY ' "$dir/r0.out" | sed 's/^ZF_SUMMARY //' >"$dir/r0.json"
 grep '^ZF_SUMMARY ' "$dir/r1.out" | sed 's/^ZF_SUMMARY //' >"$dir/r1.json"
@@ -166,6 +167,15 @@ w = {int(r.get("rank", 0)): r["worker"] for r in job["ranks"]}
 for r in (0, 1):
     close(total("zenflow_worker_stall_seconds_total", job="m", rank=str(r)),
           float(w[r].get("stall_seconds", 0)), f"rank {r} stall (GetStats)")
+# The update divergence (docs/design.md rule 14): the last round's in the
+# scrape and GetStats; each rank's summary has the mean over its rounds.
+assert "update_divergence" in job, "GetStats has no update divergence"
+div = total("zenflow_job_update_divergence", job="m")
+if abs(div - float(job["update_divergence"])) > 1e-6 * max(1.0, div):
+    sys.exit(f"update divergence: scrape {div!r} != GetStats {job['update_divergence']!r}")
+for r, s in enumerate(ranks):
+    assert isinstance(s.get("divergence"), (int, float)) and s["divergence"] >= 0, (r, s.get("divergence"))
+print(f"ok  update divergence: {div} (last round), ranks' mean {ranks[0]['divergence']}")
 assert total("zenflow_rejections_total", code="INVALID_ARGUMENT", reason="get_stats") >= 1
 assert total("zenflow_grpc_calls_total", method="GetStats", code="INVALID_ARGUMENT") >= 1
 print("metrics agree with GetStats and with the workers")

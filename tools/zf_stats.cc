@@ -82,6 +82,14 @@ void Print(const v1::GetStatsResponse& s, const std::string& target) {
                 static_cast<long long>(j.update_queue_depth()),
                 Quantile(j.round_update_seconds(), 0.5).c_str(),
                 Quantile(j.round_update_seconds(), 0.99).c_str());
+    // How far the last measured round's update was from per-step AdamW
+    // (docs/design.md rule 14).
+    if (j.has_update_divergence()) {
+      std::printf("  update divergence: %.3f (last measured round; S %d)\n",
+                  j.update_divergence(), j.last_round_steps());
+    } else {
+      std::printf("  update divergence: not measured yet\n");
+    }
     if (j.has_partition()) {
       // Where the job's tensors are: this daemon's part, then the rest.
       const v1::Partition& p = j.partition();

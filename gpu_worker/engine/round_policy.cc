@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace zenflow {
 
@@ -11,7 +12,8 @@ RoundPolicy::RoundPolicy(const v1::JobSpec& spec, bool predicted_step)
       interval_(std::max(1, spec.zenflow().update_interval())),
       zero_offload_(spec.mode() == v1::MODE_ZERO_OFFLOAD),
       auto_interval_(spec.zenflow().auto_update_interval() && !zero_offload_),
-      predicted_step_(predicted_step) {}
+      predicted_step_(predicted_step),
+      fidelity_budget_(spec.zenflow().fidelity_budget()) {}
 
 bool RoundPolicy::IsSelectionStep(int64_t step) const {
   if (zero_offload_) return false;
@@ -61,6 +63,10 @@ int32_t RoundPolicy::ChooseInterval(int64_t round, int64_t start, PendingRound* 
           !(kIntervalMargin * round_seconds * moment_factor_ <= step_seconds)) {
         s = std::min<int32_t>(2, s_max);
       }
+      // Not above an S whose update was measured too far from per-step
+      // AdamW (docs/design.md rules 10 and 14): a small stall is better
+      // than a silent loss of fidelity.
+      s = std::min(s, FidelityCap());
     } else if (predicted_step_) {
       // Nothing measured yet: with the predicted step, start at one step
       // per round (the first steps of fine-tuning weigh the most: every
@@ -116,6 +122,45 @@ int32_t RoundPolicy::DecideDelay(const PendingRound& p) {
   delays_.push_back({round, d});
   if (delays_.size() > 64) delays_.erase(delays_.begin());
   return d;
+}
+
+namespace {
+
+// The median of a round's measures: the upper one.
+float Median(const std::deque<float>& x) {
+  std::vector<float> sorted(x.begin(), x.end());
+  std::sort(sorted.begin(), sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
+}  // namespace
+
+void RoundPolicy::RoundDivergence(int32_t steps, float divergence) {
+  if (!(divergence >= 0) || steps < 1) return;
+  std::deque<float>& d = divergences_[steps];
+  d.push_back(divergence);
+  if (d.size() > 5) d.pop_front();
+}
+
+int32_t RoundPolicy::FidelityCap() const {
+  const int32_t s_max = static_cast<int32_t>(interval_);
+  if (!(fidelity_budget_ > 0)) return s_max;
+  // Ascending S: the first one over the budget caps every longer one too
+  // (the divergence grows with S).
+  for (const auto& [s, d] : divergences_) {
+    if (d.size() >= 3 && Median(d) > fidelity_budget_) return std::max(1, s - 1);
+  }
+  return s_max;
+}
+
+std::optional<float> RoundPolicy::TakeBudgetWarning() {
+  if (auto_interval_ || budget_warned_ || !(fidelity_budget_ > 0)) return std::nullopt;
+  auto it = divergences_.find(static_cast<int32_t>(interval_));
+  if (it == divergences_.end() || it->second.size() < 5) return std::nullopt;
+  const float median = Median(it->second);
+  if (!(median > fidelity_budget_)) return std::nullopt;
+  budget_warned_ = true;
+  return median;
 }
 
 void RoundPolicy::RoundApplied(int64_t round, int32_t steps, double interval_seconds,

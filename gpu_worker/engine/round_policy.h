@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -75,6 +77,18 @@ class RoundPolicy {
   // `close_to_done_seconds` for the daemon's update.
   void RoundApplied(int64_t round, int32_t steps, double interval_seconds, double stall_seconds,
                     double close_to_done_seconds);
+  // An applied round of `steps` steps whose RoundDone reported an update
+  // divergence (docs/design.md rule 14). Fed, like RoundApplied, in the
+  // same order on every rank.
+  void RoundDivergence(int32_t steps, float divergence);
+  // The largest S auto chooses: one below the smallest S whose median
+  // divergence (of its last five measures, at least three) exceeded
+  // fidelity_budget; S_max when none did or the budget is <= 0 (no limit).
+  int32_t FidelityCap() const;
+  // With a fixed interval: the median divergence of its last five rounds,
+  // the first time it exceeds fidelity_budget (for a warning); empty
+  // otherwise and ever after.
+  std::optional<float> TakeBudgetWarning();
 
  private:
   // A recent round's measures: seconds per step without stalls, and its
@@ -101,6 +115,11 @@ class RoundPolicy {
   int64_t last_done_round_ = -1;
   int32_t last_done_steps_ = 0;
   std::vector<std::pair<int64_t, int32_t>> delays_;  // (round, d), recent
+  // fidelity_budget (<= 0: no limit) and, per S, the last (up to) five
+  // measured divergences.
+  const float fidelity_budget_;
+  std::map<int32_t, std::deque<float>> divergences_;
+  bool budget_warned_ = false;
 };
 
 }  // namespace zenflow

@@ -3,6 +3,8 @@
 #include "gpu_worker/engine/round_policy.h"
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "zenflow/v1/zenflow.pb.h"
@@ -193,6 +195,85 @@ TEST(RoundPolicyTest, AdaptiveDelayFromThePreviousRound) {
   p = {7, 63, -1, 5};
   policy.DecideDelayOf(&p);
   EXPECT_EQ(p.delay, 5);
+}
+
+// docs/design.md rules 10 and 14: auto chooses the smallest S that hides
+// the round, but not an S whose measured divergence exceeded the budget.
+TEST(RoundPolicyTest, FidelityBudgetCapsAutoInterval) {
+  v1::JobSpec spec = Spec(8, 1000, 0, true);
+  spec.mutable_zenflow()->set_fidelity_budget(0.2f);
+  RoundPolicy policy(spec, false);
+  // 0.1 s steps, a 0.5 s update: S = ceil(1.5 * 5) = 8 hides it.
+  Measure(&policy, 5, 8, 0.1, 0.5);
+  EXPECT_EQ(policy.ChooseInterval(7, 56, nullptr), 8);
+  EXPECT_EQ(policy.FidelityCap(), 8);
+  // S = 2 measured within the budget, S = 4 beyond it (median of three;
+  // one low figure does not lift it).
+  for (float d : {0.05f, 0.06f, 0.04f}) policy.RoundDivergence(2, d);
+  for (float d : {0.3f, 0.1f, 0.35f}) policy.RoundDivergence(4, d);
+  EXPECT_EQ(policy.FidelityCap(), 3);
+  EXPECT_EQ(policy.ChooseInterval(8, 64, nullptr), 3);
+  // A longer S beyond it too changes nothing; only its first two figures
+  // do not decide.
+  policy.RoundDivergence(6, 0.5f);
+  EXPECT_EQ(policy.FidelityCap(), 3);
+  // S = 3 beyond it as well: at most 2.
+  for (float d : {0.25f, 0.25f, 0.25f}) policy.RoundDivergence(3, d);
+  EXPECT_EQ(policy.ChooseInterval(9, 67, nullptr), 2);
+  // A fast daemon still gets the smallest S that hides it.
+  Measure(&policy, 5, 2, 0.1, 0.05);
+  EXPECT_EQ(policy.ChooseInterval(10, 69, nullptr), 1);
+  // Auto warns nobody: it keeps within the budget.
+  EXPECT_FALSE(policy.TakeBudgetWarning().has_value());
+}
+
+TEST(RoundPolicyTest, NoFidelityLimitAtZeroOrBelow) {
+  for (float budget : {0.0f, -1.0f}) {
+    v1::JobSpec spec = Spec(8, 1000, 0, true);
+    spec.mutable_zenflow()->set_fidelity_budget(budget);
+    RoundPolicy policy(spec, false);
+    Measure(&policy, 5, 8, 0.1, 0.5);
+    for (int i = 0; i < 5; ++i) policy.RoundDivergence(2, 5.0f);
+    EXPECT_EQ(policy.FidelityCap(), 8);
+    EXPECT_EQ(policy.ChooseInterval(7, 56, nullptr), 8) << budget;
+  }
+}
+
+// Every rank is fed the same RoundDones in the same order: every rank
+// chooses the same S, whatever its own step times (which only enter
+// through the RoundDone's figures).
+TEST(RoundPolicyTest, EveryRankChoosesTheSameCappedInterval) {
+  v1::JobSpec spec = Spec(8, 1000, 0, true);
+  spec.mutable_zenflow()->set_fidelity_budget(0.35f);
+  std::vector<RoundPolicy> ranks(3, RoundPolicy(spec, true));
+  for (RoundPolicy& p : ranks) {
+    for (int r = 2; r < 12; ++r) {
+      const int32_t s = 2 + r % 4;
+      p.RoundApplied(r, s, 0.1 * s, 0.01, 0.45);
+      p.RoundDivergence(s, 0.1f * static_cast<float>(s - 1));
+    }
+  }
+  const int32_t s0 = ranks[0].ChooseInterval(12, 100, nullptr);
+  // S = 4 measured 0.3 (within), S = 5 0.4 (beyond): at most 4, though 7
+  // would hide the round.
+  EXPECT_EQ(s0, 4);
+  for (RoundPolicy& p : ranks) EXPECT_EQ(p.ChooseInterval(12, 100, nullptr), s0);
+}
+
+TEST(RoundPolicyTest, AFixedIntervalBeyondTheBudgetIsToldOnce) {
+  v1::JobSpec spec = Spec(4, 1000, 0, false);
+  spec.mutable_zenflow()->set_fidelity_budget(0.2f);
+  RoundPolicy policy(spec, false);
+  for (int i = 0; i < 4; ++i) policy.RoundDivergence(4, 0.7f);
+  EXPECT_FALSE(policy.TakeBudgetWarning().has_value());  // four rounds: not yet
+  policy.RoundDivergence(4, 0.75f);
+  const std::optional<float> w = policy.TakeBudgetWarning();
+  ASSERT_TRUE(w.has_value());
+  EXPECT_FLOAT_EQ(*w, 0.7f);
+  policy.RoundDivergence(4, 0.75f);
+  EXPECT_FALSE(policy.TakeBudgetWarning().has_value());  // once
+  // The interval is the user's: not capped.
+  EXPECT_EQ(policy.ChooseInterval(9, 36, nullptr), 4);
 }
 
 }  // namespace

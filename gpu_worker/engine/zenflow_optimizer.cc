@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -664,6 +666,21 @@ absl::Status ZenFlowOptimizer::ApplyRound(const PendingRound& p, int64_t step) {
   const int32_t steps = u.done.steps() > 0 ? u.done.steps() : p.steps;
   policy_.RoundApplied(p.round, steps, u.done.round_interval_seconds(), u.done.stall_seconds(),
                        u.done.close_to_done_seconds());
+  if (u.done.has_update_divergence()) {
+    // docs/design.md rule 14: auto keeps S within fidelity_budget; a fixed
+    // S beyond it is told once (by rank 0).
+    policy_.RoundDivergence(steps, u.done.update_divergence());
+    totals_.divergence_rounds += 1;
+    totals_.divergence_sum += u.done.update_divergence();
+    const std::optional<float> over = policy_.TakeBudgetWarning();
+    if (over && rank_ == 0) {
+      std::fprintf(stderr,
+                   "zenflow: update_interval %d has an update divergence of %.3f (median of the "
+                   "last 5 rounds), above fidelity_budget %.3f: the daemon's columns move unlike "
+                   "per-step AdamW (docs/design.md rule 14; update_interval auto keeps within it)\n",
+                   steps, *over, spec_.zenflow().fidelity_budget());
+    }
+  }
   last_.rounds_applied += 1;
   last_.max_staleness_steps = std::max(last_.max_staleness_steps, step - p.close_step);
   return absl::OkStatus();

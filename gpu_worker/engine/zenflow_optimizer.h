@@ -101,6 +101,10 @@ struct OptimizerTotals {
   int64_t predicted_steps = 0;
   // Steps that ended with the local step (rule 13).
   int64_t local_steps = 0;
+  // Applied rounds whose RoundDone reported an update divergence (rule 14)
+  // and the sum of those: divergence_sum / divergence_rounds is the mean.
+  int64_t divergence_rounds = 0;
+  double divergence_sum = 0;
 };
 
 // Creates the job (rank 0, with the initial parameter values read from the

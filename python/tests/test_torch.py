@@ -206,6 +206,10 @@ def test_zenflow_mode_trains_and_reports_stats(daemon):
     assert s["totals"]["steps"] == 40
     assert s["totals"]["rounds_applied"] >= 19
     assert s["last_step"]["step"] == 39
+    # Rounds of two steps: the daemon measured how far they are from
+    # per-step AdamW (docs/design.md rule 14).
+    assert s["divergence"] is not None and s["divergence"] > 0
+    assert s["divergence"] == s["totals"]["divergence"]
     assert loss_of(m, 0).item() < first
 
 

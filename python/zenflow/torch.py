@@ -272,9 +272,12 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             p.grad = g
 
     def stats(self):
-        """The last step's figures and the totals: stall, step time, bytes, rounds."""
+        """The last step's figures and the totals: stall, step time, bytes, rounds;
+        and "divergence", the mean update divergence of the rounds the daemon
+        measured (docs/design.md rule 14; None until one was)."""
         w = self._live()
-        return {"last_step": w.last_step(), "totals": w.totals()}
+        totals = w.totals()
+        return {"last_step": w.last_step(), "totals": totals, "divergence": totals["divergence"]}
 
     def finish(self):
         """Waits for and applies every update still in flight."""

@@ -209,6 +209,9 @@ struct ModeResult {
   int64_t reselections = 0;
   int32_t interval = 1;
   double s_mean = 0;  // steps per closed round (auto: the S chosen on average)
+  // The mean update divergence of the rounds the daemon measured
+  // (docs/design.md rule 14); negative: none was.
+  double divergence = -1;
 };
 
 absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::Backend* be,
@@ -338,6 +341,9 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int steps, worker::B
                static_cast<double>(opt->totals().rounds_closed);
   }
   r.reselections = opt->totals().reselections;
+  if (opt->totals().divergence_rounds > 0) {
+    r.divergence = opt->totals().divergence_sum / static_cast<double>(opt->totals().divergence_rounds);
+  }
   r.measured_steps = steps - r.warmup_steps;
   if (r.measured_steps <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(mode, ": ", steps, " steps leave none after the ",
@@ -373,6 +379,12 @@ void WriteMode(const ModeResult& r, bool emulated, JsonWriter* w) {
   w->Key("measured_steps").Int(r.measured_steps);
   w->Key("update_interval").Int(r.interval);
   w->Key("s_mean").Double(r.s_mean);
+  w->Key("divergence");
+  if (r.divergence >= 0) {
+    w->Double(r.divergence);
+  } else {
+    w->Null();
+  }
   w->Key("mean_optimizer_ms").Double(r.mean_optimizer_ms);
   w->Key("send_blocked_ms_per_step").Double(r.send_blocked_ms_per_step);
   w->Key("bytes_up_per_step").Double(r.bytes_up_per_step);
@@ -564,6 +576,11 @@ absl::Status Run() {
                   ? absl::StrCat("auto (1..", absl::GetFlag(FLAGS_interval), ")").c_str()
                   : absl::StrCat(absl::GetFlag(FLAGS_interval)).c_str(),
               zf.s_mean);
+  if (zf.divergence >= 0) {
+    std::printf("zenflow update divergence (docs/design.md rule 14): %.3f, mean over the measured "
+                "rounds\n",
+                zf.divergence);
+  }
   if (emulated) {
     std::printf("EMULATED DEVICE %s: modelled device busy per step (kernels + PCIe copies of "
                 "Step()): zero_offload %.1f ms, zenflow %.1f ms\n",
