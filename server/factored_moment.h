@@ -11,9 +11,11 @@
 // update count, the bias correction in double as AdamW's), every sum is
 // taken in double in a fixed order, so the result does not depend on how
 // the work is spread over threads: a row's sum runs over its columns in
-// ascending order; a column's over blocks of kFactoredRowBlock rows, each
-// block's sum in row order and the blocks' sums added in order; the total
-// over the columns' sums in ascending order. Means are those sums divided by
+// ascending order; a column's over blocks of kFactoredRowBlock rows, the
+// blocks' sums added in order, each block's the pairwise sum
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of eight lanes, lane l
+// summing the block's rows r with r % 8 == l in row order; the total over
+// the columns' sums in ascending order. Means are those sums divided by
 // the count of their terms, rounded to float at the end.
 #ifndef ZENFLOW_SERVER_FACTORED_MOMENT_H_
 #define ZENFLOW_SERVER_FACTORED_MOMENT_H_
@@ -28,9 +30,12 @@
 
 namespace zenflow {
 
-// Rows a task of ComputeFactoredMoments covers; a column's sum is split at
-// these boundaries. Its scratch is then one double per row and one per
-// column and block of rows: under 1/500 of the tensor's fp32 state.
+// Rows a task of ComputeFactoredMoments covers: tensors, and blocks of a
+// tensor's rows, spread over the threads. A column's sum is split at these
+// boundaries. Its scratch is one double per row and one per column and
+// block of rows: under 1/5000 of the tensor's master, m and v. (Smaller
+// blocks spread a single tensor wider but read v in shorter runs: 512 rows
+// made the pass twice as slow on one thread.)
 inline constexpr int64_t kFactoredRowBlock = 4096;
 
 // One tensor's daemon columns, as ComputeFactoredMoments reads them.
