@@ -19,7 +19,7 @@ out="$TEST_TMPDIR/fidelity.json"
 echo '{"benchmark": "fidelity", "default": {"ratio": 1.0025}}' > "$out"
 
 "$R/tools/bench_fidelity.sh" --cpu_bound_only --quick --seeds=1 --steps=16 \
-  --cpu_steps=16,4,32 --pretrain_steps=8 --out="$out"
+  --cpu_steps=16,8,32 --pretrain_steps=8 --out="$out"
 
 /usr/bin/python3 - "$out" <<'EOF'
 import json, math, sys

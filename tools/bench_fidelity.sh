@@ -14,7 +14,7 @@
 # --cpu_bound_only skips the grid and merges the section into --out (its
 # other keys stay; a missing file gets the section alone). --cpu_steps sets
 # the CPU-bound section's steps per workload (default: --steps, 200, 1000;
-# --quick: --steps, 32, 256); --pretrain_steps both pretrainings' (the lm
+# --quick: --steps, 32, 256; multiples of 8); --pretrain_steps both pretrainings' (the lm
 # start's and finetune's, default 300; each is cached per value).
 # CPU-bound timing (2 cores, two trainings at a time, 3 seeds): lm 18
 # trainings of about 6 CPU s, finetune 18 of 200 steps at about 0.17 CPU s
@@ -22,8 +22,9 @@
 # about 7 CPU ms: about 850 CPU s, 7-8 minutes idle, more with the machine
 # shared (the measured run is in docs/benchmarks.md "Fidelity").
 #
-# Builds zf_train and zenflowd (-c opt; or takes ZF_TRAIN and ZENFLOWD from
-# the environment when both are set), starts zenflowd on a free loopback port,
+# Builds zf_train, zenflowd and zenflow's _zenflow.so (-c opt; or takes
+# ZF_TRAIN, ZENFLOWD and ZF_PYTHON_EXT from the environment when all three
+# are set), starts zenflowd on a free loopback port,
 # pretrains the demo's model once (tools/demo.sh: 2 layers, width 64, 4 heads,
 # context 64, batch 8, lr 3e-3; 300 local AdamW steps on GPL-3, seed 1 --
 # bit-identical to the demo's own cached start), cached under

@@ -94,6 +94,8 @@ def parse_args(argv=None):
     if len(steps) != 3 or not all(s.isdigit() and int(s) > 0 for s in steps):
         ap.error("--steps wants three positive integers: LM,FINETUNE,MLP")
     a.step_counts = dict(zip(("lm", "finetune", "mlp"), (int(s) for s in steps)))
+    if any(n % 8 for n in a.step_counts.values()):
+        ap.error("--steps: every count must be a multiple of 8 (every S ends on a round boundary)")
     a.workload_list = [w for w in a.workloads.split(",") if w]
     for w in a.workload_list:
         if w not in a.step_counts:
