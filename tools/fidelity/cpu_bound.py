@@ -13,10 +13,12 @@ tools/bench_fidelity.sh runs it (after its grid, or alone with
 Fidelity where offloading matters: each workload runs against a zenflowd of
 its own started with --emulate_round_ms=N, N = 4 x the workload's measured
 step, so that a round takes about four steps and update_interval auto must
-choose S > 1. The step is measured in the same run: a short local AdamW run
-of the workload (zf_train --mode=local for lm, torch.optim.AdamW for the
-torch workloads), the three measured two at a time as the trainings run; it
-is recorded beside N (the machine is shared, so it moves from run to run).
+choose S > 1. The step is measured in the same run: the AdamW references
+(zf_train --mode=local for lm, torch.optim.AdamW for the torch workloads) run
+first, two at a time as the zenflow runs then are, and N is 4 x their mean
+step over the seeds; it is recorded beside N (the machine is shared, so it
+moves from run to run: a separate short run measured under other load than
+the trainings had, up to 8 times off here).
 
 Workloads (tools/fidelity/torch_workloads.py says more of the torch two):
   lm        the demo's LM fine-tuning through zf_train, as the grid runs it
@@ -67,6 +69,7 @@ LM_SETTING_FLAGS = {
     "fixed_S4_rules_off": ["--interval=4", "--scale_round_step=false", "--local_step=false"],
 }
 UNKNOWN_FLAG = "Unknown command line flag"
+ORDER = {"finetune": 0, "lm": 1, "mlp": 2}  # the pool starts the longest trainings first
 
 
 def log(msg):
@@ -146,32 +149,14 @@ class Bench:
         return [json.loads(l[len(prefix) + 1:]) for l in stdout.splitlines()
                 if l.startswith(prefix + " ")]
 
-    # ---- the step time and N -------------------------------------------------
-    def calibrate(self):
-        """Each workload's local AdamW step (ms), measured two at a time."""
-        quick = self.a.quick
-        tasks = {}
-        for w in self.a.workload_list:
-            # Never more steps than the trainings have (a smoke's are few).
-            n = min(self.a.step_counts[w], {"lm": 32 if quick else 64, "finetune": 8 if quick else 24,
-                                            "mlp": 100 if quick else 300}[w])
-            if w == "lm":
-                tasks[w] = (n, self.lm_cmd("--mode=local", "--steps=%d" % n, "--seed=1"))
-            else:
-                tasks[w] = (n, self.torch_cmd(w, "--calibrate=%d" % n, "--seed=1"))
-        self.total = len(tasks)
-        out = {}
-        with concurrent.futures.ThreadPoolExecutor(self.a.jobs) as pool:
-            futs = {w: pool.submit(self.run, "calibrate-" + w, cmd) for w, (_, cmd) in tasks.items()}
-            for w, fut in futs.items():
-                rc, stdout, stderr = fut.result()
-                prefix = "ZF_SUMMARY" if w == "lm" else "ZF_CALIBRATE"
-                got = self.lines(stdout, prefix)
-                if rc != 0 or not got:
-                    raise SystemExit("calibration of %s failed (rc %d):\n%s" % (w, rc, stderr[-2000:]))
-                ms = got[-1]["mean_step_ms" if w == "lm" else "step_ms"]
-                out[w] = {"step_ms": ms, "steps": tasks[w][0]}
-        return out
+    # ---- finetune's pretraining ------------------------------------------------
+    def prepare(self):
+        """Pretrains finetune's start once (cached), before two runs could race to."""
+        if "finetune" in self.a.workload_list:
+            self.total = 1
+            rc, _, stderr = self.run("prepare-finetune", self.torch_cmd("finetune", "--prepare"))
+            if rc != 0:
+                raise SystemExit("finetune's pretraining failed (rc %d):\n%s" % (rc, stderr[-2000:]))
 
     # ---- daemons -----------------------------------------------------------------
     def start_daemon(self, workload, round_ms):
@@ -204,16 +189,28 @@ class Bench:
                     p.wait()
 
     # ---- the trainings -------------------------------------------------------------
-    def tasks(self, targets):
-        """(name, workload, seed, [settings], cmd), the longest first."""
+    def reference_tasks(self):
+        """(name, workload, seed, ["adamw"], cmd): the AdamW references, the longest first."""
         a = self.a
         out = []
         for w in a.workload_list:
             steps = a.step_counts[w]
             for seed in range(1, a.seeds + 1):
                 if w == "lm":
-                    out.append(("lm-s%d-adamw" % seed, w, seed, ["adamw"],
-                                self.lm_cmd("--mode=local", "--steps=%d" % steps, "--seed=%d" % seed)))
+                    cmd = self.lm_cmd("--mode=local", "--steps=%d" % steps, "--seed=%d" % seed)
+                else:
+                    cmd = self.torch_cmd(w, "--seed=%d" % seed, "--steps=%d" % steps, "--runs=adamw")
+                out.append(("%s-s%d-adamw" % (w, seed), w, seed, ["adamw"], cmd))
+        return sorted(out, key=lambda t: ORDER[t[1]])
+
+    def zenflow_tasks(self, targets):
+        """(name, workload, seed, [settings], cmd): the zenflow runs, the longest first."""
+        a = self.a
+        out = []
+        for w in a.workload_list:
+            steps = a.step_counts[w]
+            for seed in range(1, a.seeds + 1):
+                if w == "lm":
                     for s in SETTINGS:
                         job = "fidcpu-%d-lm-s%d-%s" % (os.getpid(), seed, s)
                         out.append(("lm-s%d-%s" % (seed, s), w, seed, [s], self.lm_cmd(
@@ -222,16 +219,14 @@ class Bench:
                     continue
                 # finetune's runs are long: one process each, for an even pool;
                 # mlp's are short: one process per seed (torch's import once).
-                groups = ([[s] for s in ["adamw"] + SETTINGS] if w == "finetune" and not a.quick
-                          else [["adamw"] + SETTINGS])
+                groups = ([[s] for s in SETTINGS] if w == "finetune" and not a.quick
+                          else [SETTINGS])
                 for g in groups:
-                    name = "%s-s%d-%s" % (w, seed, g[0] if len(g) == 1 else "all")
+                    name = "%s-s%d-%s" % (w, seed, g[0] if len(g) == 1 else "zenflow")
                     out.append((name, w, seed, g, self.torch_cmd(
                         w, "--seed=%d" % seed, "--steps=%d" % steps, "--target=" + targets[w],
                         "--runs=" + ",".join(g))))
-        order = {"finetune": 0, "lm": 1, "mlp": 2}
-        out.sort(key=lambda t: order[t[1]])
-        return out
+        return sorted(out, key=lambda t: ORDER[t[1]])
 
     def train(self, tasks):
         """{(workload, seed, setting): summary dict}; a summary may say "skipped"."""
@@ -269,28 +264,34 @@ def main():
     t0 = time.monotonic()
     work = tempfile.mkdtemp(prefix="fidelity-cpu-")
     bench = Bench(a, work)
+    trainings = 0
     try:
-        log("measuring each workload's local AdamW step (%s), %d at a time"
-            % (", ".join(a.workload_list), a.jobs))
-        cal = bench.calibrate()
-        targets = {}
-        for w in a.workload_list:
-            cal[w]["emulate_round_ms"] = round(ROUND_STEPS * cal[w]["step_ms"], 3)
-            targets[w] = bench.start_daemon(w, cal[w]["emulate_round_ms"])
-            log("%s: step %.2f ms -> zenflowd --emulate_round_ms=%.3f on %s"
-                % (w, cal[w]["step_ms"], cal[w]["emulate_round_ms"], targets[w]))
-        tasks = bench.tasks(targets)
-        log("%d trainings (steps %s, seeds 1..%d), %d at a time"
-            % (len(tasks), ",".join("%s %d" % (w, a.step_counts[w]) for w in a.workload_list),
+        bench.prepare()
+        # The step each N is set from: the AdamW references, run first, two at
+        # a time as the zenflow runs then are.
+        refs = bench.reference_tasks()
+        log("the AdamW references (%s; seeds 1..%d), %d at a time: each workload's step"
+            % (", ".join("%s %d steps" % (w, a.step_counts[w]) for w in a.workload_list),
                a.seeds, a.jobs))
-        results = bench.train(tasks)
+        results = bench.train(refs)
+        cal, targets = {}, {}
+        for w in a.workload_list:
+            step = sum(results[(w, s, "adamw")]["mean_step_ms"] for s in range(1, a.seeds + 1)) / a.seeds
+            cal[w] = {"step_ms": step, "emulate_round_ms": round(ROUND_STEPS * step, 3)}
+            targets[w] = bench.start_daemon(w, cal[w]["emulate_round_ms"])
+            log("%s: AdamW step %.2f ms -> zenflowd --emulate_round_ms=%.3f on %s"
+                % (w, step, cal[w]["emulate_round_ms"], targets[w]))
+        tasks = bench.zenflow_tasks(targets)
+        log("%d zenflow trainings, %d at a time" % (len(tasks), a.jobs))
+        results.update(bench.train(tasks))
+        trainings = len(refs) + len(tasks)
     except BaseException:
         log("the trainings' output is kept in %s" % work)
         raise
     finally:
         bench.stop_daemons()
     shutil.rmtree(work, ignore_errors=True)
-    section = cpu_bound_report.section(a, cal, results, SETTINGS, len(tasks),
+    section = cpu_bound_report.section(a, cal, results, SETTINGS, trainings,
                                        round(time.monotonic() - t0, 1))
     cpu_bound_report.merge(a.out, section)
     cpu_bound_report.table(section, sys.stdout)

@@ -83,7 +83,7 @@ def section(a, cal, results, settings, trainings, runtime_s):
             "emulate_round_ms": cal[w]["emulate_round_ms"],
             "round_steps_target": 4,
             "measured_step_ms": round(cal[w]["step_ms"], 3),
-            "measured_step_steps": cal[w]["steps"],
+            "measured_step_from": "the AdamW references' mean step, mean over seeds",
             "metric": METRIC[w],
             "reference": {
                 "optimizer": REFERENCE[w],
@@ -98,7 +98,8 @@ def section(a, cal, results, settings, trainings, runtime_s):
     worst = None if not worst or None in worst else max(worst)
     return {
         "method": ("each workload against a zenflowd of its own with --emulate_round_ms = 4 x "
-                   "its measured local AdamW step (a round about 4 steps); per seed ratio = "
+                   "its AdamW reference's step measured in this run (a round about 4 steps); "
+                   "per seed ratio = "
                    "zenflow metric / AdamW metric of the same seed (same start, same batches); "
                    "ratio = mean over seeds, ratio_spread = sample standard deviation; "
                    "stall_fraction = stall per step / mean step; S_mean and divergence from "

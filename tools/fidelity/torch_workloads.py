@@ -2,7 +2,7 @@
 """torch_workloads.py: the torch workloads of the fidelity bench's CPU-bound section.
 
     torch_workloads.py --workload=finetune|mlp --seed=N --steps=N [--target=HOST:PORT]
-                       [--runs=adamw,default,fixed_S2,...] [--calibrate=STEPS]
+                       [--runs=adamw,default,fixed_S2,...] [--prepare]
                        [--pretrain_steps=N] [--job_prefix=P]
 
 Run by tools/fidelity/cpu_bound.py (with /usr/bin/python3 and the zenflow
@@ -10,8 +10,8 @@ package on PYTHONPATH, as `./zf python` does). Each run of --runs trains the
 workload from the same start on the same batches (those of --seed) and prints
 one line "ZF_SUMMARY {json}" with its name, final metric, mean step time,
 stall per step, S_mean and divergence (zenflow runs), or "skipped" and why.
---calibrate=STEPS instead times STEPS torch.optim.AdamW steps (after a few
-untimed ones) and prints "ZF_CALIBRATE {json}" with the mean step in ms.
+--prepare only makes the start (finetune's pretraining, cached), so that
+runs started after it, two at a time, do not race to write the cache.
 
 Workloads:
   finetune  examples/finetune.py's TinyGPT (2 layers, width 64, context 64,
@@ -175,14 +175,6 @@ def run_one(work, run, flags):
     return out
 
 
-def calibrate(work, steps):
-    model = work.model()
-    opt = torch.optim.AdamW(model.parameters(), lr=work.lr, weight_decay=work.weight_decay)
-    timed(work, model, opt, 5)  # untimed: first-call allocations
-    return {"workload": type(work).__name__, "steps": steps,
-            "step_ms": timed(work, model, opt, steps)}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
@@ -190,14 +182,15 @@ def main():
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--target", default="")
     ap.add_argument("--runs", default="adamw")
-    ap.add_argument("--calibrate", type=int, default=0)
+    ap.add_argument("--prepare", action="store_true",
+                    help="only make the start (finetune: pretrain into the cache)")
     ap.add_argument("--pretrain_steps", type=int, default=300)
     ap.add_argument("--job_prefix", default=f"fid-cpu-{os.getpid()}")
     flags = ap.parse_args()
     torch.set_num_threads(1)
     work = WORKLOADS[flags.workload](flags.seed, flags.pretrain_steps)
-    if flags.calibrate > 0:
-        print("ZF_CALIBRATE " + json.dumps(calibrate(work, flags.calibrate)), flush=True)
+    if flags.prepare:
+        work.model()
         return
     for run in flags.runs.split(","):
         print("ZF_SUMMARY " + json.dumps(run_one(work, run, flags)), flush=True)
