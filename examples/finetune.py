@@ -110,6 +110,22 @@ def pretrained(args):
     return model
 
 
+def train_steps(model, opt, train, steps, args, seed):
+    """Runs steps optimizer steps on batches of train drawn by seed; returns the losses.
+
+    The same (seed, step) gives the same batch, so two optimizers given the
+    same start and seed see the same data (tools/fidelity compares them so).
+    """
+    curve = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = loss_on(model, *get_batch(train, step, args.batch, args.context, seed))
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    return curve
+
+
 def finetune(name, args, target):
     model = pretrained(args)
     train, val = load_text(FINETUNE_TEXT)
@@ -121,14 +137,8 @@ def finetune(name, args, target):
             mode=name, wire="bf16", config={"zero_optimization": {"zenflow": {
                 "topk_ratio": 0.1, "update_interval": 4, "select_interval": "auto",
                 "overlap_step": True}}})
-    curve = []
     start = time.perf_counter()
-    for step in range(args.steps):
-        opt.zero_grad()
-        loss = loss_on(model, *get_batch(train, step, args.batch, args.context, 2))
-        loss.backward()
-        opt.step()
-        curve.append(loss.item())
+    curve = train_steps(model, opt, train, args.steps, args, seed=2)
     stats = None
     if name != "torch_adamw":
         opt.finish()
@@ -168,7 +178,8 @@ def write_svg(results, path):
         f.write("\n".join(lines) + "\n")
 
 
-def main():
+def parse_args(argv=None):
+    """The command line's settings (argv None: sys.argv; [] gives the defaults)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="a running zenflowd (default: start one on loopback)")
     ap.add_argument("--steps", type=int, default=200)
@@ -179,7 +190,11 @@ def main():
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--plot", default="finetune.svg")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
     daemon = None

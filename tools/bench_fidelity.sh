@@ -2,10 +2,29 @@
 # bench_fidelity.sh: how close ZenFlow fine-tuning gets to AdamW, like for like.
 #
 #   tools/bench_fidelity.sh [--out=PATH] [--quick] [--steps=N] [--seeds=N]
-#                           [--jobs=N] [--select_interval=R]
+#                           [--jobs=N] [--select_interval=R] [--cpu_bound_only]
+#                           [--cpu_steps=LM,FINETUNE,MLP] [--pretrain_steps=N]
 #
-# Builds zf_train and zenflowd (-c opt; or takes ZF_TRAIN and ZENFLOWD from
-# the environment when both are set), starts zenflowd on a free loopback port,
+# Two sections: the grid below (k x S x apply delay on the demo's model,
+# where the daemon's round is fast), then the CPU-bound section
+# (tools/fidelity/cpu_bound.py, into the key "cpu_bound"): the workloads lm,
+# finetune and mlp against zenflowds whose rounds take about four steps
+# (--emulate_round_ms), AdamW vs the default and fixed S 2, 4, 8 (and fixed
+# S 4 with rules 12 and 13 off), --seeds seeds compared seed by seed.
+# --cpu_bound_only skips the grid and merges the section into --out (its
+# other keys stay; a missing file gets the section alone). --cpu_steps sets
+# the CPU-bound section's steps per workload (default: --steps, 200, 1000;
+# --quick: --steps, 32, 256; multiples of 8); --pretrain_steps both pretrainings' (the lm
+# start's and finetune's, default 300; each is cached per value).
+# CPU-bound timing (2 cores, two trainings at a time, 3 seeds): lm 18
+# trainings of about 6 CPU s, finetune 18 of 200 steps at about 0.17 CPU s
+# (Debian's torch on this machine), mlp 3 processes of 6 x 1000 steps at
+# about 7 CPU ms: about 850 CPU s, 7-8 minutes idle, more with the machine
+# shared (the measured run is in docs/benchmarks.md "Fidelity").
+#
+# Builds zf_train, zenflowd and zenflow's _zenflow.so (-c opt; or takes
+# ZF_TRAIN, ZENFLOWD and ZF_PYTHON_EXT from the environment when all three
+# are set), starts zenflowd on a free loopback port,
 # pretrains the demo's model once (tools/demo.sh: 2 layers, width 64, 4 heads,
 # context 64, batch 8, lr 3e-3; 300 local AdamW steps on GPL-3, seed 1 --
 # bit-identical to the demo's own cached start), cached under
@@ -99,6 +118,9 @@ steps=""
 seeds=""
 jobs=2
 select_interval=""
+cpu_bound_only=0
+cpu_steps=""
+pretrain_steps=300
 for a in "$@"; do
   case "$a" in
     --out=*) out="${a#--out=}" ;;
@@ -107,8 +129,11 @@ for a in "$@"; do
     --seeds=*) seeds="${a#--seeds=}" ;;
     --jobs=*) jobs="${a#--jobs=}" ;;
     --select_interval=*) select_interval="${a#--select_interval=}" ;;
+    --cpu_bound_only) cpu_bound_only=1 ;;
+    --cpu_steps=*) cpu_steps="${a#--cpu_steps=}" ;;
+    --pretrain_steps=*) pretrain_steps="${a#--pretrain_steps=}" ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    *) echo "bench_fidelity: unknown argument '$a' (--out=PATH, --quick, --steps=N, --seeds=N, --jobs=N, --select_interval=R)" >&2; exit 2 ;;
+    *) echo "bench_fidelity: unknown argument '$a' (--out=PATH, --quick, --steps=N, --seeds=N, --jobs=N, --select_interval=R, --cpu_bound_only, --cpu_steps=LM,FINETUNE,MLP, --pretrain_steps=N)" >&2; exit 2 ;;
   esac
 done
 if [ "$quick" -eq 1 ]; then
@@ -116,7 +141,10 @@ if [ "$quick" -eq 1 ]; then
 else
   : "${steps:=304}" "${seeds:=3}" "${select_interval:=96}"
 fi
-for v in steps seeds jobs select_interval; do
+if [ -z "$cpu_steps" ]; then
+  if [ "$quick" -eq 1 ]; then cpu_steps="$steps,32,256"; else cpu_steps="$steps,200,1000"; fi
+fi
+for v in steps seeds jobs select_interval pretrain_steps; do
   case "${!v}" in ''|*[!0-9]*|0) echo "bench_fidelity: --$v must be a positive integer" >&2; exit 2 ;; esac
 done
 if [ $((steps % 8)) -ne 0 ]; then
@@ -136,7 +164,7 @@ start=$SECONDS
 # The demo's model (tools/demo.sh) and its pretraining.
 LAYERS=2 WIDTH=64 HEADS=4 CONTEXT=64 BATCH=8 LR=3e-3 WD=0 THREADS=1 EVAL_BATCHES=32
 PRE_DATA=/usr/share/common-licenses/GPL-3
-PRE_STEPS=300 PRE_SEED=1
+PRE_STEPS=$pretrain_steps PRE_SEED=1
 FT_DATA=/usr/share/common-licenses/Apache-2.0
 WIRE=bf16
 if [ "$quick" -eq 1 ]; then
@@ -152,16 +180,21 @@ done
 
 # ---- build ------------------------------------------------------------------
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench_fidelity.XXXXXX")
-if [ -n "${ZF_TRAIN:-}" ] && [ -n "${ZENFLOWD:-}" ]; then
-  log "using ZF_TRAIN=$ZF_TRAIN and ZENFLOWD=$ZENFLOWD (no build)"
+# The CPU-bound section's torch workloads load zenflow's extension module
+# (ZF_PYTHON_EXT: a built _zenflow.so) from $work/py.
+mkdir -p "$work/py"
+if [ -n "${ZF_TRAIN:-}" ] && [ -n "${ZENFLOWD:-}" ] && [ -n "${ZF_PYTHON_EXT:-}" ]; then
+  log "using ZF_TRAIN=$ZF_TRAIN, ZENFLOWD=$ZENFLOWD and ZF_PYTHON_EXT=$ZF_PYTHON_EXT (no build)"
   cp "$ZF_TRAIN" "$work/zf_train"
   cp "$ZENFLOWD" "$work/zenflowd"
+  cp "$ZF_PYTHON_EXT" "$work/py/_zenflow.so"
 else
-  log "building zf_train and zenflowd (-c opt)"
-  bazel build -c opt //gpu_worker:zf_train //server:zenflowd >&2
+  log "building zf_train, zenflowd and the zenflow Python extension (-c opt)"
+  bazel build -c opt //gpu_worker:zf_train //server:zenflowd //python:_zenflow.so >&2
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
   # Private copies: others may rebuild the tree while this runs.
   cp "$bin/gpu_worker/zf_train" "$bin/server/zenflowd" "$work/"
+  cp "$bin/python/_zenflow.so" "$work/py/"
 fi
 TRAIN="$work/zf_train"
 ZENFLOWD_BIN="$work/zenflowd"
@@ -213,8 +246,9 @@ hash=$( {
   sha256sum < "$PRE_DATA"
   # A change to the CPU model or the data sampler (what the parameters depend
   # on) invalidates the cache; tests, benchmarks and the CUDA files do not.
-  cat gpu_worker/model/transformer.h gpu_worker/model/transformer.cc \
-      gpu_worker/model/text_data.h gpu_worker/model/text_data.cc 2>/dev/null | sha256sum
+  # (Absent in a test's runfiles, which hash the rest alone.)
+  { cat gpu_worker/model/transformer.h gpu_worker/model/transformer.cc \
+      gpu_worker/model/text_data.h gpu_worker/model/text_data.cc 2>/dev/null || true; } | sha256sum
 } | sha256sum | cut -c1-16)
 pre="$cache_dir/pretrained-$hash.params"
 pre_summary="$cache_dir/pretrained-$hash.summary"
@@ -234,6 +268,23 @@ else
   cp "$res/pretrain.json" "$tmp.summary"
   mv -f "$tmp.summary" "$pre_summary"
   mv -f "$tmp.params" "$pre"
+fi
+
+# ---- the CPU-bound section ----------------------------------------------------
+# tools/fidelity/cpu_bound.py: its own zenflowds (one per workload, each with
+# its --emulate_round_ms), merged into $out under "cpu_bound".
+cpu_bound() {
+  log "CPU-bound section: lm, finetune, mlp with rounds of about 4 steps (tools/fidelity/cpu_bound.py)"
+  local q=()
+  [ "$quick" -eq 1 ] && q=(--quick)
+  PYTHONPATH="$ROOT/python:$work/py${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
+    "$ROOT/tools/fidelity/cpu_bound.py" --out="$out" --zf_train="$TRAIN" --zenflowd="$ZENFLOWD_BIN" \
+    --lm_init="$pre" --lm_flags="--data=$FT_DATA --eval_batches=$EVAL_BATCHES ${model[*]}" \
+    --seeds="$seeds" --jobs="$jobs" --steps="$cpu_steps" --pretrain_steps="$pretrain_steps" "${q[@]}"
+}
+if [ "$cpu_bound_only" -eq 1 ]; then
+  cpu_bound
+  exit 0
 fi
 
 # ---- zenflowd ---------------------------------------------------------------
@@ -517,3 +568,8 @@ if default:
 EOF
 mv -f "$out.tmp" "$out"
 echo "wrote $out in ${runtime}s (grid ${grid_s}s, $total trainings, $jobs at a time)"
+# The grid's daemon is done; the CPU-bound section starts its own.
+kill -TERM "$zpid" 2>/dev/null || true
+wait "$zpid" 2>/dev/null || true
+zpid=""
+cpu_bound
