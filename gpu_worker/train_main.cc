@@ -89,12 +89,13 @@ ABSL_FLAG(bool, predicted_step, true,
           "zenflow: the predicted step (docs/engine.md): a one-step round applied a step late is "
           "followed by the daemon's next AdamW step of its columns, run here with this step's "
           "gradient and the moments sent with the round");
-ABSL_FLAG(bool, scale_round_step, true,
+ABSL_FLAG(bool, scale_round_step, false,
           "zenflow: the scaled round step (docs/design.md rule 12): a round of S steps takes one "
-          "AdamW step of S x lr on the daemon");
-ABSL_FLAG(bool, local_step, true,
+          "AdamW step of S x lr on the daemon (default off, as the daemon's)");
+ABSL_FLAG(bool, local_step, false,
           "zenflow: the local step (docs/design.md rule 13): between rounds the daemon's columns "
-          "move every step here, scaled by the factored second moment the deltas carry");
+          "move every step here, scaled by the factored second moment the deltas carry "
+          "(default off, as the daemon's)");
 ABSL_FLAG(std::string, fidelity_budget, "",
           "zenflow: the update divergence --interval=auto keeps under (docs/design.md rule 10); "
           "0 or below: no limit; empty (the default): the daemon's default");

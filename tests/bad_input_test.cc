@@ -258,8 +258,8 @@ TEST_F(BadInputTest, CreateJobBadSpecsAreInvalidArgument) {
   ASSERT_OK(job.status());
   EXPECT_EQ(job->spec().zenflow().apply_delay().steps(), 4) << "overlap_step means d = S";
   EXPECT_TRUE(job->spec().zenflow().predicted_step()) << "the predicted step is the default";
-  EXPECT_TRUE(job->spec().zenflow().scale_round_step()) << "rule 12 is the default";
-  EXPECT_TRUE(job->spec().zenflow().local_step()) << "rule 13 is the default with values deltas";
+  EXPECT_FALSE(job->spec().zenflow().scale_round_step()) << "rule 12 is off by default";
+  EXPECT_FALSE(job->spec().zenflow().local_step()) << "rule 13 is off by default";
   ExpectStatus((*c)->CreateJob(spec).status(), StatusCode::kAlreadyExists, "already exists");
   ASSERT_OK((*c)->DeleteJob("badspec"));
   ExpectStatus((*c)->GetJob("badspec").status(), StatusCode::kNotFound, "no job");
@@ -984,8 +984,10 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
                StatusCode::kResourceExhausted,
                // 36 B per parameter: master, m, v, two sums; two rounds of
                // fp32 deltas with bf16 m and v (the default update_interval
-               // auto may send the predicted step's state).
-               "needs 309239545856 bytes (288.00 GiB) (8589934592 parameters");
+               // auto may send the predicted step's state), and the update
+               // divergence's side buffers (docs/design.md rule 14: about
+               // 1% of the columns x 4 steps x 2 rounds, and their state).
+               "needs 313711203456 bytes (292.17 GiB) (8589934592 parameters");
   ExpectStatus(c.CreateJob(SquareJob("huge", {{1, big}})).status(),
                StatusCode::kResourceExhausted, "of its memory budget of 268435456 bytes");
   EXPECT_EQ(Reserved(c), before);
@@ -994,7 +996,11 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
   ASSERT_OK(c.CreateJob(SquareJob("huge", {{4, 4}})).status());
   absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("huge");
   ASSERT_OK(st.status());
-  EXPECT_EQ(st->jobs(0).memory_bytes(), 16 * 20 + 4 * 17 + 4 * 12 + 2 * 16 * (4 + 4));
+  // ... + the update divergence's side buffers (one sampled column of 4
+  // rows: 4 steps x 2 rounds of fp32 values, a flag per step and round, a
+  // slot per column, the sample's copied state of 5 floats per value).
+  EXPECT_EQ(st->jobs(0).memory_bytes(), 16 * 20 + 4 * 17 + 4 * 12 + 2 * 16 * (4 + 4) +
+                                            (4 * 4 * 2 * 4 + 4 * 2 + 4 * 8 + 4 * 5 * 4));
   EXPECT_EQ(Reserved(c), before + st->jobs(0).memory_bytes());
   ASSERT_OK(c.DeleteJob("huge"));
   EXPECT_EQ(Reserved(c), before);
@@ -1021,10 +1027,10 @@ TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   co.target = small.target();
   auto c = Client::Connect(co);
   ASSERT_OK(c.status());
-  // 2^27 parameters: 4.83 GB as allocated, within the budget, not the limit.
+  // 2^27 parameters: 4.90 GB as allocated, within the budget, not the limit.
   ExpectStatus((*c)->CreateJob(SquareJob("big", {{1 << 14, 1 << 13}})).status(),
                StatusCode::kResourceExhausted,
-               "job 'big': allocating 4832075776 bytes for 134217728 parameters failed (out of "
+               "job 'big': allocating 4902003344 bytes for 134217728 parameters failed (out of "
                "memory); nothing was kept");
   EXPECT_EQ(Reserved(**c), 0);
   JobOptions o;
@@ -1043,11 +1049,18 @@ TEST_F(BadInputTest, PerRankBookkeepingCountsAgainstTheBudget) {
   Client& c = h->client(0);
   ExpectStatus(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, 4096)).status(),
                StatusCode::kResourceExhausted,
-               "per-column and per-rank bookkeeping 1611169792");
+               // + the update divergence's (docs/design.md rule 14): 328
+               // sampled columns x 4 steps of fp32 values for 2 rounds, their
+               // flags per rank, a slot per column, the sample's state.
+               "per-column and per-rank bookkeeping 1622196896");
   ASSERT_OK(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, 2)).status());
   absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("wide");
   ASSERT_OK(st.status());
-  EXPECT_EQ(st->jobs(0).bookkeeping_bytes(), (1 << 15) * 17 + (1 << 15) * 2 * 12);
+  // ... + the update divergence's side buffers (328 sampled columns of 1
+  // row, 4 steps, 2 rounds, 2 ranks' flags; docs/design.md rule 14).
+  EXPECT_EQ(st->jobs(0).bookkeeping_bytes(), (1 << 15) * 17 + (1 << 15) * 2 * 12 +
+                                                 (328 * 4 * 2 * 4 + 328 * 4 * 2 * 2 +
+                                                  (1 << 15) * 8 + 328 * 5 * 4));
   ASSERT_OK(c.DeleteJob("wide"));
   ASSERT_OK(h->GoodRound(1e-2f));
 }

@@ -93,10 +93,12 @@ TEST_F(DaemonE2ETest, ScaledRoundStepAndFactoredMomentOfTheDaemonsV) {
   o.job_id = "rule12-13";
   o.world = 2;
   o.interval = 4;
+  o.scale_round_step = true;  // both off by default (docs/design.md rules 12, 13)
+  o.local_step = true;
   Harness h(daemon_->target(), o);
   ASSERT_OK(h.Setup());
-  ASSERT_TRUE(h.created().zenflow().scale_round_step()) << "the default";
-  ASSERT_TRUE(h.created().zenflow().local_step()) << "the default";
+  ASSERT_TRUE(h.created().zenflow().scale_round_step()) << "asked for";
+  ASSERT_TRUE(h.created().zenflow().local_step()) << "asked for";
   EXPECT_EQ(h.RoundLr(1e-2f), 4e-2f);
   for (float lr : {1e-2f, 5e-3f}) ASSERT_OK(h.GoodRound(lr));
   std::vector<float> imp(16, 1.0f);
@@ -141,8 +143,8 @@ TEST_F(DaemonE2ETest, ScaledRoundStepAndFactoredMomentOfTheDaemonsV) {
 
   JobOptions off = o;
   off.job_id = "rule12-13-off";
-  off.scale_round_step = false;
-  off.local_step = false;
+  off.scale_round_step.reset();  // the defaults: both off
+  off.local_step.reset();
   Harness g(daemon_->target(), off);
   ASSERT_OK(g.Setup());
   EXPECT_EQ(g.RoundLr(1e-2f), 1e-2f);

@@ -257,10 +257,13 @@ TEST_F(PartitionTest, DelayOneWithTensorsSplitByColumnsEqualsOneDaemonBitForBit)
 // moments whatever order their messages arrive in: two ranks end
 // bit-identical, and within fp32 rounding of the one-daemon job.
 TEST_F(PartitionTest, SplitLocalStepKeepsRanksIdenticalAndNearOneDaemon) {
-  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> one =
-      RunEngineRanks(Job("split-local-one", 1, 1));
+  // The local step is off by default (docs/design.md rule 13).
+  EngineJob one_job = Job("split-local-one", 1, 1);
+  one_job.cfg.local_step = true;
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> one = RunEngineRanks(one_job);
   ASSERT_TRUE(one.ok()) << one.status();
   EngineJob j = Job("split-local-3", 3, 1);
+  j.cfg.local_step = true;
   j.split_tensor_params = 70;
   std::vector<OptimizerTotals> totals;
   absl::StatusOr<std::vector<std::vector<std::vector<float>>>> got =

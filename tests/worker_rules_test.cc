@@ -63,6 +63,8 @@ EngineJob RulesJob(const std::string& id, int S, int delay, int world) {
   j.cfg.R = 2 * S;
   j.cfg.delay = delay < 0 ? S : delay;
   j.cfg.bf16_wire = true;
+  j.cfg.scale_round_step = true;  // both rules are off by default
+  j.cfg.local_step = true;
   j.steps = 6 * S;
   return j;
 }

@@ -255,8 +255,9 @@ def test_rule_options_reach_the_job_spec_from_keywords_and_config(daemon):
     with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen-rules-default",
                                         lr=1e-2, topk_ratio=0.25) as opt:
         z = opt.spec["zenflow"]
-        assert z["scale_round_step"] is True and z["local_step"] is True
-        assert "fidelity_budget" not in z
+        # Both off by default (docs/design.md rules 12 and 13).
+        assert z.get("scale_round_step", False) is False and z.get("local_step", False) is False
+        assert z["fidelity_budget"] == pytest.approx(0.8)  # the daemon's default
         train_on_four_batches(m, opt, 4)
     with zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-rules-kw",
                                         update_interval=4, scale_round_step=False,

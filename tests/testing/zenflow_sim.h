@@ -53,11 +53,11 @@ struct SimConfig {
   // with the current step's mean gradient; at step 0 (of a one-step round)
   // from the zero state.
   bool predicted_step = true;
-  // The scaled round step (rule 12; the daemon's default): a round of s
+  // The scaled round step (rule 12; off by default, as in the daemon): a round of s
   // steps takes its AdamW step with lr * s (one fp32 product), the decay
   // scaled alike.
-  bool scale_round_step = true;
-  // The local step (rule 13; the daemon's default): every round's update
+  bool scale_round_step = false;
+  // The local step (rule 13; off by default, as in the daemon): every round's update
   // also yields its tensor's factored second moment of the daemon columns
   // (with vh = v / (1 - beta2^count): row means, column means, the overall
   // mean; double sums in index order, rounded to float), and the workers
@@ -67,7 +67,7 @@ struct SimConfig {
   // all have one steps them with the step's mean gradient:
   //   w = round(w - (lr * g) / (sqrt(row_v[i] * col_v[j] / v_mean) + eps)),
   // an element whose estimate is not > 0 unchanged.
-  bool local_step = true;
+  bool local_step = false;
 };
 
 struct SimTensor {
