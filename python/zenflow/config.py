@@ -8,8 +8,8 @@ DeepSpeed. What this package reads of it:
   ``select_interval`` ("auto" or steps), ``update_interval`` ("auto" or steps),
   ``full_warm_up_rounds``, ``overlap_step`` (true: apply delay = S; false:
   sync); and this project's ``scale_round_step`` (true or false, default
-  true: a round of S steps takes one step of S x lr, docs/design.md rule 12),
-  ``local_step`` (true or false, default true: the ranks step the daemon's
+  false: a round of S steps takes one step of S x lr, docs/design.md rule 12),
+  ``local_step`` (true or false, default false: the ranks step the daemon's
   columns between rounds, rule 13) and ``fidelity_budget`` (a number: the
   update divergence update_interval auto keeps under; 0 or below: no limit),
   which the ``zenflowd`` block takes too.

@@ -74,8 +74,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     topk_ratio, update_interval (steps, or "auto"), select_interval, full_warm_up_rounds,
     apply_delay ("sync", "adaptive", "overlap_step" or steps), predicted_step
     (bool; default true: docs/engine.md, the predicted step), scale_round_step
-    (bool; default true: a round of S steps takes one step of S x lr,
-    docs/design.md rule 12), local_step (bool; default true: the daemon's
+    (bool; default false: a round of S steps takes one step of S x lr,
+    docs/design.md rule 12), local_step (bool; default false: the daemon's
     columns move every step between rounds, rule 13), fidelity_budget (a
     number: the update divergence update_interval auto keeps under; 0 or
     below: no limit; default: the daemon's), daemon_wait
