@@ -3,6 +3,7 @@
 #
 #   tools/bench_fidelity.sh [--out=PATH] [--quick] [--steps=N] [--seeds=N]
 #                           [--jobs=N] [--select_interval=R] [--cpu_bound_only]
+#                           [--wire=bf16|int8]
 #                           [--cpu_steps=LM,FINETUNE,MLP] [--pretrain_steps=N]
 #
 # Two sections: the grid below (k x S x apply delay on the demo's model,
@@ -92,7 +93,8 @@
 #  - --threads=1 for every training (the model is bitwise the same for any
 #    thread count), the gRPC data stream (the numbers do not depend on the
 #    transport), zenflowd --update_threads=1, lr 3e-3 constant, weight decay
-#    0, bf16 wire.
+#    0, the daemon's default wire (int8 shards for zenflow, bf16 for
+#    zero_offload: docs/design.md rule 5; --wire=bf16|int8 overrides).
 #
 # Budget (whole grid under about 15 minutes on this 2-core machine): one
 # 304-step training of the demo's model takes about 5.5 CPU s (18 ms/step on
@@ -118,6 +120,7 @@ steps=""
 seeds=""
 jobs=2
 select_interval=""
+wire=""
 cpu_bound_only=0
 cpu_steps=""
 pretrain_steps=300
@@ -129,11 +132,12 @@ for a in "$@"; do
     --seeds=*) seeds="${a#--seeds=}" ;;
     --jobs=*) jobs="${a#--jobs=}" ;;
     --select_interval=*) select_interval="${a#--select_interval=}" ;;
+    --wire=bf16|--wire=int8) wire="${a#--wire=}" ;;
     --cpu_bound_only) cpu_bound_only=1 ;;
     --cpu_steps=*) cpu_steps="${a#--cpu_steps=}" ;;
     --pretrain_steps=*) pretrain_steps="${a#--pretrain_steps=}" ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    *) echo "bench_fidelity: unknown argument '$a' (--out=PATH, --quick, --steps=N, --seeds=N, --jobs=N, --select_interval=R, --cpu_bound_only, --cpu_steps=LM,FINETUNE,MLP, --pretrain_steps=N)" >&2; exit 2 ;;
+    *) echo "bench_fidelity: unknown argument '$a' (--out=PATH, --quick, --steps=N, --seeds=N, --jobs=N, --select_interval=R, --wire=bf16|int8, --cpu_bound_only, --cpu_steps=LM,FINETUNE,MLP, --pretrain_steps=N)" >&2; exit 2 ;;
   esac
 done
 if [ "$quick" -eq 1 ]; then
@@ -166,7 +170,7 @@ LAYERS=2 WIDTH=64 HEADS=4 CONTEXT=64 BATCH=8 LR=3e-3 WD=0 THREADS=1 EVAL_BATCHES
 PRE_DATA=/usr/share/common-licenses/GPL-3
 PRE_STEPS=$pretrain_steps PRE_SEED=1
 FT_DATA=/usr/share/common-licenses/Apache-2.0
-WIRE=bf16
+WIRE="$wire"  # empty: the daemon's default
 if [ "$quick" -eq 1 ]; then
   KS=(0.1); SS=(1 4 auto)
 else
@@ -303,7 +307,8 @@ T="127.0.0.1:$(cat "$work/port")"
 log "zenflowd on $T (pid $zpid)"
 
 ft=(--init="$pre" --data="$FT_DATA" --threads=$THREADS --eval_batches=$EVAL_BATCHES "${model[@]}")
-zf_common=(--target="$T" --wire=$WIRE)
+zf_common=(--target="$T")
+[ -n "$WIRE" ] && zf_common+=(--wire="$WIRE")
 
 # ---- does update_interval auto exist? ---------------------------------------
 auto=false
@@ -509,7 +514,7 @@ doc = {
     "pretrain": {"mode": "local", "data": "$PRE_DATA", "steps": $PRE_STEPS, "seed": $PRE_SEED,
                  "cache": "$pre", "config_hash": "$hash", "reused": "$pre_reused" == "true"},
     "finetune": {"data": "$FT_DATA", "steps": $steps, "select_interval": $select_interval,
-                 "wire": "$WIRE", "ranks": 1, "transport": "grpc", "zenflowd_update_threads": 1},
+                 "wire": "${WIRE:-default (int8 for zenflow, bf16 for zero_offload)}", "ranks": 1, "transport": "grpc", "zenflowd_update_threads": 1},
     "reference": {
         "mode": "local",
         "description": "local AdamW, one rank, the same batches as every zenflow run of the seed",
