@@ -55,6 +55,22 @@ absl::Status CheckShape(const char* op, int64_t rows, int64_t cols) {
   return absl::OkStatus();
 }
 
+// A selection of `ncols` columns of a rows x cols tensor: the shape, the
+// count, and that rows * ncols elements can be indexed.
+absl::Status CheckColumnSelection(const char* op, int64_t rows, int64_t cols, int64_t ncols) {
+  ZF_RETURN_IF_ERROR(CheckShape(op, rows, cols));
+  ZF_RETURN_IF_ERROR(CheckNonNegative(op, "ncols", ncols));
+  if (ncols > 0 && cols == 0) {
+    return Invalid(
+        op, absl::StrCat("ncols = ", ncols, " columns requested from a tensor with 0 columns"));
+  }
+  if (ncols > 0 && rows > std::numeric_limits<int64_t>::max() / 8 / ncols) {
+    return Invalid(op,
+                   absl::StrCat("rows * ncols overflows (rows = ", rows, ", ncols = ", ncols, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPointer(const char* op, const char* name, const void* p, bool needed) {
   if (needed && p == nullptr) return Invalid(op, absl::StrCat(name, " is null"));
   return absl::OkStatus();
@@ -145,16 +161,7 @@ absl::Status CheckAdamWArgs(const AdamWHyper& h, float grad_scale, const float* 
                             const int64_t* steps, const float* grad, const float* m,
                             const float* v, const char* op) {
   const char* const kOp = op;
-  ZF_RETURN_IF_ERROR(CheckShape(kOp, rows, cols));
-  ZF_RETURN_IF_ERROR(CheckNonNegative(kOp, "ncols", ncols));
-  if (ncols > 0 && cols == 0) {
-    return Invalid(
-        kOp, absl::StrCat("ncols = ", ncols, " columns requested from a tensor with 0 columns"));
-  }
-  if (ncols > 0 && rows > std::numeric_limits<int64_t>::max() / 8 / ncols) {
-    return Invalid(kOp,
-                   absl::StrCat("rows * ncols overflows (rows = ", rows, ", ncols = ", ncols, ")"));
-  }
+  ZF_RETURN_IF_ERROR(CheckColumnSelection(kOp, rows, cols, ncols));
   if (!(h.beta1 >= 0.0f && h.beta1 < 1.0f)) {
     return Invalid(kOp, absl::StrCat("beta1 must be in [0, 1), got ", h.beta1));
   }
@@ -226,16 +233,7 @@ absl::Status CheckFactoredStepArgs(float lr, float eps, const void* w, PackDType
     return Invalid(kOp, absl::StrCat("the parameter dtype must be f32, bf16 or f16, got ",
                                      PackDTypeName(w_dtype)));
   }
-  ZF_RETURN_IF_ERROR(CheckShape(kOp, rows, cols));
-  ZF_RETURN_IF_ERROR(CheckNonNegative(kOp, "ncols", ncols));
-  if (ncols > 0 && cols == 0) {
-    return Invalid(
-        kOp, absl::StrCat("ncols = ", ncols, " columns requested from a tensor with 0 columns"));
-  }
-  if (ncols > 0 && rows > std::numeric_limits<int64_t>::max() / 8 / ncols) {
-    return Invalid(kOp,
-                   absl::StrCat("rows * ncols overflows (rows = ", rows, ", ncols = ", ncols, ")"));
-  }
+  ZF_RETURN_IF_ERROR(CheckColumnSelection(kOp, rows, cols, ncols));
   if (!std::isfinite(lr) || lr < 0.0f) {
     return Invalid(kOp, absl::StrCat("lr must be finite and >= 0, got ", lr));
   }
