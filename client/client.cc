@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/connect_diagnosis.h"
 #include "client/one_daemon_client.h"
 #include "client/partitioned_client.h"
 #include "client/parts.h"
@@ -28,6 +29,8 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   ZF_ASSIGN_OR_RETURN(std::vector<std::string> targets, SplitTargets(options.target));
+  // Every target's form before waiting for the first daemon.
+  for (const std::string& t : targets) ZF_RETURN_IF_ERROR(ParseTarget(t).status());
   if (targets.size() == 1) {
     ZF_ASSIGN_OR_RETURN(std::unique_ptr<OneDaemonClient> c,
                         OneDaemonClient::Connect(options, targets[0]));

@@ -72,8 +72,15 @@ struct ClientOptions {
   // the target's host.
   std::string tls_server_name;
   // How long Connect waits for the daemon; gRPC retries within it with its
-  // own reconnect backoff (100 ms doubling up to 2 s).
+  // own reconnect backoff (100 ms doubling up to 2 s). Only a daemon that
+  // may still come is waited for (nothing listens yet, no route): a target
+  // that cannot be parsed, a name that does not resolve, a TLS mismatch and
+  // a server that is not zenflowd fail at once (client/connect_diagnosis.h).
   absl::Duration connect_timeout = absl::Seconds(20);
+  // Progress lines while Connect waits ("nothing listens at HOST:PORT yet
+  // (connection refused); waiting up to 20s ..."), within about a second of
+  // the first failure. Null: stderr, prefixed "zenflow client: ".
+  std::function<void(const std::string&)> on_progress;
   absl::Duration rpc_timeout = absl::Seconds(60);     // unary deadline
   absl::Duration selection_timeout = absl::Minutes(10);  // SubmitImportance waits for all ranks
   int64_t max_message_bytes = int64_t{1} << 30;  // hand-off and all-reduce are single messages

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/backoff.h"
+#include "client/connect_diagnosis.h"
 #include "client/data_stream.h"
 #include "client/releaser.h"
 #include "client/stream.h"
@@ -19,6 +20,14 @@
 #include "common/tls_files.h"
 
 namespace zenflow {
+
+namespace {
+
+// How long Connect waits for the resolver before it lets gRPC try on its
+// own (a name that does not exist is answered far sooner).
+constexpr absl::Duration kResolveTimeout = absl::Seconds(3);
+
+}  // namespace
 
 OneDaemonClient::OneDaemonClient(const ClientOptions& options)
     : options_(options), window_(options.max_inflight_bytes), log_(options.max_replay_bytes) {
@@ -64,20 +73,30 @@ absl::StatusOr<std::unique_ptr<OneDaemonClient>> OneDaemonClient::Connect(
         "tls_cert, tls_key and tls_server_name need tls_ca (the CA that signed zenflowd's "
         "certificate): without it the connection is plaintext");
   }
-  c->channel_ = grpc::CreateCustomChannel(target, credentials, args);
-  const auto deadline =
-      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.connect_timeout);
-  if (!c->channel_->WaitForConnected(deadline)) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to zenflowd at ", options.target, " within ",
-        absl::FormatDuration(options.connect_timeout),
-        tls ? absl::StrCat(" over TLS (check that it serves TLS, that tls_ca ", options.tls_ca,
-                           " signed its certificate for the name ",
-                           options.tls_server_name.empty() ? "in the target"
-                                                           : options.tls_server_name,
-                           ", and the client certificate if it requires one)")
-            : " (in plaintext; a daemon that serves TLS needs tls_ca)"));
+  // The target's form and its name first: neither gets better by waiting.
+  ZF_ASSIGN_OR_RETURN(ParsedTarget parsed, ParseTarget(target));
+  ConnectHints hints;
+  hints.target = target;
+  hints.tls = tls;
+  hints.tls_ca = options.tls_ca;
+  hints.tls_server_name = options.tls_server_name;
+  hints.client_cert = !options.tls_cert.empty();
+  hints.wait = options.connect_timeout;
+  hints.progress = options.on_progress;
+  std::vector<Endpoint> endpoints;
+  absl::StatusOr<std::vector<Endpoint>> resolved = ResolveHost(parsed, kResolveTimeout);
+  if (resolved.ok()) {
+    endpoints = *std::move(resolved);
+  } else if (resolved.status().code() == absl::StatusCode::kNotFound ||
+             resolved.status().code() == absl::StatusCode::kInvalidArgument) {
+    return resolved.status();
+  } else {
+    // A slow or failing resolver: gRPC resolves again while Connect waits.
+    ReportProgress(hints, absl::StrCat(resolved.status().message(), "; trying on for up to ",
+                                       absl::FormatDuration(hints.wait)));
   }
+  c->channel_ = grpc::CreateCustomChannel(target, credentials, args);
+  ZF_RETURN_IF_ERROR(WaitForZenflowd(c->channel_, parsed, endpoints, hints));
   c->stub_ = v1::ZenFlow::NewStub(c->channel_);
   return c;
 }

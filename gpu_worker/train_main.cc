@@ -32,6 +32,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/tls_flags.h"
+#include "common/flags_usage.h"
 #include "common/histogram.h"
 #include "common/json_writer.h"
 #include "common/metrics.h"
@@ -44,6 +45,7 @@
 #include "gpu_worker/model/transformer.h"
 #include "gpu_worker/model/transformer_cuda.h"
 #include "gpu_worker/engine/zenflow_optimizer.h"
+#include "server/version.h"
 
 ABSL_FLAG(std::string, mode, "zenflow", "local, zero_offload or zenflow");
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
@@ -613,13 +615,10 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One rank of a ZenFlow fine-tuning run (see --mode).");
-  // --help lists this file's flags (absl matches the binary's name by default).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "train_main.cc");
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  // --help (stdout, exit 0) lists this file's flags and the TLS ones
+  // (common/flags_usage.h).
+  zenflow::ParseFlags(argc, argv,
+                      {"zf_train", zenflow::kZenflowVersion, {"train_main.cc", "client/tls_flags.cc"}});
   zenflow::TuneMallocForBulkBuffers();
   absl::Status s = zenflow::Run();
   if (!s.ok()) {

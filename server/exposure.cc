@@ -160,4 +160,9 @@ std::string DescribeExposure(const ExposureConfig& c) {
   return line;
 }
 
+std::string WithBoundPort(const std::string& listen, int port) {
+  if (port <= 0 || !absl::EndsWith(listen, ":0")) return listen;
+  return absl::StrCat(listen.substr(0, listen.size() - 1), port);
+}
+
 }  // namespace zenflow

@@ -59,6 +59,10 @@ absl::Status CheckExposure(const ExposureConfig& c);
 // /metrics.
 std::string DescribeExposure(const ExposureConfig& c);
 
+// `listen` (HOST:PORT) with the port a listener bound when it asked for
+// port 0 ("127.0.0.1:0", 43123 -> "127.0.0.1:43123"); otherwise as it is.
+std::string WithBoundPort(const std::string& listen, int port);
+
 }  // namespace zenflow
 
 #endif  // ZENFLOW_SERVER_EXPOSURE_H_

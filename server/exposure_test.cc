@@ -133,5 +133,13 @@ TEST(DescribeExposureTest, SaysHowEachListenerServes) {
   EXPECT_TRUE(absl::StrContains(d, "PLAINTEXT on --ucx_net_devices=eth0")) << d;
 }
 
+TEST(WithBoundPortTest, PortZeroBecomesTheBoundPort) {
+  EXPECT_EQ(WithBoundPort("127.0.0.1:0", 43123), "127.0.0.1:43123");
+  EXPECT_EQ(WithBoundPort("[::1]:0", 8), "[::1]:8");
+  EXPECT_EQ(WithBoundPort("0.0.0.0:50051", 50051), "0.0.0.0:50051");
+  EXPECT_EQ(WithBoundPort("127.0.0.1:10", 43123), "127.0.0.1:10");  // not asked for port 0
+  EXPECT_EQ(WithBoundPort("", 0), "");
+}
+
 }  // namespace
 }  // namespace zenflow

@@ -296,6 +296,12 @@ grpc::ServerUnaryReactor* ZenFlowService::GetJob(grpc::CallbackServerContext* ct
                                                  const v1::GetJobRequest* req,
                                                  v1::GetJobResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
+  if (req->job_id().empty()) {
+    // The client library's "is this zenflowd?" call at connect
+    // (client/connect_diagnosis.h): answered, but not a rejection to count.
+    reactor->Finish(ToGrpcStatus(CheckJobId(req->job_id())));
+    return reactor;
+  }
   absl::StatusOr<std::shared_ptr<Job>> job = Authorize(Identify(ctx), req->job_id(), "GetJob");
   if (job.ok()) (*job)->Describe(resp);
   Finish(reactor, job.status(), nullptr, "get_job");

@@ -28,6 +28,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/flags_usage.h"
 #include "common/malloc_tuning.h"
 #include "common/tls_files.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -229,13 +230,11 @@ void WritePortFile(const std::string& path, int port) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The ZenFlow optimizer daemon. See docs/protocol.md for the API.");
-  absl::FlagsUsageConfig usage;
-  usage.version_string = [] {
-    return absl::StrCat("zenflowd ", zenflow::kZenflowVersion, " (commit ",
-                        zenflow::ZenflowCommit(), ")\n");
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  // --help and --version on stdout, exit 0 (common/flags_usage.h).
+  zenflow::ParseFlags(argc, argv,
+                      {"zenflowd",
+                       absl::StrCat(zenflow::kZenflowVersion, " (commit ", zenflow::ZenflowCommit(), ")"),
+                       {"server/zenflowd.cc"}});
   zenflow::TuneMallocForBulkBuffers();
 
   // Block the stop signals in every thread; one thread waits for them.
@@ -397,6 +396,9 @@ int main(int argc, char** argv) {
                                            : std::string((*server)->ucx_status().message()).c_str());
   zenflow::ExposureConfig served = zenflow::ExposureOf(opts);
   served.ucx = (*server)->ucx() != nullptr;
+  // The ports bound, where the flags asked for any (port 0).
+  served.listen = zenflow::WithBoundPort(served.listen, (*server)->port());
+  served.metrics_listen = zenflow::WithBoundPort(served.metrics_listen, (*server)->metrics_port());
   if (emulate_round_ms > 0) {
     std::fprintf(stderr, "zenflowd: EMULATED round time: every round update takes at least %g ms\n",
                  emulate_round_ms);
@@ -405,7 +407,8 @@ int main(int argc, char** argv) {
   if ((*server)->health_port() != 0) {
     std::fprintf(stderr,
                  "zenflowd: answering health checks only, in plaintext, on %s (port %d)\n",
-                 opts.health_listen.c_str(), (*server)->health_port());
+                 zenflow::WithBoundPort(opts.health_listen, (*server)->health_port()).c_str(),
+                 (*server)->health_port());
   }
   sd_notify(0, "READY=1");
 

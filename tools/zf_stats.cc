@@ -16,6 +16,8 @@
 #include "client/client.h"
 #include "client/parts.h"
 #include "client/tls_flags.h"
+#include "common/flags_usage.h"
+#include "server/version.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
@@ -195,6 +197,7 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Prints zenflowd's GetStats: zf_stats [--target=HOST:PORT[,HOST:PORT...]] [--job=ID] [--json]");
-  absl::ParseCommandLine(argc, argv);
+  zenflow::ParseFlags(argc, argv,
+                      {"zf_stats", zenflow::kZenflowVersion, {"zf_stats.cc", "client/tls_flags.cc"}});
   return zenflow::Main();
 }
