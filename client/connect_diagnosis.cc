@@ -544,6 +544,7 @@ absl::Status WaitForZenflowd(const std::shared_ptr<grpc::Channel>& channel,
   grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
   for (;;) {
     bool failed = state == GRPC_CHANNEL_TRANSIENT_FAILURE;
+    bool slow = false;
     std::string detail;
     if (state == GRPC_CHANNEL_READY) {
       const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(500));
@@ -565,7 +566,8 @@ absl::Status WaitForZenflowd(const std::shared_ptr<grpc::Channel>& channel,
           detail = Detail(s);
           break;
         case grpc::StatusCode::DEADLINE_EXCEEDED:
-          break;  // slow: the probes say whether it is worth waiting
+          slow = true;  // up, but not answering: wait, and say so
+          break;
         default:
           return absl::FailedPreconditionError(absl::StrCat(
               "the server at ", Where(t, h), " answers HTTP/2 but not as zenflowd (",
@@ -579,6 +581,11 @@ absl::Status WaitForZenflowd(const std::shared_ptr<grpc::Channel>& channel,
       if (failed && detail.empty()) detail = Detail(AskZenflowd(channel, kProbeTimeout));
       Verdict v = Diagnose(t, endpoints, h, failed, detail);
       if (!v.fatal.ok()) return v.fatal;
+      if (slow) {
+        v.cause = absl::StrCat("the server at ", Where(t, h),
+                               " took the connection but does not answer");
+        v.advice = "check that zenflowd runs there and is not overloaded";
+      }
       if (v.cause != last.cause) {
         ReportProgress(h, absl::StrCat(v.cause, "; waiting up to ", absl::FormatDuration(h.wait),
                                " for zenflowd at ", h.target));
@@ -598,8 +605,8 @@ absl::Status WaitForZenflowd(const std::shared_ptr<grpc::Channel>& channel,
   }
   return absl::UnavailableError(absl::StrCat(
       "cannot connect to zenflowd at ", h.target, " within ", absl::FormatDuration(h.wait),
-      last.cause.empty() ? "" : absl::StrCat(": ", last.cause, "; ", last.advice),
-      h.tls ? " (connecting over TLS)" : " (connecting in plaintext)"));
+      h.tls ? " over TLS" : " in plaintext",
+      last.cause.empty() ? "" : absl::StrCat(": ", last.cause, "; ", last.advice)));
 }
 
 }  // namespace zenflow

@@ -78,7 +78,7 @@ fi
 cat "$dir/refused.err"
 head -n 1 "$dir/refused.err" | grep -q "^zenflow client: nothing listens at 127.0.0.1:$closed yet (connection refused); waiting up to 3s" \
   || fail "no progress line first"
-grep -q "UNAVAILABLE: cannot connect to zenflowd at 127.0.0.1:$closed within 3s: nothing listens at 127.0.0.1:$closed yet (connection refused)" \
+grep -q "UNAVAILABLE: cannot connect to zenflowd at 127.0.0.1:$closed within 3s in plaintext: nothing listens at 127.0.0.1:$closed yet (connection refused)" \
   "$dir/refused.err" || fail "the final error does not repeat the cause"
 
 # The next good connection works.

@@ -127,7 +127,8 @@ TEST(ConnectErrorsTest, ARefusedPortIsWaitedForWithAProgressLineNamingTheCause) 
   const Outcome o = Connect(co, &progress);
   const absl::Time end = absl::Now();
   EXPECT_CODE(o, kUnavailable,
-              absl::StrCat("cannot connect to zenflowd at ", target, " within 4s: nothing listens at ",
+              absl::StrCat("cannot connect to zenflowd at ", target,
+                           " within 4s in plaintext: nothing listens at ",
                            target, " yet (connection refused)"));
   // The whole wait, not less: a daemon may still come.
   EXPECT_GE(o.took, absl::Seconds(3));

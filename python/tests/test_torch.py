@@ -321,6 +321,12 @@ def test_daemon_errors_arrive_as_zenflow_errors(daemon):
         zenflow.torch.ZenFlowOptimizer(model().parameters(), target="127.0.0.1:1",
                                        connect_timeout=1.0)
     assert e.value.code == "UNAVAILABLE"
+    assert "nothing listens at 127.0.0.1:1 yet (connection refused)" in e.value.message
+    # A URL instead of HOST:PORT: at once, naming the form.
+    with pytest.raises(zenflow.ZenFlowError) as e:
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target="http://127.0.0.1:1")
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "want HOST:PORT" in e.value.message
     # A setting the daemon refuses: INVALID_ARGUMENT with its message.
     with pytest.raises(zenflow.ZenFlowError) as e:
         zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="bad",
