@@ -351,7 +351,9 @@ ProbeResult ProbeEndpoint(const Endpoint& e, absl::Duration timeout, bool sniff)
   }
   r.reach = ProbeResult::Reach::kAccepted;
   if (sniff) Sniff(fd.get(), timeout, &r);
-  if (r.speaks == ProbeResult::Speaks::kClosed && AnswersTls(e, timeout)) {
+  // A TLS server answers the ClientHello after a key exchange's work: more
+  // time than a plain answer takes on a loaded host.
+  if (r.speaks == ProbeResult::Speaks::kClosed && AnswersTls(e, 2 * timeout)) {
     r.speaks = ProbeResult::Speaks::kTls;
   }
   return r;
@@ -449,8 +451,8 @@ Verdict Diagnose(const ParsedTarget& t, const std::vector<Endpoint>& endpoints,
           "): run as zenflowd's user or root, or connect to its HOST:PORT"));
       return v;
     case ProbeResult::Reach::kUnreachable:
-      v.cause = absl::StrCat(t.host, " (", at == nullptr ? "" : at->text, ") cannot be reached from here (",
-                             r.error, ")");
+      v.cause = absl::StrCat(t.host, " (", at == nullptr ? "" : at->text,
+                             ") cannot be reached from here (", r.error, ")");
       v.advice = "check the host in the target and the network between here and there";
       return v;
     case ProbeResult::Reach::kNoAnswer:
@@ -587,8 +589,8 @@ absl::Status WaitForZenflowd(const std::shared_ptr<grpc::Channel>& channel,
         v.advice = "check that zenflowd runs there and is not overloaded";
       }
       if (v.cause != last.cause) {
-        ReportProgress(h, absl::StrCat(v.cause, "; waiting up to ", absl::FormatDuration(h.wait),
-                               " for zenflowd at ", h.target));
+        ReportProgress(h, absl::StrCat(v.cause, "; waiting up to ",
+                                       absl::FormatDuration(h.wait), " for zenflowd at ", h.target));
       }
       last = std::move(v);
       diagnosed = true;

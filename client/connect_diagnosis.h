@@ -102,7 +102,7 @@ struct ProbeResult {
 // an HTTP/2 client preface and reads the first answer (within `timeout`).
 // A peer that closes without a word is asked once more with a TLS
 // ClientHello (a gRPC TLS server closes on the preface). Blocks at most
-// about four times `timeout`.
+// about five times `timeout`.
 ProbeResult ProbeEndpoint(const Endpoint& e, absl::Duration timeout, bool sniff);
 
 // What the caller asked for, for the messages and the wait.
