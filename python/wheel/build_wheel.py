@@ -80,12 +80,19 @@ def metadata(ver):
     return "\n".join(lines) + "\n"
 
 
+# The extension runs the CPU backend only (the binding refuses CUDA tensors),
+# so the wheel is built as on a machine without the CUDA toolkit
+# (bazel/cuda.bzl finds no nvcc under this CUDA_HOME): it then links no
+# libcudart, which a Debian 12 host without CUDA lacks.
+NO_CUDA = "--repo_env=CUDA_HOME=/nonexistent/zenflow-wheel-without-cuda"
+
+
 def build_extension(major_minor):
-    """Builds //python:_zenflow.so for CPython major.minor; returns a copy's path."""
+    """Builds //python:_zenflow.so for CPython major.minor; returns its path in bazel-bin."""
     define = f"--define=zf_python={major_minor[0]}.{major_minor[1]}"
-    log(f"bazel build {define} //python:_zenflow.so")
-    subprocess.run(["bazel", "build", define, "//python:_zenflow.so"], cwd=ROOT, check=True,
-                   stdout=sys.stderr)
+    log(f"bazel build {define} {NO_CUDA} //python:_zenflow.so")
+    subprocess.run(["bazel", "build", define, NO_CUDA, "//python:_zenflow.so"], cwd=ROOT,
+                   check=True, stdout=sys.stderr)
     return os.path.join(ROOT, "bazel-bin", "python", "_zenflow.so")
 
 

@@ -50,11 +50,11 @@ ext=$("$tmp/venv311/bin/python" -c 'import _zenflow; print(_zenflow.__file__)')
 case "$ext" in "$tmp/venv311/"*) ;; *) fail "_zenflow was imported from $ext, not from the venv" ;; esac
 ldd "$ext" > "$tmp/ldd.txt"
 if grep -q "not found" "$tmp/ldd.txt"; then cat "$tmp/ldd.txt"; fail "the extension links a library ldd cannot find"; fi
-if grep -qE "$root|bazel|_solib" "$tmp/ldd.txt" || readelf -d "$ext" | grep -qE 'R(UN)?PATH'; then
+if grep -qE "$root|bazel|_solib|cuda" "$tmp/ldd.txt" || readelf -d "$ext" | grep -qE 'R(UN)?PATH'; then
   cat "$tmp/ldd.txt"; readelf -d "$ext" | grep -E 'R(UN)?PATH' || true
-  fail "the extension finds a library in the build tree"
+  fail "the extension finds a library outside Debian's (the build tree, an RPATH, CUDA)"
 fi
-echo "wheel_test: ldd: $(grep -c '=>' "$tmp/ldd.txt") libraries, all from the system (none from the build tree, no RPATH)"
+echo "wheel_test: ldd: $(grep -c '=>' "$tmp/ldd.txt") libraries, all Debian's (none from the build tree or CUDA, no RPATH)"
 
 "$zenflowd" --listen=127.0.0.1:0 --port_file="$tmp/port" --ucx=false 2> "$tmp/zenflowd.log" &
 daemon_pid=$!
