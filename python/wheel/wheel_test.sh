@@ -37,7 +37,7 @@ export PIP_NO_INDEX=1 PIP_CACHE_DIR="$tmp/pip-cache" PIP_DISABLE_PIP_VERSION_CHE
 unset PYTHONPATH
 
 wheel_for() {  # TAG -> the wheel's path, or nothing
-  ls "$dist"/zenflow-*-"$1"-"$1"-linux_x86_64.whl 2>/dev/null | tail -n 1
+  ls "$dist"/zenflow-*-"$1"-"$1"-linux_x86_64.whl 2>/dev/null | tail -n 1 || true
 }
 
 whl=$(wheel_for cp311)
@@ -77,6 +77,8 @@ for py in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/*/bin/python3; do
   tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
   whl=$(wheel_for "$tag")
   if [ -z "$whl" ]; then
+    "$py" -c 'import sys; sys.exit(sys.version_info[:2] >= (3, 8))' \
+      || fail "no $tag wheel in $dist for $py (3.8 or newer: ./zf wheel builds one)"
     echo "wheel_test: no $tag wheel for $py (./zf wheel skips interpreters older than 3.8)"
     continue
   fi
