@@ -134,7 +134,10 @@ def build_one(python, out_dir, ver, built):
         # python3-wheel's `wheel pack` hashes every file into RECORD and names
         # the wheel from the WHEEL file's tag.
         packed = subprocess.run([sys.executable, "-m", "wheel", "pack", "-d", out_dir, tree],
-                                check=True, capture_output=True, text=True).stdout
+                                capture_output=True, text=True)
+        if packed.returncode != 0:
+            raise SystemExit(f"build_wheel: wheel pack failed: {packed.stderr.strip()}")
+        packed = packed.stdout
     path = os.path.join(out_dir, f"zenflow-{ver}-{tag}-{tag}-linux_x86_64.whl")
     if not os.path.exists(path):
         raise SystemExit(f"build_wheel: wheel pack did not write {path}: {packed}")

@@ -23,10 +23,15 @@ def get_requires_for_build_wheel(config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    # pip's build isolation points PYTHONPATH at an environment that hides
+    # the system's site-packages (python3-wheel among them); the builder is
+    # Debian's python3 with its own.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH")}
     out = subprocess.run(
         [_BUILDER_PYTHON, os.path.join(_HERE, "build_wheel.py"), "--python", sys.executable,
          "--out", os.path.abspath(wheel_directory)],
-        check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
+        check=True, stdout=subprocess.PIPE, universal_newlines=True, env=env).stdout
     paths = [line for line in out.splitlines() if line.strip()]
     if not paths:
         raise RuntimeError("build_wheel.py built no wheel for " + sys.executable)
