@@ -14,6 +14,7 @@
 # 2. Every other CPython whose wheel is in DIST (pyenv's interpreters): a
 #    venv each gets its wheel and imports zenflow and _zenflow. Without
 #    other interpreters it says so and skips.
+# 3. `pip install --no-index .` from the checkout into a fresh venv imports.
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -90,5 +91,14 @@ for py in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/*/bin/python3; do
   echo "wheel_test: $(basename "$whl"): imports in $py ($out)"
   checked=$((checked + 1))
 done
+# 3. `pip install .` from the checkout: pip's build isolation, the in-tree
+#    backend (no build requirements, no index), Bazel.
+/usr/bin/python3 -m venv "$tmp/venv-src"
+(cd "$root" && "$tmp/venv-src/bin/pip" install --quiet --no-index .) \
+  || fail "pip install --no-index . from $root failed"
+out=$(cd "$tmp" && "$tmp/venv-src/bin/python" -c 'import zenflow, _zenflow; print(_zenflow.__file__)') \
+  || fail "zenflow does not import after pip install ."
+echo "wheel_test: pip install --no-index . (the checkout, PEP 517 backend): imports ($out)"
+
 [ "$checked" -gt 0 ] || echo "wheel_test: SKIPPED the other interpreters: none found under ${PYENV_ROOT:-$HOME/.pyenv}/versions"
 echo "wheel_test: passed (cp311 trained; $checked other interpreter(s) import-checked)"
