@@ -74,12 +74,12 @@ def main():
     if not flags:
         out += [".nf"] + [roff(line) for line in help_text.rstrip("\n").splitlines()] + [".fi"]
     else:
-        out += [roff(description),
-           ".PP", "Each flag is given as \\fB\\-\\-name=value\\fR (a boolean also as "
-           "\\fB\\-\\-name\\fR or \\fB\\-\\-noname\\fR), on the command line or, one a line, "
-           "in a file named by \\fB\\-\\-flagfile\\fR. \\fB\\-\\-helpfull\\fR lists "
-           "the flags of the libraries too.",
-           ".SH OPTIONS"]
+        out += [roff(description), ".PP",
+                "Each flag is given as \\fB\\-\\-name=value\\fR (a boolean also as "
+                "\\fB\\-\\-name\\fR or \\fB\\-\\-noname\\fR), on the command line or, one a "
+                "line, in a file named by \\fB\\-\\-flagfile\\fR. \\fB\\-\\-helpfull\\fR lists "
+                "the flags of the libraries too.",
+                ".SH OPTIONS"]
     for name, text, default in flags:
         out += [".TP", f".B {roff(name)}", roff(text) + "."]
         if default is not None:
