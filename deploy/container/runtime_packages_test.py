@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Checks that deploy/container/Containerfile installs what zenflowd links.
 
-    runtime_packages_test.py ZENFLOWD CONTAINERFILE
+    runtime_packages_test.py ZENFLOWD CONTAINERFILE DEPENDS_SH
 
-zenflowd is built against this machine's Debian 12 libraries, so the Debian
-package that holds each library it needs here is the one the image needs.
-For every library in zenflowd's DT_NEEDED (readelf), the owning package
-(dpkg -S on the path ldd resolves) must be installed by the Containerfile's
-apt-get install, or be in every Debian base image (an Essential package, apt,
-or what they depend on). Every library ldd loads (the indirect ones too) must
+The Containerfile installs the zenflowd Debian package with apt-get install,
+which installs the packages its Depends names; that Depends is what
+deploy/debian/depends.sh (DEPENDS_SH) prints for zenflowd, as
+deploy/debian/build_deb.sh writes it. The Containerfile must install the
+.deb (not copy the binary). zenflowd is built against this machine's Debian
+12 libraries, so the Debian package that holds each library it needs here is
+the one the image needs. For every library in zenflowd's DT_NEEDED
+(readelf), the owning package (dpkg -S on the path ldd resolves) must be in
+the package's Depends or in the Containerfile's other apt-get install
+arguments, or be in every Debian base image (an Essential package, apt, or
+what they depend on). Every library ldd loads (the indirect ones too) must
 then come from those packages or what they depend on, which apt installs
 with them. Package relations are read from this machine's dpkg database,
 so no network and no apt lists are needed.
@@ -25,12 +30,19 @@ def run(*cmd):
 
 
 def containerfile_packages(path):
-    """The package names of the Containerfile's apt-get install."""
+    """The arguments of the Containerfile's apt-get install (package names and .deb files)."""
     text = re.sub(r"\\\n", " ", open(path).read())
     m = re.search(r"apt-get install ([^&\n]*)", text)
     if not m:
         raise SystemExit(f"{path}: no apt-get install")
     return {w for w in m.group(1).split() if not w.startswith("-")}
+
+
+def deb_depends(depends_sh, zenflowd):
+    """The names in the zenflowd package's Depends (depends.sh's output)."""
+    out = run(depends_sh, zenflowd)
+    return {re.split(r"[ (]", alt.strip())[0] for dep in out.split(",") for alt in dep.split("|")
+            if alt.strip()}
 
 
 def owners(lib_paths):
@@ -80,12 +92,22 @@ def closure(roots, rel):
     return seen
 
 
-def main(zenflowd, containerfile):
-    listed = containerfile_packages(containerfile)
+def main(zenflowd, containerfile, depends_sh):
+    args = containerfile_packages(containerfile)
+    debs = {a for a in args if a.endswith(".deb")}
+    failures = []
+    if not any(re.search(r"(^|/)zenflowd_[^/]*_amd64\.deb$", d) for d in debs):
+        failures.append("the Containerfile's apt-get install does not install the zenflowd "
+                        f".deb (zenflowd_*_amd64.deb; it has {sorted(args)})")
+    if re.search(r"^COPY\s+zenflowd\s", open(containerfile).read(), re.M):
+        failures.append("the Containerfile copies a zenflowd binary: it installs the .deb instead")
+    depends = deb_depends(depends_sh, zenflowd)
+    print(f"the package's Depends: {', '.join(sorted(depends))}")
+    listed = (args - debs) | depends
     rel = installed_relations()
     base = closure({p for p, (ess, _) in rel.items() if ess} | {"apt"}, rel)
-    failures = [f"{p} is in the Containerfile but not installed here (misspelt or wrong "
-                "version?)" for p in sorted(listed - set(rel))]
+    failures += [f"{p} is in the Containerfile or Depends but not installed here (misspelt or "
+                 "wrong version?)" for p in sorted(listed - set(rel))]
 
     ldd = {}
     for line in run("ldd", zenflowd).splitlines():
@@ -102,8 +124,8 @@ def main(zenflowd, containerfile):
         direct.setdefault(owner[ldd[soname]], []).append(soname)
     for pkg, libs in sorted(direct.items()):
         if pkg not in listed and pkg not in base:
-            failures.append(f"{pkg} (for {', '.join(libs)}) is not in the Containerfile's "
-                            "apt-get install nor in a Debian base image")
+            failures.append(f"{pkg} (for {', '.join(libs)}) is not in the package's Depends, "
+                            "the Containerfile's apt-get install nor a Debian base image")
     reach = closure(listed, rel) | base
     for soname, path in sorted(ldd.items()):
         pkg = owner[path]
@@ -111,15 +133,15 @@ def main(zenflowd, containerfile):
             failures.append(f"{soname} ({pkg}) comes with none of the installed packages")
     unused = listed - set(direct)
     if unused:
-        print(f"note: listed but no direct library of zenflowd: {sorted(unused)}")
+        print(f"note: installed but no direct library of zenflowd: {sorted(unused)}")
     print(f"{len(needed)} direct libraries from {len(direct)} packages, {len(ldd)} in all; "
-          f"Containerfile installs {len(listed)}")
+          f"the image installs {len(listed)} packages with the .deb")
     for f in failures:
         print(f"FAIL {f}")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: runtime_packages_test.py ZENFLOWD CONTAINERFILE")
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    if len(sys.argv) != 4:
+        raise SystemExit("usage: runtime_packages_test.py ZENFLOWD CONTAINERFILE DEPENDS_SH")
+    sys.exit(main(*sys.argv[1:]))
