@@ -250,6 +250,29 @@ absl::Status PartitionedClient::DeleteJob(const std::string& job_id) {
   return first;
 }
 
+absl::StatusOr<v1::DeleteJobResponse> PartitionedClient::FinishJob(const std::string& job_id,
+                                                                   int32_t rank, bool keep) {
+  // Every daemon hears it, even after one failed: each holds a part of the
+  // job that should end with it.
+  v1::DeleteJobResponse out;
+  out.set_deleted(true);
+  out.set_kept(true);
+  absl::Status first;
+  for (int i = 0; i < n(); ++i) {
+    absl::StatusOr<v1::DeleteJobResponse> r = clients_[i]->FinishJob(job_id, rank, keep);
+    if (!r.ok()) {
+      if (first.ok()) first = Named(i, r.status());
+      continue;
+    }
+    out.set_ranks_finished(i == 0 ? r->ranks_finished()
+                                  : std::min(out.ranks_finished(), r->ranks_finished()));
+    out.set_deleted(out.deleted() && r->deleted());
+    out.set_kept(out.kept() && r->kept());
+  }
+  if (!first.ok()) return first;
+  return out;
+}
+
 absl::StatusOr<v1::ColumnState> PartitionedClient::GetState(const std::string& job_id,
                                                             const std::string& tensor,
                                                             int64_t* selection_version) {
