@@ -2,6 +2,7 @@
 #include "server/job_end.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -18,7 +19,9 @@ namespace zenflow {
 std::string TakenIdMessage(Job& job, absl::Time now) {
   const Job::Presence p = job.GetPresence();
   const std::string& id = job.spec().job_id();
-  const absl::Duration age = absl::Seconds(absl::ToInt64Seconds(now - p.held_since));
+  // Whole seconds ("2h3m4s"; "0s" for a job made this second).
+  const int64_t seconds = std::max<int64_t>(0, absl::ToInt64Seconds(now - p.held_since));
+  const std::string age = seconds == 0 ? "0s" : absl::FormatDuration(absl::Seconds(seconds));
   std::string what;
   if (p.attached > 0) {
     what = "its ranks are still training";
@@ -31,8 +34,8 @@ std::string TakenIdMessage(Job& job, absl::Time now) {
   }
   return absl::StrCat(
       "job ", Quote(id), " already exists on this daemon: held since ",
-      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", p.held_since, absl::UTCTimeZone()), " (",
-      absl::FormatDuration(age), " ago), ", p.attached, " of ", job.spec().world_size(),
+      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", p.held_since, absl::UTCTimeZone()), " (", age,
+      " ago), ", p.attached, " of ", job.spec().world_size(),
       " ranks attached, ", p.finished, " finished, ", p.rounds_updated, " rounds updated; ", what,
       ". Delete it with `zfctl delete ", id, "` (from the source tree: `./zf ctl delete ", id,
       "`, with this token) and run again, or pick another job name (a run ends its job when "
