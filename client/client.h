@@ -182,7 +182,7 @@ class Client {
   virtual absl::Status DeleteJob(const std::string& job_id) = 0;
   // This rank is done with the job (zenflow.torch's close(), zf_train's
   // end): the daemon deletes the job once every rank has said so and none
-  // asked to `keep` it (docs/design.md, "When a job ends"). The answer says
+  // asked to `keep` it (docs/protocol.md, "When a job ends"). The answer says
   // how many ranks have finished and whether this call deleted or kept the
   // job; with several daemons, whether every part was.
   virtual absl::StatusOr<v1::DeleteJobResponse> FinishJob(const std::string& job_id,

@@ -555,7 +555,7 @@ absl::Status Run() {
     ZF_RETURN_IF_ERROR(SaveParams(absl::GetFlag(FLAGS_save), cfg, params.data(), params.size()));
   }
   // The run is over: this rank is done with the job, which the daemon
-  // deletes once every rank is (unless kept), docs/design.md.
+  // deletes once every rank is (unless kept), docs/protocol.md, "When a job ends".
   std::string job_end = "none";
   if (client != nullptr) {
     ZF_ASSIGN_OR_RETURN(v1::DeleteJobResponse end,

@@ -165,7 +165,7 @@ class Worker {
   }
 
   // This rank is done with the job: the daemon deletes it once every rank
-  // is, unless one asked to keep it (docs/design.md, "When a job ends").
+  // is, unless one asked to keep it (docs/protocol.md, "When a job ends").
   // Returns {"ranks_finished", "deleted", "kept"}.
   py::dict EndJob(bool keep) {
     Live();

@@ -69,6 +69,10 @@ struct JobContext {
   // in for a model whose CPU update is that slow (zenflowd
   // --emulate_round_ms; docs/benchmarks.md#fidelity). 0: no wait.
   double emulate_round_seconds = 0;
+  // The daemon keeps no checkpoints (no --state_dir): a restart loses the
+  // job whatever the ranks kept, so every updated round counts as durable
+  // and riding-through ranks keep no replay log (RoundDone.durable_rounds).
+  bool nothing_survives_restart = false;
 };
 
 // A job's whole state at a round boundary, as named sections of owned bytes
@@ -196,7 +200,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // that attaches again starts afresh. Called periodically by the server.
   void FailIfRankGone(absl::Duration timeout);
 
-  // ---- The job's end (docs/design.md, "When a job ends") ----
+  // ---- The job's end (docs/protocol.md, "When a job ends") ----
   struct Finished {
     int32_t ranks_finished = 0;  // this one included
     bool all = false;            // every rank of world_size has finished

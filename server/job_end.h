@@ -1,4 +1,4 @@
-// When a job ends (docs/design.md, "When a job ends"): the messages a second
+// When a job ends (docs/protocol.md, "When a job ends"): the messages a second
 // run gets for a job id that is still held, and the reaper that deletes jobs
 // no rank has been attached to for zenflowd --job_idle_ttl_s.
 //

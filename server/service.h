@@ -171,7 +171,7 @@ class ZenFlowService final : public ZenFlowServiceBase {
   // CreateJob's ALREADY_EXISTS: the job's own token learns what holds the
   // id and what to do; any other only that it is taken (docs/security.md).
   absl::Status TakenIdError(const Who& who, const std::string& job_id);
-  // DeleteJob with finished_rank (docs/design.md, "When a job ends").
+  // DeleteJob with finished_rank (docs/protocol.md, "When a job ends").
   void FinishRank(grpc::ServerUnaryReactor* reactor, const Who& who,
                   const std::shared_ptr<Job>& job, const v1::DeleteJobRequest* req,
                   v1::DeleteJobResponse* resp);

@@ -117,6 +117,7 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   std::unique_ptr<ZenFlowServer> s(new ZenFlowServer());
   RegistryOptions ro = options.registry;
   ro.max_message_bytes = options.max_message_bytes;
+  ro.nothing_survives_restart = options.state_dir.empty();
   ZenFlowServer* self = s.get();
   ro.round_updated = [self](const std::string& job_id, int64_t rounds_updated) {
     if (Checkpointer* c = self->round_hook_.load(std::memory_order_acquire)) {

@@ -1,4 +1,4 @@
-// When a job ends (docs/design.md, "When a job ends"), against a real
+// When a job ends (docs/protocol.md, "When a job ends"), against a real
 // zenflowd: the ranks' finish (DeleteJob finished_rank) deletes the job once
 // every rank has finished, and a rank that finishes early leaves it to the
 // others; keep keeps it, checkpointed with --state_dir; --job_idle_ttl_s

@@ -8,7 +8,7 @@
 #    gRPC (zero_offload, and zenflow with a fixed interval and apply delay);
 #  - bf16 parameters (--param_dtype=bf16, fp32 masters): zero_offload with an
 #    fp32 wire equals local bit for bit, and zenflow ends within 2% of local;
-#  - a run ends its job (docs/design.md, "When a job ends"): the last rank's
+#  - a run ends its job (docs/protocol.md, "When a job ends"): the last rank's
 #    end deletes it (the first of two leaves it to the other), so the name
 #    runs again; --keep_job keeps it, and a second run with the name is told
 #    what holds it and what to do.
