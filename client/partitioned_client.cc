@@ -83,6 +83,7 @@ absl::StatusOr<v1::JobSpec> PartitionedClient::CreateJob(const v1::JobSpec& spec
   ZF_ASSIGN_OR_RETURN(v1::Partition map, PlanPartition(spec, n(), split_params_));
   std::vector<v1::JobSpec> created(n());
   bool exists = false;
+  absl::Status first_exists;  // the daemon's own words: what holds the id
   for (int i = 0; i < n(); ++i) {
     std::string new_token;
     absl::StatusOr<v1::JobSpec> s = clients_[i]->CreateJobTokened(PartSpec(spec, map, i), &new_token);
@@ -92,6 +93,7 @@ absl::StatusOr<v1::JobSpec> PartitionedClient::CreateJob(const v1::JobSpec& spec
       for (int j = 1; j < n(); ++j) clients_[j]->SetToken(new_token);
     }
     if (s.status().code() == absl::StatusCode::kAlreadyExists) {
+      if (!exists) first_exists = Named(i, s.status());
       exists = true;
       continue;
     }
@@ -106,8 +108,9 @@ absl::StatusOr<v1::JobSpec> PartitionedClient::CreateJob(const v1::JobSpec& spec
     created[i] = *std::move(s);
   }
   if (exists) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "job ", spec.job_id(), " already exists on at least one of its ", n(), " daemons"));
+    return absl::AlreadyExistsError(absl::StrCat("job ", spec.job_id(),
+                                                 " already exists on at least one of its ", n(),
+                                                 " daemons: ", first_exists.message()));
   }
   return map_.Merge(created);
 }

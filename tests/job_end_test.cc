@@ -36,9 +36,9 @@ class JobEndTest : public ::testing::Test {
               0);
   }
 
-  absl::Status StartDaemon(std::vector<std::string> flags = {}) {
+  absl::Status StartDaemon(std::vector<std::string> flags = {}, bool state_dir = true) {
     flags.push_back("--audit_log=" + audit());
-    flags.push_back("--state_dir=" + dir_ + "/state");
+    if (state_dir) flags.push_back("--state_dir=" + dir_ + "/state");
     return daemon_.Start(flags);
   }
   std::string audit() const { return dir_ + "/audit.log"; }
@@ -185,6 +185,25 @@ TEST_F(JobEndTest, AnIdleJobIsCheckpointedAndDeletedAndOneWithAttachedRanksIsNot
     busy_state = JobState("busy");
   }
   EXPECT_EQ(busy_state, absl::StatusCode::kNotFound);
+}
+
+// Riding-through ranks forget what the daemon has durably: a daemon
+// without --state_dir keeps nothing over a restart, so every updated round
+// counts (no replay log for it); one with --state_dir counts what its
+// checkpoints hold (none yet here).
+TEST_F(JobEndTest, ADaemonWithoutStateDirMarksEveryUpdatedRoundDurable) {
+  for (bool state_dir : {false, true}) {
+    ASSERT_OK(StartDaemon({}, state_dir));
+    std::unique_ptr<Harness> h = OwnersJob("durable");
+    ASSERT_OK(h->GoodRound(1e-2f));
+    absl::StatusOr<v1::GetStatsResponse> st = h->client(0).GetStats("durable");
+    ASSERT_OK(st.status());
+    ASSERT_EQ(st->jobs_size(), 1);
+    EXPECT_EQ(st->jobs(0).rounds_updated(), 2);
+    EXPECT_EQ(st->jobs(0).durable_rounds(), state_dir ? 0 : 2) << "state_dir " << state_dir;
+    h.reset();
+    ASSERT_OK(daemon_.Stop());
+  }
 }
 
 TEST_F(JobEndTest, TheIdleTtlFlagIsChecked) {
