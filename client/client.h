@@ -46,6 +46,13 @@ absl::StatusOr<Transport> ParseTransport(const std::string& name);
 // whose ranks are started together: common/token.h NewToken.)
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 
+// How long the workers (zf_train --daemon_wait, zenflow.torch daemon_wait)
+// wait for a daemon that went away by default: five minutes covers a
+// systemd or Kubernetes restart of zenflowd with --state_dir (stop with its
+// SIGTERM checkpoint, start, restore; docs/operating.md), and a daemon
+// gone for good still ends the run within minutes, naming it.
+inline constexpr absl::Duration kDefaultDaemonWait = absl::Minutes(5);
+
 struct ClientOptions {
   // zenflowd's host:port, or several, comma-separated: the job is spread
   // over those daemons, each hosting some of its tensors
@@ -90,7 +97,10 @@ struct ClientOptions {
   UcxOptions ucx;  // with Transport::kUcx
   // Riding through a daemon restart (docs/checkpoints.md): when the daemon goes away,
   // reconnect and re-attach for up to this long, then resend what the
-  // daemon may have lost (the replay log). Zero: fail at once.
+  // daemon may have lost (the replay log). Zero: fail at once. The
+  // library's default stays zero, since ride-through asks that a rank's
+  // calls come from one thread (below) and tools (zfctl) should fail fast;
+  // the workers, zf_train and zenflow.torch, default to kDefaultDaemonWait.
   absl::Duration daemon_wait = absl::ZeroDuration();
   // The replay log's limit. Past it the oldest entries go, and a daemon
   // that restarts from a checkpoint older than what is left cannot be
@@ -177,6 +187,13 @@ class Client {
   virtual absl::StatusOr<v1::GetJobResponse> WaitForUpload(const std::string& job_id,
                                                            absl::Duration timeout) = 0;
   virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+  // This rank is done with the job (zenflow.torch's close(), zf_train's
+  // end): the daemon deletes the job once every rank has said so and none
+  // asked to `keep` it (docs/protocol.md, "When a job ends"). The answer says
+  // how many ranks have finished and whether this call deleted or kept the
+  // job; with several daemons, whether every part was.
+  virtual absl::StatusOr<v1::DeleteJobResponse> FinishJob(const std::string& job_id,
+                                                          int32_t rank, bool keep) = 0;
   // The daemon-side state (values, m, v, counts) of every column of
   // `tensor` that zenflowd updates now, in column order, read in
   // GetState calls of at most 32 MiB each; `selection_version` (when not

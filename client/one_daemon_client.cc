@@ -304,6 +304,18 @@ absl::Status OneDaemonClient::DeleteJob(const std::string& job_id) {
   return FromGrpcStatus(stub_->DeleteJob(ctx.get(), req, &resp));
 }
 
+absl::StatusOr<v1::DeleteJobResponse> OneDaemonClient::FinishJob(const std::string& job_id,
+                                                                 int32_t rank, bool keep) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  req.set_finished_rank(rank);
+  req.set_keep(keep);
+  v1::DeleteJobResponse resp;
+  auto ctx = UnaryContext(options_.rpc_timeout);
+  ZF_RETURN_IF_ERROR(FromGrpcStatus(stub_->DeleteJob(ctx.get(), req, &resp)));
+  return resp;
+}
+
 absl::StatusOr<v1::GetStatsResponse> OneDaemonClient::GetStats(const std::string& job_id) {
   v1::GetStatsRequest req;
   req.set_job_id(job_id);

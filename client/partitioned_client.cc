@@ -83,6 +83,7 @@ absl::StatusOr<v1::JobSpec> PartitionedClient::CreateJob(const v1::JobSpec& spec
   ZF_ASSIGN_OR_RETURN(v1::Partition map, PlanPartition(spec, n(), split_params_));
   std::vector<v1::JobSpec> created(n());
   bool exists = false;
+  absl::Status first_exists;  // the daemon's own words: what holds the id
   for (int i = 0; i < n(); ++i) {
     std::string new_token;
     absl::StatusOr<v1::JobSpec> s = clients_[i]->CreateJobTokened(PartSpec(spec, map, i), &new_token);
@@ -92,6 +93,7 @@ absl::StatusOr<v1::JobSpec> PartitionedClient::CreateJob(const v1::JobSpec& spec
       for (int j = 1; j < n(); ++j) clients_[j]->SetToken(new_token);
     }
     if (s.status().code() == absl::StatusCode::kAlreadyExists) {
+      if (!exists) first_exists = Named(i, s.status());
       exists = true;
       continue;
     }
@@ -106,8 +108,9 @@ absl::StatusOr<v1::JobSpec> PartitionedClient::CreateJob(const v1::JobSpec& spec
     created[i] = *std::move(s);
   }
   if (exists) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "job ", spec.job_id(), " already exists on at least one of its ", n(), " daemons"));
+    return absl::AlreadyExistsError(absl::StrCat("job ", spec.job_id(),
+                                                 " already exists on at least one of its ", n(),
+                                                 " daemons: ", first_exists.message()));
   }
   return map_.Merge(created);
 }
@@ -248,6 +251,29 @@ absl::Status PartitionedClient::DeleteJob(const std::string& job_id) {
     if (!s.ok() && first.ok()) first = Named(i, s);
   }
   return first;
+}
+
+absl::StatusOr<v1::DeleteJobResponse> PartitionedClient::FinishJob(const std::string& job_id,
+                                                                   int32_t rank, bool keep) {
+  // Every daemon hears it, even after one failed: each holds a part of the
+  // job that should end with it.
+  v1::DeleteJobResponse out;
+  out.set_deleted(true);
+  out.set_kept(true);
+  absl::Status first;
+  for (int i = 0; i < n(); ++i) {
+    absl::StatusOr<v1::DeleteJobResponse> r = clients_[i]->FinishJob(job_id, rank, keep);
+    if (!r.ok()) {
+      if (first.ok()) first = Named(i, r.status());
+      continue;
+    }
+    out.set_ranks_finished(i == 0 ? r->ranks_finished()
+                                  : std::min(out.ranks_finished(), r->ranks_finished()));
+    out.set_deleted(out.deleted() && r->deleted());
+    out.set_kept(out.kept() && r->kept());
+  }
+  if (!first.ok()) return first;
+  return out;
 }
 
 absl::StatusOr<v1::ColumnState> PartitionedClient::GetState(const std::string& job_id,

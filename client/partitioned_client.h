@@ -55,6 +55,8 @@ class PartitionedClient final : public Client {
   absl::StatusOr<v1::GetJobResponse> WaitForUpload(const std::string& job_id,
                                                    absl::Duration timeout) override;
   absl::Status DeleteJob(const std::string& job_id) override;
+  absl::StatusOr<v1::DeleteJobResponse> FinishJob(const std::string& job_id, int32_t rank,
+                                                  bool keep) override;
   absl::StatusOr<v1::ColumnState> GetState(const std::string& job_id, const std::string& tensor,
                                            int64_t* selection_version) override;
   absl::Status SetState(const std::string& job_id, const v1::ColumnState& state) override;

@@ -60,10 +60,14 @@ ABSL_FLAG(std::string, ucx_tls, "sm,self",
           "daemon's --ucx_tls (e.g. tcp,self for a daemon on another host)");
 // A string, not an absl::Duration flag: those use a sequence lock that
 // ThreadSanitizer builds refuse.
-ABSL_FLAG(std::string, daemon_wait, "0s",
+ABSL_FLAG(std::string, daemon_wait, "5m",
           "how long to wait for zenflowd to come back when it goes away (a restart from "
-          "--state_dir), e.g. 60s: the rank reconnects and replays what the daemon may have "
-          "lost; 0s = fail at once");
+          "--state_dir): the rank reconnects and replays what the daemon may have lost. The "
+          "default, 5m, covers a systemd or Kubernetes restart (SIGTERM checkpoint, start, "
+          "restore); 0s = fail at once");
+ABSL_FLAG(bool, keep_job, false,
+          "keep the job on zenflowd when the run ends (checkpointed first when the daemon has "
+          "--state_dir); by default the job is deleted once every rank has finished");
 ABSL_FLAG(std::string, job, "train", "job id on the daemon (rank 0 creates it)");
 ABSL_FLAG(int64_t, split_tensor_params, 0,
           "with several daemons in --target: split a 2-D tensor of more parameters than this "
@@ -552,6 +556,18 @@ absl::Status Run() {
     ZF_RETURN_IF_ERROR(backend->Synchronize());
     ZF_RETURN_IF_ERROR(SaveParams(absl::GetFlag(FLAGS_save), cfg, params.data(), params.size()));
   }
+  // The run is over: this rank is done with the job, which the daemon
+  // deletes once every rank is (unless kept), docs/protocol.md, "When a job ends".
+  std::string job_end = "none";
+  if (client != nullptr) {
+    ZF_ASSIGN_OR_RETURN(v1::DeleteJobResponse end,
+                        client->FinishJob(absl::GetFlag(FLAGS_job), rank,
+                                          absl::GetFlag(FLAGS_keep_job)));
+    job_end = end.deleted() ? "deleted" : end.kept() ? "kept" : "left to the other ranks";
+    std::fprintf(stderr, "zf_train: rank %d finished; job '%s' %s (%d of %d ranks finished)\n",
+                 rank, absl::GetFlag(FLAGS_job).c_str(), job_end.c_str(), end.ranks_finished(),
+                 world);
+  }
   // One line that scripts pick out by its prefix (tools/json_get reads it).
   JsonWriter summary(JsonWriter::Style::kCompact);
   summary.BeginObject();
@@ -568,6 +584,7 @@ absl::Status Run() {
   summary.Key("wire_bytes_per_step").Double(static_cast<double>(sum_up + sum_down) / std::max(1, steps));
   summary.Key("emulated_device_ms").Int(emulate_ms);
   summary.Key("transport").String(mode == "local" ? "none" : absl::GetFlag(FLAGS_transport));
+  summary.Key("job_end").String(job_end);  // deleted, kept, left to the other ranks, none
   if (opt != nullptr) {
     // The update interval: fixed, or (auto) the mean of the rounds' S.
     const OptimizerTotals& tot = opt->totals();

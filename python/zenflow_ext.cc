@@ -8,7 +8,8 @@
 //                       connect_timeout_s, threads,
 //                       [(name, shape, param_ptr, grad_ptr), ...], token="",
 //                       tls_ca="", tls_cert="", tls_key="", tls_server_name="")
-//   w.step(step, lr); w.finish(); w.last_step(); w.totals(); w.close()
+//   w.step(step, lr); w.finish(); w.last_step(); w.totals()
+//   w.end_job(keep=False); w.close()                    # the run's end
 //   w.drain(); w.local_state(); w.get_state(tensor)     # state_dict
 //   w.set_state(state)                                  # load_state_dict
 #include <pybind11/pybind11.h>
@@ -102,6 +103,7 @@ class Worker {
     co.transport = Take(ParseTransport(transport));
     co.daemon_wait = absl::Seconds(daemon_wait_s);
     co.connect_timeout = absl::Seconds(connect_timeout_s);
+    rank_ = rank;
     py::gil_scoped_release unlocked;
     backend_ = worker::MakeCpuBackend(threads);
     client_ = Take(Client::Connect(co));
@@ -162,7 +164,24 @@ class Worker {
     Check(client_->SetState(spec_.job_id(), cs));
   }
 
-  // Ends the engine and the connection; the job stays on the daemon.
+  // This rank is done with the job: the daemon deletes it once every rank
+  // is, unless one asked to keep it (docs/protocol.md, "When a job ends").
+  // Returns {"ranks_finished", "deleted", "kept"}.
+  py::dict EndJob(bool keep) {
+    Live();
+    v1::DeleteJobResponse r;
+    {
+      py::gil_scoped_release unlocked;
+      r = Take(client_->FinishJob(spec_.job_id(), rank_, keep));
+    }
+    py::dict d;
+    d["ranks_finished"] = r.ranks_finished();
+    d["deleted"] = r.deleted();
+    d["kept"] = r.kept();
+    return d;
+  }
+
+  // Ends the engine and the connection (the job's end is EndJob's).
   void Close() {
     py::gil_scoped_release unlocked;
     opt_.reset();
@@ -272,6 +291,7 @@ class Worker {
   }
 
   std::vector<ParamSpec> specs_;
+  int rank_ = 0;
   std::unique_ptr<worker::Backend> backend_;
   std::unique_ptr<Client> client_;
   v1::JobSpec spec_;
@@ -310,6 +330,7 @@ PYBIND11_MODULE(_zenflow, m) {
       .def("get_state", &Worker::GetState, py::arg("tensor"))
       .def("set_state", &Worker::SetState, py::arg("state"))
 
+      .def("end_job", &Worker::EndJob, py::arg("keep") = false)
       .def("close", &Worker::Close)
       .def("spec_json", &Worker::SpecJson)
       .def("last_step", &Worker::LastStep)

@@ -30,7 +30,7 @@ AuditLog::~AuditLog() {
 
 void AuditLog::Record(absl::string_view event, absl::string_view call, absl::string_view job_id,
                       absl::string_view peer, absl::string_view identity, const Caller& who,
-                      const absl::Status& result) {
+                      const absl::Status& result, absl::string_view detail) {
   std::string line = absl::StrCat(
       absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone()),
       " zenflowd audit: event=", event);
@@ -41,6 +41,7 @@ void AuditLog::Record(absl::string_view event, absl::string_view call, absl::str
   absl::StrAppend(&line, " credential=", who.Describe(), " result=",
                   absl::StatusCodeToString(result.code()));
   if (!result.ok()) absl::StrAppend(&line, " why=", Quote(result.message()));
+  if (!detail.empty()) absl::StrAppend(&line, " detail=", Quote(detail));
   line.push_back('\n');
   // One write: lines from concurrent calls never interleave (O_APPEND).
   const char* p = line.data();

@@ -30,11 +30,14 @@ class AuditLog {
   AuditLog(const AuditLog&) = delete;
   AuditLog& operator=(const AuditLog&) = delete;
 
-  // `event`: create, delete, join, attach or denied; `call` the RPC for
-  // denied; `identity` the TLS peer identity (may be empty).
+  // `event`: create, delete, join, attach, denied, keep (every rank of a
+  // job finished and one asked to keep it) or expire (zenflowd
+  // --job_idle_ttl_s deleted an idle job); `call` the RPC for denied;
+  // `identity` the TLS peer identity (may be empty); `detail`, when not
+  // empty, says why (e.g. "every rank finished").
   void Record(absl::string_view event, absl::string_view call, absl::string_view job_id,
               absl::string_view peer, absl::string_view identity, const Caller& who,
-              const absl::Status& result);
+              const absl::Status& result, absl::string_view detail = "");
 
  private:
   explicit AuditLog(int fd, bool owned) : fd_(fd), owned_(owned) {}

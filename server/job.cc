@@ -289,6 +289,56 @@ void Job::StreamEnded(int32_t rank, uint64_t stream) {
   ranks_[rank].stream_gone = std::chrono::steady_clock::now();
 }
 
+absl::StatusOr<Job::Finished> Job::FinishRank(int32_t rank, bool keep) {
+  MutexLock lock(&mu_);
+  if (deleted_) return absl::NotFoundError(absl::StrCat("job ", Quote(spec_.job_id()), " was deleted"));
+  if (rank < 0 || rank >= world_) {
+    return absl::InvalidArgumentError(absl::StrCat("finished_rank ", rank, " is not a rank of job ",
+                                                   Quote(spec_.job_id()), " (world_size ",
+                                                   world_, ")"));
+  }
+  RankState& me = ranks_[rank];
+  if (!me.finished) {
+    me.finished = true;
+    me.keep = keep;
+  }
+  Finished f;
+  for (const RankState& r : ranks_) {
+    if (!r.finished) continue;
+    ++f.ranks_finished;
+    f.keep = f.keep || r.keep;
+  }
+  f.all = f.ranks_finished == world_;
+  return f;
+}
+
+Job::Presence Job::GetPresence() {
+  MutexLock lock(&mu_);
+  Presence p;
+  p.held_since = held_since_;
+  for (const RankState& r : ranks_) {
+    if (r.joined && r.streaming) ++p.attached;
+    if (r.finished) ++p.finished;
+  }
+  p.rounds_updated = rounds_updated_;
+  return p;
+}
+
+absl::Duration Job::IdleFor() {
+  MutexLock lock(&mu_);
+  if (uploading_) return absl::ZeroDuration();
+  // Each rank's stream_gone starts at the job's creation, so the latest of
+  // them is when the job last had (or was given) a reason to live.
+  std::chrono::steady_clock::time_point last = ranks_.empty()
+                                                   ? std::chrono::steady_clock::now()
+                                                   : ranks_[0].stream_gone;
+  for (const RankState& r : ranks_) {
+    if (r.streaming) return absl::ZeroDuration();
+    last = std::max(last, r.stream_gone);
+  }
+  return absl::FromChrono(std::chrono::steady_clock::now() - last);
+}
+
 void Job::FailIfRankGone(absl::Duration timeout) {
   std::vector<std::function<void(absl::StatusOr<v1::Selection>)>> waiters;
   std::vector<std::shared_ptr<Mailbox>> boxes;

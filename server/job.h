@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/adamw.h"
 #include "common/codec.h"
 #include "common/histogram.h"
@@ -68,6 +69,10 @@ struct JobContext {
   // in for a model whose CPU update is that slow (zenflowd
   // --emulate_round_ms; docs/benchmarks.md#fidelity). 0: no wait.
   double emulate_round_seconds = 0;
+  // The daemon keeps no checkpoints (no --state_dir): a restart loses the
+  // job whatever the ranks kept, so every updated round counts as durable
+  // and riding-through ranks keep no replay log (RoundDone.durable_rounds).
+  bool nothing_survives_restart = false;
 };
 
 // A job's whole state at a round boundary, as named sections of owned bytes
@@ -195,6 +200,30 @@ class Job : public std::enable_shared_from_this<Job> {
   // that attaches again starts afresh. Called periodically by the server.
   void FailIfRankGone(absl::Duration timeout);
 
+  // ---- The job's end (docs/protocol.md, "When a job ends") ----
+  struct Finished {
+    int32_t ranks_finished = 0;  // this one included
+    bool all = false;            // every rank of world_size has finished
+    bool keep = false;           // and one of them asked to keep the job
+  };
+  // Rank `rank` is done with the job (DeleteJobRequest.finished_rank); a
+  // rank counts once. INVALID_ARGUMENT for a rank outside world_size,
+  // NOT_FOUND once the job is deleted.
+  absl::StatusOr<Finished> FinishRank(int32_t rank, bool keep);
+  // What the job is doing, for the error that tells a second run with the
+  // same job id why it cannot have it.
+  struct Presence {
+    absl::Time held_since;  // created (or restored) on this daemon
+    int32_t attached = 0;   // ranks with a data stream now
+    int32_t finished = 0;
+    int64_t rounds_updated = 0;
+  };
+  Presence GetPresence();
+  // How long no rank has had a data stream (counted from the job's
+  // creation, or from its last stream's end); zero while a rank has one or
+  // the parameters are being uploaded. zenflowd --job_idle_ttl_s reads it.
+  absl::Duration IdleFor();
+
   // Rounds [0, rounds) are in a durable checkpoint (the checkpointer says
   // so once the file is synced); RoundDone and Attached carry it to the
   // ranks, who may forget what they sent for those rounds.
@@ -254,6 +283,9 @@ class Job : public std::enable_shared_from_this<Job> {
     bool absence_reported = false;
     uint64_t stream_number = 0;
     bool adding = false;  // a shard of this rank is being added (outside mu_)
+    // It said it is done with the job (FinishRank), asking to keep it or not.
+    bool finished = false;
+    bool keep = false;
     // The first step of its open round (next_round * S with a fixed
     // interval) and the largest step it sent gradients of in that round.
     int64_t round_first_step = 0;
@@ -348,6 +380,7 @@ class Job : public std::enable_shared_from_this<Job> {
   SelectionBarrier selection_ ABSL_GUARDED_BY(mu_);
   const JobFootprint footprint_;
   std::string credential_;  // see credential()
+  const absl::Time held_since_ = absl::Now();
   // This job's round updates, in order; other jobs' updates run beside them.
   const std::shared_ptr<UpdateScheduler::Strand> strand_;
   int64_t params_ = 0;

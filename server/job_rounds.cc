@@ -546,6 +546,7 @@ void Job::RunUpdate(UpdateLease lease) {
     MutexLock lock(&mu_);
     rounds_updated_ = round + 1;
     rounds_.erase(round);
+    if (ctx_.nothing_survives_restart) durable_rounds_ = rounds_updated_;
     done.mutable_done()->set_durable_rounds(durable_rounds_);
     last_done_ = done.done();
     if (resend_round_ >= 0 && round >= resend_round_ + 2) {

@@ -50,6 +50,7 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
   ctx_.outbox_limit_bytes = options.max_outbox_bytes;
   ctx_.round_updated = options.round_updated;
   ctx_.emulate_round_seconds = options.emulate_round_seconds;
+  ctx_.nothing_survives_restart = options.nothing_survives_restart;
 }
 
 JobRegistry::~JobRegistry() {

@@ -40,6 +40,8 @@ struct RegistryOptions {
   int max_world_size = 4096;
   // See JobContext::emulate_round_seconds (zenflowd --emulate_round_ms).
   double emulate_round_seconds = 0;
+  // See JobContext::nothing_survives_restart (no --state_dir).
+  bool nothing_survives_restart = false;
   // See JobContext::round_updated.
   std::function<void(const std::string& job_id, int64_t rounds_updated)> round_updated;
 };

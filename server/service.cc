@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "server/auth.h"
 #include "server/checkpointer.h"
+#include "server/job_end.h"
 #include "server/quote.h"
 #include "server/rendezvous_reactor.h"
 #include "server/stream_reactor.h"
@@ -266,6 +267,9 @@ grpc::ServerUnaryReactor* ZenFlowService::CreateJob(grpc::CallbackServerContext*
     credential = TokenDigest(token);
   }
   absl::StatusOr<v1::JobSpec> spec = registry_->CreateJob(req->spec(), credential);
+  if (spec.status().code() == absl::StatusCode::kAlreadyExists) {
+    spec = TakenIdError(who, req->spec().job_id());
+  }
   if (spec.ok()) {
     *resp->mutable_spec() = *std::move(spec);
     resp->set_token(token);
@@ -308,13 +312,28 @@ grpc::ServerUnaryReactor* ZenFlowService::GetJob(grpc::CallbackServerContext* ct
   return reactor;
 }
 
+absl::Status ZenFlowService::TakenIdError(const Who& who, const std::string& job_id) {
+  absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(job_id);
+  // The job's own token (or the admin's) may learn what the job does;
+  // anyone else only that the id is taken (docs/security.md).
+  if (job.ok() && (who.caller.admin || (who.caller.has_token &&
+                                        who.caller.Grants((*job)->credential())))) {
+    return absl::AlreadyExistsError(TakenIdMessage(**job, absl::Now()));
+  }
+  return absl::AlreadyExistsError(TakenByAnotherMessage(job_id));
+}
+
 grpc::ServerUnaryReactor* ZenFlowService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                     const v1::DeleteJobRequest* req,
-                                                    v1::DeleteJobResponse*) {
+                                                    v1::DeleteJobResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
   const Who who = Identify(ctx);
   absl::StatusOr<std::shared_ptr<Job>> job = Authorize(who, req->job_id(), "DeleteJob");
   absl::Status s = job.status();
+  if (s.ok() && req->has_finished_rank()) {
+    FinishRank(reactor, who, *job, req, resp);
+    return reactor;
+  }
   if (s.ok()) {
     s = registry_->DeleteJob(req->job_id());
     // A deleted job is not restored after a restart.
@@ -323,6 +342,53 @@ grpc::ServerUnaryReactor* ZenFlowService::DeleteJob(grpc::CallbackServerContext*
   }
   Finish(reactor, s, nullptr, "delete_job");
   return reactor;
+}
+
+void ZenFlowService::FinishRank(grpc::ServerUnaryReactor* reactor, const Who& who,
+                                const std::shared_ptr<Job>& job, const v1::DeleteJobRequest* req,
+                                v1::DeleteJobResponse* resp) {
+  const std::string& id = req->job_id();
+  absl::StatusOr<Job::Finished> f = job->FinishRank(req->finished_rank(), req->keep());
+  if (!f.ok()) {
+    Finish(reactor, f.status(), job.get(), "delete_job");
+    return;
+  }
+  resp->set_ranks_finished(f->ranks_finished);
+  if (!f->all) {
+    // Other ranks still train: the job stays as it is for them.
+    Finish(reactor, absl::OkStatus(), nullptr, "delete_job");
+    return;
+  }
+  if (!f->keep) {
+    absl::Status s = registry_->DeleteJob(id);
+    // Two last ranks' calls may race (or one be replayed): one deletes.
+    if (s.code() == absl::StatusCode::kNotFound) s = absl::OkStatus();
+    if (s.ok() && checkpointer_ != nullptr) checkpointer_->JobDeleted(id);
+    resp->set_deleted(s.ok());
+    audit_->Record("delete", "", id, who.peer, who.identity, who.caller, s,
+                   "every rank finished");
+    Finish(reactor, s, nullptr, "delete_job");
+    return;
+  }
+  resp->set_kept(true);
+  if (checkpointer_ == nullptr) {
+    audit_->Record("keep", "", id, who.peer, who.identity, who.caller, absl::OkStatus(),
+                   "every rank finished; no --state_dir: not checkpointed");
+    Finish(reactor, absl::OkStatus(), nullptr, "delete_job");
+    return;
+  }
+  // A kept job is checkpointed first; the call ends when the files are
+  // durable. A failed checkpoint keeps the job all the same, and says so.
+  checkpointer_->Request(id, [this, reactor, who, id](absl::StatusOr<v1::CheckpointResponse> r) {
+    audit_->Record("keep", "", id, who.peer, who.identity, who.caller, r.status(),
+                   "every rank finished; checkpointed");
+    absl::Status s = r.status();
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat("job ", Quote(id), " is kept, but its checkpoint "
+                                              "failed: ", s.message()));
+    }
+    Finish(reactor, s, nullptr, "delete_job");
+  });
 }
 
 grpc::ServerUnaryReactor* ZenFlowService::Checkpoint(grpc::CallbackServerContext* ctx,

@@ -31,6 +31,7 @@
 namespace zenflow {
 
 class Checkpointer;
+class IdleJobReaper;
 class HealthProbeServer;
 class MetricsServer;
 class UcxDataPlane;
@@ -167,6 +168,13 @@ class ZenFlowService final : public ZenFlowServiceBase {
                                      v1::SetStateResponse* resp) override;
 
  private:
+  // CreateJob's ALREADY_EXISTS: the job's own token learns what holds the
+  // id and what to do; any other only that it is taken (docs/security.md).
+  absl::Status TakenIdError(const Who& who, const std::string& job_id);
+  // DeleteJob with finished_rank (docs/protocol.md, "When a job ends").
+  void FinishRank(grpc::ServerUnaryReactor* reactor, const Who& who,
+                  const std::shared_ptr<Job>& job, const v1::DeleteJobRequest* req,
+                  v1::DeleteJobResponse* resp);
   // Finishes a unary call, counting a rejection.
   void Finish(grpc::ServerUnaryReactor* reactor, const absl::Status& s, Job* job,
               const char* reason);
@@ -245,6 +253,9 @@ struct ServerOptions {
   int max_streams = 1024;
   // A Stream or UploadParameters call that sends nothing this long is ended.
   int attach_timeout_s = 30;
+  // A job with no rank attached this long is checkpointed (with state_dir)
+  // and deleted (server/job_end.h); 0: never. zenflowd's default is 3600.
+  double job_idle_ttl_s = 0;
 };
 
 // What `options` expose beyond this host, for CheckExposure and
@@ -295,6 +306,7 @@ class ZenFlowServer {
   std::string local_target_;
   std::unique_ptr<HealthProbeServer> health_probe_;
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<IdleJobReaper> reaper_;  // with job_idle_ttl_s
   // checkpointer_ for the jobs' round hook (their update threads outlive it).
   std::atomic<Checkpointer*> round_hook_{nullptr};
   int port_ = 0;

@@ -25,6 +25,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/checkpointer.h"
 #include "server/health_probe.h"
+#include "server/job_end.h"
 #include "server/service.h"
 #include "server/ucx_plane.h"
 
@@ -116,6 +117,7 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   std::unique_ptr<ZenFlowServer> s(new ZenFlowServer());
   RegistryOptions ro = options.registry;
   ro.max_message_bytes = options.max_message_bytes;
+  ro.nothing_survives_restart = options.state_dir.empty();
   ZenFlowServer* self = s.get();
   ro.round_updated = [self](const std::string& job_id, int64_t rounds_updated) {
     if (Checkpointer* c = self->round_hook_.load(std::memory_order_acquire)) {
@@ -233,6 +235,11 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
     if (!m.ok()) return m.status();
     s->metrics_ = *std::move(m);
   }
+  if (options.job_idle_ttl_s > 0) {
+    s->reaper_ = std::make_unique<IdleJobReaper>(s->registry_.get(), s->checkpointer_.get(),
+                                                 s->audit_.get(),
+                                                 absl::Seconds(options.job_idle_ttl_s));
+  }
   if (options.dead_rank_timeout_s > 0) {
     const absl::Duration timeout = absl::Seconds(options.dead_rank_timeout_s);
     ZenFlowServer* raw = s.get();
@@ -279,6 +286,7 @@ ZenFlowServer::~ZenFlowServer() {
     stopping_ = true;
   }
   if (watchdog_.joinable()) watchdog_.join();
+  reaper_.reset();  // before the checkpointer, registry and audit log it uses
   metrics_.reset();  // its scrapes read the registry
   Shutdown();
   round_hook_.store(nullptr, std::memory_order_release);

@@ -107,6 +107,12 @@ ABSL_FLAG(int32_t, checkpoint_keep, 2, "checkpoints kept per job (the newest)");
 ABSL_FLAG(int32_t, dead_rank_timeout_s, 300,
           "a joined rank without a data stream for this many seconds fails what waits on it "
           "(the others' selection, all-reduce and rounds) with ABORTED; 0 = never");
+ABSL_FLAG(double, job_idle_ttl_s, 3600,
+          "a job no rank has been attached to for this many seconds (fractions allowed) is "
+          "checkpointed (with --state_dir; it then comes back at the next start) and deleted, "
+          "with an audit line (event=expire); 0 = never. Ranks that finish delete their job "
+          "themselves; this ends the jobs of runs that crashed or kept theirs "
+          "(docs/operating.md#job-lifecycle)");
 ABSL_FLAG(int32_t, checkpoint_every_rounds, 0,
           "also checkpoint each job every this many rounds, in the background (rounds do not "
           "wait for the disk); 0: only on request and at SIGTERM");
@@ -306,6 +312,11 @@ int main(int argc, char** argv) {
   opts.dead_rank_timeout_s = absl::GetFlag(FLAGS_dead_rank_timeout_s);
   if (opts.dead_rank_timeout_s < 0) {
     std::fprintf(stderr, "zenflowd: --dead_rank_timeout_s must be >= 0\n");
+    return 2;
+  }
+  opts.job_idle_ttl_s = absl::GetFlag(FLAGS_job_idle_ttl_s);
+  if (!(opts.job_idle_ttl_s >= 0) || opts.job_idle_ttl_s > 1e9) {
+    std::fprintf(stderr, "zenflowd: --job_idle_ttl_s must be in [0, 1e9] seconds (0 = never)\n");
     return 2;
   }
   if (opts.checkpoint_keep < 1 || opts.checkpoint_every_rounds < 0) {

@@ -78,7 +78,8 @@ if "$STATS" --target="$T" --job='not an id!' >/dev/null 2>"$dir/refused.err"; th
 fi
 grep -q INVALID_ARGUMENT "$dir/refused.err"
 
-common=(--job=m --world=2 --target="$T" --width=32 --layers=1 --heads=2 --context=32 --batch=4
+# --keep_job: the job stays after the run for the scrape and GetStats below.
+common=(--job=m --keep_job --world=2 --target="$T" --width=32 --layers=1 --heads=2 --context=32 --batch=4
   --threads=1 --progress=false --steps=48 --interval=4 --select_interval=16 --emulate_device_ms=40)
 "$TRAIN" --mode=zenflow --rank=0 --transport=grpc "${common[@]}" >"$dir/r0.out" 2>"$dir/r0.err" &
 r0=$!

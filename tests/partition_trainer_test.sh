@@ -59,7 +59,8 @@ rounds_on() {  # TARGET JOB: the daemon's rounds_updated (0 while unknown)
 # One rank, UCX, apply delay 1.
 one=("${common[@]}" --delay=1 --transport=ucx)
 "$TRAIN" "${one[@]}" --job=ref1 --target="$A" --save="$dir/ref1.params" > "$dir/ref1.out"
-"$TRAIN" "${one[@]}" --job=two1 --target="$A,$B" --save="$dir/two1.params" > "$dir/two1.out"
+# --keep_job: ./zf stats reads the job below, after the run.
+"$TRAIN" "${one[@]}" --job=two1 --keep_job --target="$A,$B" --save="$dir/two1.params" > "$dir/two1.out"
 cmp "$dir/ref1.params" "$dir/two1.params" || {
   echo "one rank over two daemons differs from the same job on one"; exit 1; }
 echo "one rank, UCX, delay 1: two daemons equal one bit for bit"
@@ -106,7 +107,7 @@ echo "daemon B killed and restarted mid-run: bit-identical"
 # The model's 2-D tensors split by columns over both daemons
 # (--split_tensor_params): still the one-daemon run's bits, and again through
 # daemon B's SIGKILL and restart (a block's daemon restores its block).
-"$TRAIN" "${one[@]}" --job=split1 --target="$A,$B" --split_tensor_params=1000 \
+"$TRAIN" "${one[@]}" --job=split1 --keep_job --target="$A,$B" --split_tensor_params=1000 \
   --save="$dir/split1.params" > "$dir/split1.out"
 cmp "$dir/ref1.params" "$dir/split1.params" || {
   echo "one rank over two daemons with split tensors differs from the same job on one"; exit 1; }

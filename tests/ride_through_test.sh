@@ -17,7 +17,9 @@
 #    --dead_rank_timeout_s;
 #  - SIGKILL while a checkpoint file is being written: the newest whole
 #    checkpoint is restored and the run still ends bit-identical;
-#  - without --daemon_wait a rank fails at once with UNAVAILABLE.
+#  - with --daemon_wait=0s a rank fails at once with UNAVAILABLE;
+#  - zf_train's default --daemon_wait (5m) rides through (the checkpoint-write
+#    kill below), and each run's end deletes its job.
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
 # (zenflowd requires one; docs/security.md).
@@ -95,12 +97,15 @@ for run in sync:grpc 1:grpc 1:ucx 1:grpc:auto; do
     echo "$name: the rank should have reconnected once"; exit 1; }
   cmp "$dir/ref_$name.params" "$dir/ride_$name.params" || {
     echo "$name: the run through a daemon restart differs from the uninterrupted run"; exit 1; }
+  [ "$(summary "$dir/ride_$name.out" job_end)" = deleted ] || {
+    echo "$name: the run's end should delete its job (restored after the restart)"; exit 1; }
   echo "apply delay $delay over $tr${iv:+, interval $iv}: bit-identical after SIGKILL and restart"
 done
 
 # SIGKILL while a checkpoint is being written: the daemon is killed the moment
 # a temporary checkpoint file exists (checkpoints every round); the next one
 # restores the newest whole checkpoint and the rank still ends bit-identical.
+# The rank runs with zf_train's default --daemon_wait (ride-through by default).
 ck=(--width=128 --layers=2 --heads=4 --context=32 --batch=4 --threads=1 --progress=false
     --steps=120 --interval=4 --select_interval=40 --emulate_device_ms=5 --delay=sync
     --data=/usr/share/common-licenses/GPL-3)
@@ -109,7 +114,7 @@ wait "$dpid" 2>/dev/null || true
 extra_flags=(--checkpoint_every_rounds=1)
 start_daemon
 "$TRAIN" "${ck[@]}" --job=ckref --target="$T" --save="$dir/ckref.params" > /dev/null
-"$TRAIN" "${ck[@]}" --job=ckw --target="$T" --daemon_wait=60s --save="$dir/ckw.params" \
+"$TRAIN" "${ck[@]}" --job=ckw --target="$T" --save="$dir/ckw.params" \
   > "$dir/ckw.out" 2> "$dir/ckw.err" &
 rank=$!
 for _ in $(seq 1 600); do [ "$(rounds_updated ckw)" -ge 8 ] && break; sleep 0.02; done
@@ -134,6 +139,9 @@ restored=$(grep "restored job 'ckw'" "$dir/zenflowd.log" | tail -n 1 | sed -n 's
 cmp "$dir/ckref.params" "$dir/ckw.params" || {
   echo "after a SIGKILL mid-checkpoint the run differs from the uninterrupted run"; exit 1; }
 echo "SIGKILL during the write of checkpoint $written: checkpoint $restored restored, bit-identical"
+grep -q "reconnecting for up to 5m" "$dir/ckw.err" || {
+  echo "zf_train's default --daemon_wait should be 5m"; cat "$dir/ckw.err"; exit 1; }
+echo "with the default --daemon_wait: $(grep -m1 'reconnecting for up to' "$dir/ckw.err")"
 extra_flags=()
 kill -TERM "$dpid"
 wait "$dpid" 2>/dev/null || true
@@ -196,11 +204,11 @@ grep -q "ABORTED: rank 1 of job 'rankkill' has had no data stream" "$dir/rankkil
 echo "rank 0: $(tail -n 1 "$dir/rankkill_0.err" | cut -c 1-160)..."
 extra_flags=()
 
-# Without --daemon_wait the rank does not wait.
-"$TRAIN" "${common[@]}" --delay=1 --job=nowait --target="$T" > /dev/null 2> "$dir/nowait.err" &
+# With --daemon_wait=0s the rank does not wait.
+"$TRAIN" "${common[@]}" --delay=1 --job=nowait --target="$T" --daemon_wait=0s > /dev/null 2> "$dir/nowait.err" &
 rank=$!
 kill_mid_run nowait
-if wait $rank; then echo "a rank without --daemon_wait should fail when zenflowd goes"; exit 1; fi
+if wait $rank; then echo "a rank with --daemon_wait=0s should fail when zenflowd goes"; exit 1; fi
 grep -q "UNAVAILABLE\|CANCELLED" "$dir/nowait.err" || { cat "$dir/nowait.err"; exit 1; }
-echo "without --daemon_wait: $(tail -n 1 "$dir/nowait.err")"
+echo "with --daemon_wait=0s: $(tail -n 1 "$dir/nowait.err")"
 echo PASS

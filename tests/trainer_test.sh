@@ -7,7 +7,11 @@
 #  - the data stream over UCX gives the same parameters, bit for bit, as over
 #    gRPC (zero_offload, and zenflow with a fixed interval and apply delay);
 #  - bf16 parameters (--param_dtype=bf16, fp32 masters): zero_offload with an
-#    fp32 wire equals local bit for bit, and zenflow ends within 2% of local.
+#    fp32 wire equals local bit for bit, and zenflow ends within 2% of local;
+#  - a run ends its job (docs/protocol.md, "When a job ends"): the last rank's
+#    end deletes it (the first of two leaves it to the other), so the name
+#    runs again; --keep_job keeps it, and a second run with the name is told
+#    what holds it and what to do.
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
 # (zenflowd requires one; docs/security.md).
@@ -81,4 +85,20 @@ echo "$zfb_out"
 awk -v a="$(summary "$lb_out" val_loss)" -v b="$(summary "$zfb_out" val_loss)" 'BEGIN {
   r = b / a; printf "bf16 parameters: zenflow/local validation loss ratio %.4f\n", r;
   if (r > 1.02) { print "zenflow (bf16 parameters) is more than 2% worse than local"; exit 1 } }'
+
+[ "$(summary "$zo_out" job_end)" = deleted ] || { echo "zf_train's end should delete its job"; exit 1; }
+ends=$(for r in r0 r1; do "$R/tools/json_get" --line=ZF_SUMMARY "$dir/$r.out" job_end; done | sort | tr '\n' ,)
+[ "$ends" = "deleted,left to the other ranks," ] || {
+  echo "of two ranks, the first to end should leave the job to the other, which deletes it: $ends"
+  exit 1; }
+small=(--mode=zero_offload --steps=4 --data=$fttext --target="$T" "${common[@]}")
+"$TRAIN" "${small[@]}" --job=zo > /dev/null  # the first zo run's name is free again
+kept_out=$("$TRAIN" "${small[@]}" --job=kept --keep_job)
+[ "$(summary "$kept_out" job_end)" = kept ] || { echo "--keep_job should keep the job"; exit 1; }
+if "$TRAIN" "${small[@]}" --job=kept > /dev/null 2> "$dir/taken.err"; then
+  echo "a second run with a kept job's name should be refused"; exit 1
+fi
+grep -q "ALREADY_EXISTS: job 'kept' already exists on this daemon: held since" "$dir/taken.err" &&
+  grep -q "zfctl delete kept" "$dir/taken.err" || { cat "$dir/taken.err"; exit 1; }
+echo "a second run with a kept job's name: $(cut -c 1-240 "$dir/taken.err")..."
 echo "trainer test passed"

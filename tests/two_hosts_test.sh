@@ -83,10 +83,10 @@ rank - 1 --steps=120 --job=ref --target="$L" --ucx_tls=sm,self --save="$dir/ref-
 r1=$!
 rank - 0 --steps=120 --job=ref --target="$L" --ucx_tls=sm,self --save="$dir/ref-0.params" >/dev/null
 wait $r1
-rank "$NB" 1 --steps=120 --job=hosts --target="$A,$B" --save="$dir/hosts-1.params" \
+rank "$NB" 1 --steps=120 --job=hosts --keep_job --target="$A,$B" --save="$dir/hosts-1.params" \
   > "$dir/hosts-1.out" 2>&1 &
 r1=$!
-rank "$NA" 0 --steps=120 --job=hosts --target="$A,$B" --save="$dir/hosts-0.params" \
+rank "$NA" 0 --steps=120 --job=hosts --keep_job --target="$A,$B" --save="$dir/hosts-0.params" \
   > "$dir/hosts-0.out" 2>&1 || { cat "$dir/hosts-0.out"; exit 1; }
 wait $r1 || { cat "$dir/hosts-1.out"; exit 1; }
 for r in 0 1; do

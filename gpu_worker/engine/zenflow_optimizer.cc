@@ -48,6 +48,18 @@ absl::StatusOr<v1::JobSpec> JoinOrCreateJob(Client* client, const v1::JobSpec& w
     if (!created.ok() && created.status().code() != absl::StatusCode::kAlreadyExists) {
       return created.status();
     }
+    if (!created.ok()) {
+      // The id is taken. Rank 0 goes on only with a job its token reaches
+      // and no process of this rank has joined (one made by hand, or whose
+      // first rank 0 died before joining); otherwise the daemon's answer
+      // says what holds the id and what to do (a job still running, or a
+      // run's job that was kept or never finished).
+      absl::StatusOr<v1::GetJobResponse> job = client->GetJob(want.job_id());
+      if (!job.ok()) return created.status();
+      for (int32_t r : job->joined_ranks()) {
+        if (r == rank) return created.status();
+      }
+    }
     // The values go up in the parameters' own dtype: the daemon decodes them
     // into its fp32 master exactly, and a bf16 model uploads half the bytes.
     std::vector<std::vector<char>> host(params.size());

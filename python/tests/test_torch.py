@@ -445,8 +445,9 @@ def test_a_daemon_killed_mid_run_raises(tmp_path):
             time.sleep(0.05)
         target = f"127.0.0.1:{port_file.read_text().strip()}"
         m = model()
+        # daemon_wait=0: fail at once instead of riding through (default 300 s).
         opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), target=target, job="killed",
-                                             mode="zero_offload", wire="fp32")
+                                             mode="zero_offload", wire="fp32", daemon_wait=0)
         run(m, opt, 2)
         proc.kill()
         proc.wait()
@@ -457,6 +458,80 @@ def test_a_daemon_killed_mid_run_raises(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_close_deletes_the_job_and_keep_job_keeps_it(daemon):
+    m = model()
+    kw = dict(target=daemon, lr=1e-2, mode="zero_offload", wire="fp32")
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), job="ends", **kw) as opt:
+        assert opt.job_end is None
+        run(m, opt, 2)
+    assert opt.job_end == {"ranks_finished": 1, "deleted": True, "kept": False}
+    # The name is free: a second run with it starts afresh and ends too.
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), job="ends", **kw) as opt:
+        run(m, opt, 2)
+    assert opt.job_end["deleted"]
+    # keep_job=True (a keyword, or the config's zenflowd.keep_job) keeps it.
+    opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), job="kept", keep_job=True, **kw)
+    run(m, opt, 2)
+    opt.close()
+    assert opt.job_end == {"ranks_finished": 1, "deleted": False, "kept": True}
+    # A second run with the same name and token is told what holds the id
+    # and what to do.
+    with pytest.raises(zenflow.ZenFlowError) as e:
+        zenflow.torch.ZenFlowOptimizer(m.parameters(), job="kept", **kw)
+    assert e.value.code == "ALREADY_EXISTS", e.value
+    for want in ("job 'kept' already exists on this daemon: held since", "0 of 1 ranks attached",
+                 "zfctl delete kept", "pick another job name"):
+        assert want in e.value.message, e.value.message
+    cfg = {"zenflowd": {"keep_job": True}}
+    opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), job="kept_cfg", config=cfg, **kw)
+    run(m, opt, 1)
+    opt.close(keep_job=False)  # close's own keyword wins
+    assert opt.job_end["deleted"]
+    with pytest.raises(ValueError, match="keep_job must be True or False"):
+        zenflow.torch.ZenFlowOptimizer(m.parameters(), job="bad", keep_job="yes", **kw)
+    with pytest.raises(ValueError, match="daemon_wait must be seconds"):
+        zenflow.torch.ZenFlowOptimizer(m.parameters(), job="bad", daemon_wait=-1, **kw)
+    assert zenflow.torch.DEFAULT_DAEMON_WAIT == 300.0
+
+
+def _early_rank_main(rank, target, out):
+    # Rank 0 closes right after the last step; rank 1 then still reads the
+    # daemon's state (state_dict) and closes a while later.
+    m = model()
+    opt = zenflow.torch.ZenFlowOptimizer(m.parameters(), target=target, job="early",
+                                         rank=rank, world_size=2, lr=1e-2, topk_ratio=0.25,
+                                         update_interval=2, apply_delay="sync", wire="fp32")
+    for t in range(4):
+        opt.zero_grad()
+        x, y = batch(2 * t + rank)
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    if rank == 0:
+        opt.close()
+    else:
+        opt.finish()
+        time.sleep(1.0)  # rank 0 has closed by now
+        sd = opt.state_dict()
+        assert sd["zenflow"]["step"] == 4
+        opt.close()
+    with open(out, "w") as f:
+        json.dump(opt.job_end, f)
+
+
+def test_a_rank_that_closes_early_leaves_the_job_to_the_others(daemon, tmp_path):
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_early_rank_main, args=(r, daemon, str(tmp_path / f"r{r}.json")))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    ends = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert ends[0] == {"ranks_finished": 1, "deleted": False, "kept": False}
+    assert ends[1] == {"ranks_finished": 2, "deleted": True, "kept": False}
 
 
 def test_state_dict_round_trip_continues_exactly(daemon):
@@ -544,12 +619,15 @@ def test_a_job_is_reached_with_its_token_only(daemon, monkeypatch):
     with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="tok_owned",
                                         token="owner-token-for-python-test") as opt:
         run(m, opt, 2)
-        # Another token's rank of the same job is refused; the owner goes on.
+        # Another token's run of the same job id is refused, told only that
+        # the id is taken (docs/security.md) and what to do; the owner goes on.
         with pytest.raises(zenflow.ZenFlowError) as e:
             zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="tok_owned",
                                            token="another-token-for-python-test")
-        assert e.value.code == "PERMISSION_DENIED", e.value
-        assert "tok_owned" in e.value.message
+        assert e.value.code == "ALREADY_EXISTS", e.value
+        assert "job id 'tok_owned' is taken" in e.value.message
+        assert "pick another job name" in e.value.message
+        assert "held since" not in e.value.message
         run(m, opt, 2)
     # Ranks of one job share its token: two ranks without one are refused
     # before any call.

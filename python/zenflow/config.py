@@ -19,8 +19,9 @@ DeepSpeed. What this package reads of it:
   ("grpc" or "ucx"), ``wire_dtype`` ("fp32", "bf16", "fp16", "int8"),
   ``apply_delay`` ("sync", "adaptive" or steps; overrides overlap_step),
   ``predicted_step`` (true or false, default true: the predicted step, docs/engine.md),
-  ``mode`` ("zenflow" or "zero_offload"), ``daemon_wait_s``,
-  ``rank_ordered_sums``, ``threads``, ``token_file`` (a file whose first line
+  ``mode`` ("zenflow" or "zero_offload"), ``daemon_wait_s`` (default 300),
+  ``keep_job`` (true or false, default false: the job is deleted when every
+  rank has closed), ``rank_ordered_sums``, ``threads``, ``token_file`` (a file whose first line
   is the job's token; read here into the ``token`` setting), ``tls_ca``,
   ``tls_cert``, ``tls_key``, ``tls_server_name`` (TLS to zenflowd).
 
@@ -59,6 +60,7 @@ ZENFLOWD_KEYS = {
     "fidelity_budget",
     "mode",
     "daemon_wait_s",
+    "keep_job",
     "rank_ordered_sums",
     "threads",
     "token_file",
@@ -94,7 +96,7 @@ def load(config):
     update_interval, select_interval, full_warm_up_rounds, apply_delay, lr,
     betas, eps, weight_decay, predicted_step, scale_round_step, local_step,
     fidelity_budget, target, job, transport, wire, mode,
-    daemon_wait, rank_ordered_sums, threads, token, tls_ca, tls_cert, tls_key,
+    daemon_wait, keep_job, rank_ordered_sums, threads, token, tls_ca, tls_cert, tls_key,
     tls_server_name); only those the config sets.
     """
     if config is None:

@@ -9,7 +9,7 @@ updated by zenflowd.
         loss.backward()
         opt.step()
         opt.zero_grad()
-    opt.close()
+    opt.close()  # the job is deleted once every rank has closed (keep_job=True keeps it)
 
 The worker engine (C++, the same one zf_train runs) updates the important
 columns in place every step, streams the other columns' gradients to zenflowd
@@ -32,6 +32,11 @@ except ImportError as e:  # pragma: no cover: a build problem, said plainly
     raise ImportError(
         "zenflow's extension module _zenflow is not importable: run through `./zf python`, "
         "which builds it (bazel build //python:_zenflow.so) and puts it on the path") from e
+
+# Seconds a worker waits for a daemon that went away (a restart from
+# --state_dir) before it fails: a systemd or Kubernetes restart (SIGTERM
+# checkpoint, start, restore) fits in it; zf_train's --daemon_wait default.
+DEFAULT_DAEMON_WAIT = 300.0
 
 _MODES = {"zenflow": "MODE_ZENFLOW", "zero_offload": "MODE_ZERO_OFFLOAD"}
 _WIRES = {"fp32": "DTYPE_FP32", "bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "int8": "DTYPE_INT8"}
@@ -79,7 +84,10 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     columns move every step between rounds, rule 13), fidelity_budget (a
     number: the update divergence update_interval auto keeps under; 0 or
     below: no limit; default: the daemon's), daemon_wait
-    (seconds to ride through a daemon restart; 0 fails at once),
+    (seconds to ride through a daemon restart; default 300, enough for a
+    systemd or Kubernetes restart of zenflowd with --state_dir; 0 fails at
+    once), keep_job (bool; default false: close() on every rank deletes the
+    job; true keeps it, checkpointed when zenflowd has --state_dir),
     connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
     token, sent with every call; default: $ZENFLOW_TOKEN; the ranks of a job
     share it, and one rank alone may leave it out: the daemon then makes one),
@@ -98,7 +106,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                  select_interval=None, full_warm_up_rounds=None, apply_delay=None,
                  predicted_step=None, scale_round_step=None, local_step=None,
                  fidelity_budget=None, daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
-                 token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
+                 keep_job=None, token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
         given = dict(target=target, job=job, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
                      tls_key=tls_key, tls_server_name=tls_server_name, lr=lr, betas=betas, eps=eps,
                      weight_decay=weight_decay, mode=mode, wire=wire, transport=transport,
@@ -107,7 +115,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                      apply_delay=apply_delay, predicted_step=predicted_step,
                      scale_round_step=scale_round_step, local_step=local_step,
                      fidelity_budget=fidelity_budget, daemon_wait=daemon_wait,
-                     rank_ordered_sums=rank_ordered_sums, threads=threads)
+                     rank_ordered_sums=rank_ordered_sums, threads=threads, keep_job=keep_job)
         s = _config.load(config)
         s.update({k: v for k, v in given.items() if v is not None})
         lr = s.get("lr", 1e-3)
@@ -134,6 +142,15 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                         f"param group {self.param_groups.index(g)} has its own {key}: zenflowd "
                         "runs one AdamW configuration per job")
 
+        self._keep_job = s.get("keep_job", False)
+        if not isinstance(self._keep_job, bool):
+            raise ValueError(f"keep_job must be True or False, not {self._keep_job!r}")
+        daemon_wait = s.get("daemon_wait", DEFAULT_DAEMON_WAIT)
+        if (isinstance(daemon_wait, bool) or not isinstance(daemon_wait, (int, float))
+                or not 0 <= daemon_wait < math.inf):
+            raise ValueError(f"daemon_wait must be seconds >= 0, not {daemon_wait!r}")
+        # What close() did to the job: {"ranks_finished", "deleted", "kept"}.
+        self.job_end = None
         self._rank = _first(rank, _env_int("RANK", "LOCAL_RANK"), 0)
         self._world = _first(world_size, _env_int("WORLD_SIZE"), 1)
         if not 0 <= self._rank < self._world:
@@ -226,7 +243,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                              "zenflowd block's token_file, or set ZENFLOW_TOKEN) on every rank")
         self._worker = _zenflow.Worker(
             json.dumps(spec), self._rank, target, s.get("transport", "grpc"),
-            float(s.get("daemon_wait", 0.0)), float(connect_timeout),
+            float(daemon_wait), float(connect_timeout),
             int(s.get("threads", 2)), tensors, token=token, tls_ca=s.get("tls_ca", ""),
             tls_cert=s.get("tls_cert", ""), tls_key=s.get("tls_key", ""),
             tls_server_name=s.get("tls_server_name", ""))
@@ -283,12 +300,24 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         """Waits for and applies every update still in flight."""
         self._live().finish()
 
-    def close(self):
-        """Finishes the outstanding rounds and disconnects; the job stays on zenflowd."""
+    def close(self, keep_job=None):
+        """Finishes the outstanding rounds, ends this rank's part in the job, disconnects.
+
+        zenflowd deletes the job once every rank has closed, unless one asked
+        to keep it (keep_job=True here or to the constructor: it is then
+        checkpointed when zenflowd has --state_dir, and stays until deleted
+        or zenflowd --job_idle_ttl_s). A rank that closes early leaves the
+        job to the ranks still training. If finishing fails, the job is not
+        ended (zenflowd's --job_idle_ttl_s does). job_end says what happened.
+        """
         if self._worker is None:
             return
+        keep = self._keep_job if keep_job is None else keep_job
+        if not isinstance(keep, bool):
+            raise ValueError(f"keep_job must be True or False, not {keep!r}")
         try:
             self._worker.finish()
+            self.job_end = self._worker.end_job(keep)
         finally:
             self._worker.close()
             self._worker = None
