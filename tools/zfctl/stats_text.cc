@@ -58,8 +58,8 @@ void PrintStats(const v1::GetStatsResponse& s, const std::string& where) {
               where.c_str(), s.commit().c_str(), s.simd().c_str(), s.update_threads());
   if (s.daemon_wide_withheld()) {
     // A job token's view: these figures are the daemon's, not zero.
-    std::printf("  memory: hidden; jobs hold hidden of the hidden budget\n");
-    std::printf("  cpu: hidden; jobs: %d of yours, of at most hidden\n", s.jobs_size());
+    std::printf("  memory: hidden (resident, budget and what jobs hold); cpu: hidden\n");
+    std::printf("  jobs: %d of yours; the daemon's count and --max_jobs: hidden\n", s.jobs_size());
     std::printf("  (%s)\n", kHiddenHint);
   } else {
     std::printf("  memory: %s resident; jobs hold %s of the %s budget\n",
