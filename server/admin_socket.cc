@@ -13,8 +13,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
+#include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/server_posix.h"
 
 namespace zenflow {
@@ -73,7 +76,21 @@ class RefusingService final : public grpc::CallbackGenericService {
   const std::string why_;
 };
 
+// Drops every server plugin (reflection, ...) from a builder.
+class NoPlugins final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->clear();
+  }
+};
+
 }  // namespace
+
+void WithoutAddedServices(grpc::ServerBuilder* builder) {
+  builder->SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  builder->SetOption(std::make_unique<NoPlugins>());
+}
 
 std::string ResolveAdminSocketPath(const std::string& flag, const std::string& state_dir) {
   if (flag != "auto") return flag;

@@ -60,6 +60,10 @@ inline bool AdmitsPeer(uid_t peer, uid_t self) { return peer == 0 || peer == sel
 // A gRPC generic service that ends every call with PERMISSION_DENIED and
 // `why`.
 std::unique_ptr<grpc::CallbackGenericService> NewRefusingService(std::string why);
+// Keeps the services gRPC adds to every server (health checking, and the
+// plugins such as reflection) off `builder`, so that the refusing server
+// answers nothing but its refusal.
+void WithoutAddedServices(grpc::ServerBuilder* builder);
 
 struct AdminSocketOptions {
   // Connections open at once, admitted and refused counted apart, so that

@@ -288,6 +288,7 @@ absl::Status ZenFlowServer::StartAdminSocket(const ServerOptions& options) {
       "(zfctl --target=HOST:PORT) with the admin token or your job's token (--token_file)");
   refusing_service_ = NewRefusingService(why);
   grpc::ServerBuilder refusing;
+  WithoutAddedServices(&refusing);
   refusing.RegisterCallbackGenericService(refusing_service_.get());
   refusing_server_ = refusing.BuildAndStart();
   if (admin_server_ == nullptr || refusing_server_ == nullptr) {
