@@ -96,7 +96,9 @@ std::string ResolveAdminSocketPath(const std::string& flag, const std::string& s
   if (flag != "auto") return flag;
   if (getenv("ZENFLOW_ADMIN_SOCKET") != nullptr) return Env("ZENFLOW_ADMIN_SOCKET");
   const std::string runtime = Env("RUNTIME_DIRECTORY");  // several are separated by ':'
-  if (!runtime.empty()) return absl::StrCat(runtime.substr(0, runtime.find(':')), "/", kAdminSocketName);
+  if (!runtime.empty()) {
+    return absl::StrCat(runtime.substr(0, runtime.find(':')), "/", kAdminSocketName);
+  }
   if (UsableDir("/run/zenflowd")) return absl::StrCat("/run/zenflowd/", kAdminSocketName);
   const std::string xdg = Env("XDG_RUNTIME_DIR");
   if (!xdg.empty() && UsableDir(absl::StrCat(xdg, "/zenflowd"))) {
@@ -160,7 +162,9 @@ absl::StatusOr<std::unique_ptr<AdminSocket>> AdminSocket::Start(const std::strin
   }
   std::unique_ptr<AdminSocket> s(new AdminSocket(path, fd, admin, refusing, std::move(options)));
   s->wake_fd_ = eventfd(0, EFD_CLOEXEC);
-  if (s->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd(): ", std::strerror(errno)));
+  if (s->wake_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("eventfd(): ", std::strerror(errno)));
+  }
   AdminSocket* raw = s.get();
   s->thread_ = std::thread([raw] { raw->AcceptLoop(); });
   return s;

@@ -292,7 +292,8 @@ absl::Status ZenFlowServer::StartAdminSocket(const ServerOptions& options) {
   refusing.RegisterCallbackGenericService(refusing_service_.get());
   refusing_server_ = refusing.BuildAndStart();
   if (admin_server_ == nullptr || refusing_server_ == nullptr) {
-    return absl::InternalError("gRPC did not start the admin socket's servers (see its error above)");
+    return absl::InternalError(
+        "gRPC did not start the admin socket's servers (see its error above)");
   }
   AdminSocketOptions o;
   o.max_admitted = options.admin_socket_max_connections;

@@ -20,7 +20,8 @@ ABSL_FLAG(std::string, target, "", "zenflowd's HOST:PORT");
 ABSL_FLAG(std::string, job, "job", "job id");
 ABSL_FLAG(int, world, 2, "ranks");
 ABSL_FLAG(int, rounds, 3, "rounds to run");
-ABSL_FLAG(std::string, token_out, "", "where the job's token goes (written last: the job is ready)");
+ABSL_FLAG(std::string, token_out, "",
+          "where the job's token goes (written last: the job is ready)");
 ABSL_FLAG(std::string, release, "", "hold rank 0 attached until this file exists; empty: exit");
 
 namespace {
@@ -80,7 +81,9 @@ int main(int argc, char** argv) {
       if (auto s = c->CloseRound(round, 1e-3f); !s.ok()) return Fail("CloseRound", s);
     }
     for (auto& c : ranks) {
-      if (auto u = c->WaitRound(round, absl::Seconds(60)); !u.ok()) return Fail("WaitRound", u.status());
+      if (auto u = c->WaitRound(round, absl::Seconds(60)); !u.ok()) {
+        return Fail("WaitRound", u.status());
+      }
     }
   }
   ranks.resize(1);  // the other ranks detach

@@ -125,7 +125,8 @@ int CtlMain(int argc, char** argv, const char* sub) {
   }
   for (int i = first; i < argc; ++i) rest.push_back(argv[i]);
   absl::SetProgramUsageMessage(c->usage);
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   Args args(positional.begin() + 1, positional.end());
   return c->run(args);
 }

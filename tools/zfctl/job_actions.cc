@@ -33,7 +33,8 @@ int RunCheckpoint(const Args& args) {
   absl::StatusOr<v1::CheckpointResponse> r = d->Checkpoint(job);
   if (!r.ok()) return d->Fail("checkpoint", r.status());
   for (const v1::CheckpointInfo& c : r->checkpoints()) {
-    std::printf("checkpointed job %s at round %lld: %s (%s; paused the job %.3f s, wrote in %.3f s)\n",
+    std::printf(
+        "checkpointed job %s at round %lld: %s (%s; paused the job %.3f s, wrote in %.3f s)\n",
                 c.job_id().c_str(), static_cast<long long>(c.rounds_updated()), c.path().c_str(),
                 Bytes(c.bytes()).c_str(), c.snapshot_pause_seconds(), c.write_seconds());
   }

@@ -18,8 +18,8 @@ namespace zenflow::ctl {
 
 // Any message, every field (see above); `null_fields`: top-level fields
 // written as null.
-void WriteMessageJson(const google::protobuf::Message& m, const std::vector<std::string>& null_fields,
-                      JsonWriter* w);
+void WriteMessageJson(const google::protobuf::Message& m,
+                      const std::vector<std::string>& null_fields, JsonWriter* w);
 
 // One daemon's GetStatsResponse, pretty-printed, with a newline.
 std::string StatsJson(const v1::GetStatsResponse& s);

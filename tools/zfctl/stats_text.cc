@@ -126,14 +126,16 @@ void PrintJob(const v1::JobStats& j) {
       if (v.size() > kShown) absl::StrAppend(&out, ", ... (", v.size() - kShown, " more)");
       return out.empty() ? std::string("-") : out;
     };
-    std::printf("  partition (map v%lld): daemon %d of %d; here: %s; elsewhere (tensor@daemon): %s\n",
+    std::printf(
+        "  partition (map v%lld): daemon %d of %d; here: %s; elsewhere (tensor@daemon): %s\n",
                 static_cast<long long>(p.version()), p.part(), p.parts(), list(here).c_str(),
                 list(elsewhere).c_str());
   }
   for (const v1::TransportStats& t : j.transports()) {
     if (t.shards_received() == 0 && t.deltas_sent() == 0) continue;
     std::printf("  %s: %lld shards in (%s), %lld deltas out (%s)\n", t.transport().c_str(),
-                static_cast<long long>(t.shards_received()), Bytes(t.shard_bytes_received()).c_str(),
+                static_cast<long long>(t.shards_received()),
+                Bytes(t.shard_bytes_received()).c_str(),
                 static_cast<long long>(t.deltas_sent()), Bytes(t.delta_bytes_sent()).c_str());
   }
   for (const v1::RankStats& r : j.ranks()) {
