@@ -15,7 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 
 namespace zenflow {
@@ -39,6 +43,9 @@ class AdminSocketTest : public ::testing::Test {
   void SetUp() override {
     // $TEST_TMPDIR is longer than a socket address: work relative to it.
     ASSERT_EQ(chdir(getenv("TEST_TMPDIR")), 0);
+    // As zenflowd does: every server gets these unless kept off.
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     refusing_ = NewRefusingService("no");
     grpc::ServerBuilder a, r;
     WithoutAddedServices(&a);
@@ -137,6 +144,31 @@ TEST_F(AdminSocketTest, OpenConnectionsAreBounded) {
   EXPECT_EQ(read(fds[2], &c, 1), 0);
   for (int fd : fds) close(fd);
   EXPECT_EQ((*s)->refused_open(), 0);
+}
+
+// A peer reaches nothing but the service its connection was handed to: no
+// health check or reflection that gRPC would add to every server.
+TEST_F(AdminSocketTest, OnlyTheHandedService) {
+  absl::StatusOr<std::unique_ptr<AdminSocket>> s = Start("e.sock");
+  ASSERT_TRUE(s.ok()) << s.status();
+  grpc::GenericStub stub(grpc::CreateChannel("unix:e.sock", grpc::InsecureChannelCredentials()));
+  for (const char* method : {"/grpc.health.v1.Health/Check",
+                             "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    grpc::Slice empty;
+    grpc::ByteBuffer request(&empty, 1), response;
+    grpc::Status status;
+    absl::Notification done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status st) {
+      status = std::move(st);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    // This test's user is admitted: the "admin" service answers, refusing.
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << method;
+    EXPECT_EQ(status.error_message(), "admin") << method;
+  }
 }
 
 }  // namespace
