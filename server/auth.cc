@@ -30,9 +30,9 @@ std::string TokenDigest(absl::string_view token) {
 }
 
 bool Caller::Grants(absl::string_view credential) const {
-  if (!error.ok() || !has_token) return false;
-  if (admin) return true;
-  return !credential.empty() && credential.size() == digest.size() &&
+  if (!error.ok()) return false;
+  if (admin) return true;  // the admin token, or a peer of the admin socket
+  return has_token && !credential.empty() && credential.size() == digest.size() &&
          CRYPTO_memcmp(credential.data(), digest.data(), digest.size()) == 0;
 }
 

@@ -33,7 +33,7 @@ std::string CredentialId(absl::string_view digest);
 struct Caller {
   absl::Status error;   // UNAUTHENTICATED: the authorization metadata is malformed
   bool has_token = false;
-  bool admin = false;   // the admin token
+  bool admin = false;   // the admin token, or a call over the admin socket (no token)
   std::string digest;   // TokenDigest of the token (empty without one)
 
   // The caller may touch a job of `credential` (a digest; empty: a job

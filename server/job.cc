@@ -167,6 +167,7 @@ void Job::Stats(v1::JobStats* out) {
   out->set_rounds_updated(rounds_updated_);
   out->set_params(params_);
   out->set_durable_rounds(durable_rounds_);
+  out->set_age_seconds(absl::ToDoubleSeconds(absl::Now() - created_));
   rejected_.Export(out->mutable_rejected());
   out->set_memory_bytes(footprint_.total());
   out->set_state_bytes(footprint_.state_bytes);

@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/adamw.h"
 #include "common/codec.h"
@@ -252,6 +253,8 @@ class Job : public std::enable_shared_from_this<Job> {
                                               const std::vector<int32_t>& cols);
 
  private:
+  // When the job was created or restored (JobStats.age_seconds).
+  const absl::Time created_ = absl::Now();
   struct TensorState {
     std::string name;
     int64_t rows = 0;

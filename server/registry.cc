@@ -245,6 +245,7 @@ v1::GetStatsResponse JobRegistry::StatsOf(const std::string& credential,
     }
   }
   for (auto& job : jobs) job->Stats(resp.add_jobs());
+  resp.set_daemon_wide_withheld(true);
   resp.set_version(kZenflowVersion);
   resp.set_commit(ZenflowCommit());
   resp.set_simd(SimdLevelName(ctx_.simd));

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/ucx.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "server/audit.h"
@@ -30,6 +31,7 @@
 
 namespace zenflow {
 
+class AdminSocket;
 class Checkpointer;
 class IdleJobReaper;
 class HealthProbeServer;
@@ -112,6 +114,11 @@ class ZenFlowService final : public ZenFlowServiceBase {
                  int max_streams, absl::Duration attach_timeout);
   ~ZenFlowService() override;
 
+  // Makes every call the admin's, for the service behind the admin socket
+  // (server/admin_socket.h), whose listener admits only trusted peers;
+  // `where` is the peer the audit log names. Before the server starts.
+  void ServeAsAdmin(std::string where) { admin_transport_ = std::move(where); }
+
   // Idle calls: Watch registers one (until Unwatch, or it is expired).
   uint64_t Watch(std::weak_ptr<IdleCall> call);
   void Unwatch(uint64_t id);
@@ -190,6 +197,7 @@ class ZenFlowService final : public ZenFlowServiceBase {
   Checkpointer* const checkpointer_;
   const Authenticator* const auth_;
   AuditLog* const audit_;
+  std::string admin_transport_;  // ServeAsAdmin's `where`; empty: a normal listener
   const int max_streams_;
   std::atomic<int> streams_{0};
   const absl::Duration attach_timeout_;
@@ -256,6 +264,16 @@ struct ServerOptions {
   // A job with no rank attached this long is checkpointed (with state_dir)
   // and deleted (server/job_end.h); 0: never. zenflowd's default is 3600.
   double job_idle_ttl_s = 0;
+  // The admin socket (server/admin_socket.h): a unix socket at this path
+  // where root and the daemon's own user are the admin without a token;
+  // empty: none. At most this many connections of admitted peers (and an
+  // eighth as many, at least 2, of refused ones) are open at once.
+  std::string admin_socket;
+  int admin_socket_max_connections = 64;
+  // When the admin socket cannot be made (another daemon listens on it),
+  // the daemon starts without one and says so, instead of failing: for the
+  // default path rule (zenflowd --admin_socket=auto).
+  bool admin_socket_optional = false;
 };
 
 // What `options` expose beyond this host, for CheckExposure and
@@ -287,6 +305,8 @@ class ZenFlowServer {
   // The health-check listener's port (ServerOptions.health_listen); 0
   // without one.
   int health_port() const;
+  // The admin socket's path (ServerOptions.admin_socket); empty without one.
+  std::string admin_socket_path() const;
   void Wait() { server_->Wait(); }
   // Stops accepting calls and cancels the ones in flight (bounded by deadline).
   void Shutdown();
@@ -305,6 +325,15 @@ class ZenFlowServer {
   std::string local_dir_;
   std::string local_target_;
   std::unique_ptr<HealthProbeServer> health_probe_;
+  // The admin socket: the service its admitted peers reach, the servers of
+  // admitted and refused peers (no listening ports of their own) and the
+  // listener that hands connections to them.
+  absl::Status StartAdminSocket(const ServerOptions& options);
+  std::unique_ptr<ZenFlowService> admin_service_;
+  std::unique_ptr<grpc::CallbackGenericService> refusing_service_;
+  std::unique_ptr<grpc::Server> admin_server_;
+  std::unique_ptr<grpc::Server> refusing_server_;
+  std::unique_ptr<AdminSocket> admin_socket_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<IdleJobReaper> reaper_;  // with job_idle_ttl_s
   // checkpointer_ for the jobs' round hook (their update threads outlive it).

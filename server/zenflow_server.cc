@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/admin_socket.h"
 #include "server/checkpointer.h"
 #include "server/health_probe.h"
 #include "server/job_end.h"
@@ -73,6 +75,28 @@ std::string WhyCannotListen(const std::string& listen) {
   }
   freeaddrinfo(addrs);
   return why.empty() ? kSeeGrpcError : why;
+}
+
+// The channel arguments and limits every gRPC server of the daemon shares.
+void ConfigureServer(const ServerOptions& options, grpc::ServerBuilder* builder) {
+  // gRPC sets SO_REUSEPORT by default on Linux, and then a second daemon on
+  // the same port also "serves" and the kernel splits connections between
+  // the two. Without it, binding a port another process listens on fails.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Keepalive: a rank whose host or link went away without a FIN (a cut
+  // cable, a frozen VM) is noticed in ~20 s instead of at TCP's hours-long
+  // timeout, and the pings the clients send (client.cc) are welcome.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              kMinPingIntervalMs);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // gRPC's own limit is twice the service's, so moderately oversized
+  // messages reach the service and get a counted, in-band rejection.
+  const int64_t hard = std::min<int64_t>(2 * options.max_message_bytes, (int64_t{1} << 31) - 1);
+  builder->SetMaxReceiveMessageSize(static_cast<int>(hard));
+  builder->SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
 }
 
 // A fresh directory only this user can enter (mkdtemp makes it 0700) under
@@ -176,24 +200,7 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
     s->local_target_ = absl::StrCat("unix:", s->local_dir_, "/", kLocalSocketName);
     builder.AddListeningPort(s->local_target_, grpc::experimental::LocalServerCredentials(UDS));
   }
-  // gRPC sets SO_REUSEPORT by default on Linux, and then a second daemon on
-  // the same port also "serves" and the kernel splits connections between
-  // the two. Without it, binding a port another process listens on fails.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Keepalive: a rank whose host or link went away without a FIN (a cut
-  // cable, a frozen VM) is noticed in ~20 s instead of at TCP's hours-long
-  // timeout, and the pings the clients send (client.cc) are welcome.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kMinPingIntervalMs);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // gRPC's own limit is twice the service's, so moderately oversized
-  // messages reach the service and get a counted, in-band rejection.
-  const int64_t hard = std::min<int64_t>(2 * options.max_message_bytes, (int64_t{1} << 31) - 1);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(hard));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  ConfigureServer(options, &builder);
   builder.RegisterService(s->service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counters;
   counters.push_back(NewCallCounterFactory(s->registry_.get()));
@@ -209,6 +216,14 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
       why = "gRPC refused it or the TLS certificate and key (see its error above)";
     }
     return absl::UnavailableError(absl::StrCat("cannot listen on ", where, ": ", why));
+  }
+  if (!options.admin_socket.empty()) {
+    const absl::Status admin = s->StartAdminSocket(options);
+    if (!admin.ok() && !options.admin_socket_optional) return admin;
+    if (!admin.ok()) {
+      std::fprintf(stderr, "zenflowd: no admin socket: %s\n", std::string(admin.message()).c_str());
+      s->admin_socket_.reset();
+    }
   }
   if (!options.health_listen.empty()) {
     // Before the restore below, so that probes see NOT_SERVING meanwhile.
@@ -259,6 +274,51 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   return s;
 }
 
+absl::Status ZenFlowServer::StartAdminSocket(const ServerOptions& options) {
+  const std::string where = absl::StrCat("unix:", options.admin_socket);
+  admin_service_ = std::make_unique<ZenFlowService>(
+      registry_.get(), ucx_.get(), "", checkpointer_.get(), auth_.get(), audit_.get(),
+      options.max_streams, absl::Seconds(options.attach_timeout_s));
+  admin_service_->ServeAsAdmin(absl::StrCat(where, " (admin socket)"));
+  grpc::ServerBuilder admin;
+  ConfigureServer(options, &admin);
+  admin.RegisterService(admin_service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counters;
+  counters.push_back(NewCallCounterFactory(registry_.get()));
+  admin.experimental().SetInterceptorCreators(std::move(counters));
+  admin_server_ = admin.BuildAndStart();
+  const uid_t self = geteuid();
+  const std::string why = absl::StrCat(
+      "zenflowd's admin socket ", options.admin_socket, " admits only root and the daemon's own "
+      "user (uid ", self, "), and the kernel says this peer is another user: run zfctl as root "
+      "or as uid ", self, " on the daemon's host, or call zenflowd's gRPC address "
+      "(zfctl --target=HOST:PORT) with the admin token or your job's token (--token_file)");
+  refusing_service_ = NewRefusingService(why);
+  grpc::ServerBuilder refusing;
+  WithoutAddedServices(&refusing);
+  refusing.RegisterCallbackGenericService(refusing_service_.get());
+  refusing_server_ = refusing.BuildAndStart();
+  if (admin_server_ == nullptr || refusing_server_ == nullptr) {
+    return absl::InternalError(
+        "gRPC did not start the admin socket's servers (see its error above)");
+  }
+  AdminSocketOptions o;
+  o.max_admitted = options.admin_socket_max_connections;
+  o.max_refused = std::max(2, options.admin_socket_max_connections / 8);
+  AuditLog* audit = audit_.get();
+  o.on_refused = [audit, where, why](uid_t uid, pid_t pid) {
+    audit->Record("denied", "admin socket", "", absl::StrCat(where, " uid ", uid, " pid ", pid),
+                  "", Caller(), absl::PermissionDeniedError(why));
+  };
+  ZF_ASSIGN_OR_RETURN(admin_socket_, AdminSocket::Start(options.admin_socket, admin_server_.get(),
+                                                        refusing_server_.get(), std::move(o)));
+  return absl::OkStatus();
+}
+
+std::string ZenFlowServer::admin_socket_path() const {
+  return admin_socket_ == nullptr ? std::string() : admin_socket_->path();
+}
+
 int ZenFlowServer::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
 
 int ZenFlowServer::health_port() const {
@@ -275,9 +335,13 @@ v1::GetStatsResponse ZenFlowServer::Snapshot() {
 void ZenFlowServer::Shutdown() {
   // Probes fail from now on; the ones in flight end when the server does.
   if (health_probe_ != nullptr) health_probe_->Shutdown(std::chrono::seconds(2));
-  if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // No new admin connections; the file goes with the daemon.
+  admin_socket_.reset();
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  for (grpc::Server* s : {admin_server_.get(), refusing_server_.get()}) {
+    if (s != nullptr) s->Shutdown(deadline);
   }
+  if (server_ != nullptr) server_->Shutdown(deadline);
 }
 
 ZenFlowServer::~ZenFlowServer() {
@@ -293,11 +357,15 @@ ZenFlowServer::~ZenFlowServer() {
   checkpointer_.reset();  // finishes queued writes while the jobs exist
   health_probe_.reset();  // forwards to server_
   server_.reset();
+  admin_server_.reset();
+  refusing_server_.reset();
   if (!local_dir_.empty()) {
     unlink(absl::StrCat(local_dir_, "/", kLocalSocketName).c_str());
     rmdir(local_dir_.c_str());
   }
   service_.reset();
+  admin_service_.reset();
+  refusing_service_.reset();
   ucx_.reset();
   registry_.reset();
 }

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 #include "common/tls_files.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "server/admin_socket.h"
 #include "server/auth.h"
 #include "server/checkpointer.h"
 #include "server/exposure.h"
@@ -130,6 +132,13 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "file holding the admin token (first line; 16-256 characters of A-Z a-z 0-9 - . _ ~ + / "
           "=): a call carrying it as \"authorization: Bearer <token>\" reaches every job, "
           "GetStats and Checkpoint without job_id included. Empty: no admin (docs/security.md)");
+ABSL_FLAG(std::string, admin_socket, "auto",
+          "unix socket where a peer that is root or this daemon's user (the kernel's word, "
+          "SO_PEERCRED) is the admin without a token (zfctl uses it); other peers get "
+          "PERMISSION_DENIED. auto: $ZENFLOW_ADMIN_SOCKET if set, else $RUNTIME_DIRECTORY/"
+          "admin.sock, /run/zenflowd/admin.sock (when the daemon may write there), "
+          "$XDG_RUNTIME_DIR/zenflowd/admin.sock, STATE_DIR/admin.sock, in that order; with auto "
+          "a path another daemon holds is left to it. Empty: none (docs/operating.md)");
 ABSL_FLAG(std::string, audit_log, "",
           "file the audit lines go to (appended): each job created, deleted, joined, attached "
           "to, and each call refused for its credential, with the peer's address. Empty: "
@@ -323,6 +332,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflowd: --checkpoint_keep must be >= 1 and --checkpoint_every_rounds >= 0\n");
     return 2;
   }
+  opts.admin_socket =
+      zenflow::ResolveAdminSocketPath(absl::GetFlag(FLAGS_admin_socket), opts.state_dir);
+  opts.admin_socket_optional = absl::GetFlag(FLAGS_admin_socket) == "auto";
   if (!opts.state_dir.empty()) {
     struct stat st;
     if (stat(opts.state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -415,6 +427,15 @@ int main(int argc, char** argv) {
                  emulate_round_ms);
   }
   std::fprintf(stderr, "zenflowd: security: %s\n", zenflow::DescribeExposure(served).c_str());
+  if (!(*server)->admin_socket_path().empty()) {
+    std::fprintf(stderr,
+                 "zenflowd: admin socket %s: root and uid %d are the admin there, without a "
+                 "token (zfctl)\n",
+                 (*server)->admin_socket_path().c_str(), static_cast<int>(geteuid()));
+  } else {
+    std::fprintf(stderr, "zenflowd: no admin socket%s\n",
+                 opts.admin_socket.empty() ? " (--admin_socket: none applies or empty)" : "");
+  }
   if ((*server)->health_port() != 0) {
     std::fprintf(stderr,
                  "zenflowd: answering health checks only, in plaintext, on %s (port %d)\n",

@@ -337,8 +337,11 @@ def start_daemon(tmp):
         raise RuntimeError("%s is missing: bazel build //server:zenflowd //python:_zenflow.so first" % binary)
     port_file = os.path.join(tmp, "port")
     log = open(os.path.join(tmp, "zenflowd.log"), "w")
+    # Its admin socket in the check's directory; the examples find it the
+    # same way (zfctl reads ZENFLOW_ADMIN_SOCKET).
+    env = dict(os.environ, ZENFLOW_ADMIN_SOCKET=os.path.join(tmp, "admin.sock"))
     proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--port_file=" + port_file],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
     for _ in range(300):
         if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
             return proc, "127.0.0.1:" + open(port_file).read().strip()
@@ -366,6 +369,7 @@ def run_examples(found, problems, timeout):
         proc, target = start_daemon(tmp)
         env = dict(os.environ)
         env["ZENFLOW_TARGET"] = target
+        env["ZENFLOW_ADMIN_SOCKET"] = os.path.join(tmp, "admin.sock")
         env["ZENFLOWD"] = os.path.join(ROOT, "bazel-bin/server/zenflowd")
         env["PYTHONPATH"] = os.pathsep.join(
             [os.path.join(ROOT, "python"), os.path.join(ROOT, "bazel-bin/python")] +
