@@ -232,7 +232,7 @@ test_secrets() {
     openssl verify -CAfile "$s/ca.crt" -verify_hostname zenflowd-0.zenflowd.other.svc "$s/server.crt"
   openssl verify -CAfile "$s/ca.crt" -purpose sslclient "$s/client.crt" >"$tmp/out" 2>&1 ||
     fail "secrets: client.crt does not verify as a client: $(cat "$tmp/out")"
-  expect_fail "secrets: client.crt as a server" "unsupported certificate purpose" \
+  expect_fail "secrets: client.crt as a server" "unsuitable certificate purpose" \
     openssl verify -CAfile "$s/ca.crt" -purpose sslserver "$s/client.crt"
   grep -qE '^[A-Za-z0-9_-]{43}$' "$s/admin.token" || fail "secrets: admin.token: $(cat "$s/admin.token")"
   "$make" --out="$tmp/secrets2" >/dev/null 2>&1 || fail "secrets: a second run into a new directory"
