@@ -241,7 +241,8 @@ test_secrets() {
   # A real zenflowd serves TLS with client certificates with these files
   # and reads the admin token; a client with the worker's certificate
   # completes the handshake for a shard's name, and not for another's.
-  local zenflowd="$TEST_SRCDIR/$TEST_WORKSPACE/server/zenflowd"
+  local zenflowd="$src/bazel-bin/server/zenflowd"  # run by hand
+  [ -z "${TEST_SRCDIR:-}" ] || zenflowd="$TEST_SRCDIR/$TEST_WORKSPACE/server/zenflowd"
   "$zenflowd" --listen=127.0.0.1:0 --port_file="$tmp/port" --tls_cert="$s/server.crt" \
     --tls_key="$s/server.key" --tls_ca="$s/ca.crt" --admin_token_file="$s/admin.token" \
     2>"$tmp/zenflowd.log" &
