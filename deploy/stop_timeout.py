@@ -69,16 +69,13 @@ def systemd_bytes(v):
 
 
 def systemd_seconds(v):
-    """A systemd time span of s, min, h (e.g. "150s", "2min 30s", "90")."""
-    total, rest = 0.0, v.strip()
-    units = {"": 1, "s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600}
-    for num, unit in re.findall(r"([0-9.]+)\s*([a-z]*)\s*", rest):
-        if unit not in units:
-            raise ValueError(f"unsupported time span {v!r}")
-        total += float(num) * units[unit]
-    if not re.fullmatch(r"(\s*[0-9.]+\s*[a-z]*)+", rest):
+    """A systemd time span in s, min and h (e.g. "150s", "2min 30s", "90")."""
+    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+    parts = re.findall(r"\s*([0-9.]+)\s*([a-z]*)", v)
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s", "", v) or \
+            any(u not in units for _, u in parts):
         raise ValueError(f"unsupported time span {v!r}")
-    return total
+    return sum(float(n) * units[u] for n, u in parts)
 
 
 def unit_settings(text):
@@ -102,7 +99,7 @@ def check_systemd_unit(path, rate):
     if "TimeoutStopSec" not in s:
         return [f"{path}: no TimeoutStopSec= (systemd's default is 90 s)"]
     limit = systemd_bytes(s["MemoryMax"])
-    have = systemd_seconds(s["TimeoutStopSec"])
+    have = math.inf if s["TimeoutStopSec"] == "infinity" else systemd_seconds(s["TimeoutStopSec"])
     want = rule_seconds(limit, rate)
     print(f"stop_timeout: {path}: MemoryMax={s['MemoryMax']} at {rate / 1e9:.2f} GB/s x {MARGIN:g}"
           f" + {DRAIN_S:g} s: at least {want} s; TimeoutStopSec={s['TimeoutStopSec']}")
