@@ -15,6 +15,7 @@ to finetune.svg.
 import argparse
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -221,6 +222,8 @@ def main():
         if daemon is not None:
             daemon.terminate()
             daemon.wait()
+    if daemon is not None:
+        shutil.rmtree(d, ignore_errors=True)  # a run that got here needs no log
     print(f"\nfine-tuned {args.steps} steps on {FINETUNE_TEXT} "
           f"(model {args.layers} layers x {args.width} wide)")
     print(f"{'optimizer':<14}{'val loss':>10}{'step ms':>10}{'stall ms':>10}{'wire MB':>10}")

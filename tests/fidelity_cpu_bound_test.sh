@@ -13,6 +13,7 @@ export ZF_TRAIN="$R/gpu_worker/zf_train"
 export ZENFLOWD="$R/server/zenflowd"
 export ZF_PYTHON_EXT="$R/python/_zenflow.so"
 export HOME="$TEST_TMPDIR/home" XDG_CACHE_HOME="$TEST_TMPDIR/cache"
+export TMPDIR="$TEST_TMPDIR"  # the scripts' scratch (tempfile, mktemp) too
 mkdir -p "$HOME" "$XDG_CACHE_HOME"
 out="$TEST_TMPDIR/fidelity.json"
 # A grid's result from before: the section is merged beside it.

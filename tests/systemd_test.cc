@@ -294,6 +294,36 @@ TEST(SystemdUnitTest, SecurityExposureAtMostFour) {
   EXPECT_LE(level, 4.0) << c.output;
 }
 
+// TimeoutStopSec= leaves zenflowd the time a SIGTERM checkpoint of the
+// unit's MemoryMax= takes at the measured write rate (deploy/stop_timeout.py
+// applies the rule of docs/operating.md#stop-timeouts), and the same check
+// fails a copy with the 20 s the unit had before.
+TEST(SystemdUnitTest, StopTimeoutCoversACheckpointOfMemoryMax) {
+  ScopedTempDir tmp;
+  const std::string& dir = tmp.path();
+  ASSERT_FALSE(dir.empty());
+  const std::vector<std::string> check = {"/usr/bin/python3", Runfile("deploy/stop_timeout.py"),
+                                          "--checkpoint_json=" +
+                                              Runfile("bench-results/checkpoint.json")};
+  std::vector<std::string> args = check;
+  args.push_back("--systemd_unit=" + Runfile(kUnit));
+  const Command ok = RunCommand(args, dir);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  std::cerr << ok.output;
+
+  std::string unit = ReadFile(Runfile(kUnit));
+  const size_t at = unit.find("\nTimeoutStopSec=");
+  ASSERT_NE(at, std::string::npos) << "the unit sets no TimeoutStopSec=";
+  unit.replace(at, unit.find('\n', at + 1) - at, "\nTimeoutStopSec=20s");
+  ASSERT_TRUE(WriteFile(dir + "/short.service", unit));
+  args = check;
+  args.push_back("--systemd_unit=" + dir + "/short.service");
+  const Command short_one = RunCommand(args, dir);
+  EXPECT_EQ(short_one.exit_code, 1) << short_one.output;
+  EXPECT_TRUE(absl::StrContains(short_one.output, "TimeoutStopSec=20s is shorter than"))
+      << short_one.output;
+}
+
 // A datagram socket standing in for systemd's notify socket.
 class NotifySocket {
  public:

@@ -184,6 +184,7 @@ done
 
 # ---- build ------------------------------------------------------------------
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench_fidelity.XXXXXX")
+trap 'rm -rf "$work"' EXIT  # until cleanup (below) takes over: a failed build too
 # The CPU-bound section's torch workloads load zenflow's extension module
 # (ZF_PYTHON_EXT: a built _zenflow.so) from $work/py.
 mkdir -p "$work/py"

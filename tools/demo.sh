@@ -14,6 +14,7 @@ ROOT=$(pwd)
 usage() {
   cat <<'EOF'
 usage: ./zf demo [options]
+  (names with underscores, as zf_train's flags; dashes in them work too)
   --steps=N              fine-tuning steps per mode (default 160)
   --width=N --layers=N --heads=N --context=N   model size (default 64, 2, 4, 64)
   --batch=N              sequences per rank per step (default 8)
@@ -23,23 +24,24 @@ usage: ./zf demo [options]
                          chosen from zenflowd's measured round time, 1..4 (docs/design.md rule 10)
   --delay=D              zenflow: sync, 1..S or adaptive (default adaptive)
   --wire=fp32|bf16|fp16|int8
-                         gradient wire dtype of both offloaded modes (default: zenflowd's,
-                         int8 for zenflow and bf16 for zero_offload; docs/design.md rule 5)
+                         gradient wire dtype of both offloaded modes; int8: one byte per
+                         value and an fp32 scale per column. Default: the daemon's choice,
+                         int8 shards for zenflow and bf16 for zero_offload (docs/design.md rule 5)
   --param_dtype=fp32|bf16|fp16
                          the model's parameter dtype in all three modes (default fp32);
                          bf16/fp16: AdamW on an fp32 master (the important columns' on
                          the worker, the rest on zenflowd, sent back in that dtype)
   --transport=ucx|grpc   data stream of both offloaded modes: UCX shared memory
                          (default) or the gRPC stream; control calls use gRPC
-  --emulate-device-ms=N  add N ms of emulated device time per step (default 0)
+  --emulate_device_ms=N  add N ms of emulated device time per step (default 0)
   --data=PATH            fine-tuning text (default /usr/share/common-licenses/Apache-2.0)
-  --pretrain-data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
+  --pretrain_data=PATH   pretraining text (default /usr/share/common-licenses/GPL-3)
   --daemons=N            start N zenflowd processes and spread each offloaded job over
                          them (default 1; docs/several-daemons.md)
   --target=HOST:PORT[,HOST:PORT...]
                          use running daemons instead of starting them (several: the
                          jobs are spread over them)
-  --kill-daemon-at=STEP  kill zenflowd (SIGKILL) once the zenflow run passed STEP and
+  --kill_daemon_at=STEP  kill zenflowd (SIGKILL) once the zenflow run passed STEP and
                          start it again on the same port and --state_dir: the ranks
                          (--daemon_wait=60s) reconnect, replay and finish the run;
                          with --daemons, the first daemon is the one killed
@@ -52,6 +54,15 @@ delay=adaptive wire= emulate=0 target="" out="$ROOT/demo-out" transport=ucx para
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
 kill_at="" daemons=1
 for a in "$@"; do
+  given=$a
+  # Flags are spelt with underscores, as zf_train's are; the dashed
+  # spellings of the names (--kill-daemon-at) mean the same.
+  if [[ "$a" == --* ]]; then
+    name="${a%%=*}"
+    value="${a:${#name}}"  # "=VALUE" or empty; kept as given (paths have dashes)
+    name="${name#--}"
+    a="--${name//-/_}$value"
+  fi
   case "$a" in
     --help|-h) usage; exit 0 ;;
     --steps=*) steps="${a#*=}" ;;
@@ -67,14 +78,14 @@ for a in "$@"; do
     --wire=*) wire="${a#*=}" ;;
     --param_dtype=*) param_dtype="${a#*=}" ;;
     --transport=*) transport="${a#*=}" ;;
-    --emulate-device-ms=*) emulate="${a#*=}" ;;
+    --emulate_device_ms=*) emulate="${a#*=}" ;;
     --data=*) data="${a#*=}" ;;
-    --pretrain-data=*) pretrain_data="${a#*=}" ;;
+    --pretrain_data=*) pretrain_data="${a#*=}" ;;
     --target=*) target="${a#*=}" ;;
     --daemons=*) daemons="${a#*=}" ;;
     --out=*) out="${a#*=}" ;;
-    --kill-daemon-at=*) kill_at="${a#*=}" ;;
-    *) echo "unknown option $a" >&2; usage >&2; exit 2 ;;
+    --kill_daemon_at=*) kill_at="${a#*=}" ;;
+    *) echo "unknown option $given" >&2; usage >&2; exit 2 ;;
   esac
 done
 case "$transport" in ucx|grpc) ;; *) echo "--transport must be ucx or grpc" >&2; exit 2 ;; esac
@@ -90,19 +101,24 @@ if [ "$daemons" -gt 1 ] && [ -n "$target" ]; then
 fi
 if [ -n "$kill_at" ]; then
   if ! [[ "$kill_at" =~ ^[0-9]+$ ]] || [ "$kill_at" -lt 1 ] || [ "$kill_at" -ge "$steps" ]; then
-    echo "--kill-daemon-at must be a step in [1, --steps) (--steps is $steps)" >&2; exit 2
+    echo "--kill_daemon_at must be a step in [1, --steps) (--steps is $steps)" >&2; exit 2
   fi
-  [ -z "$target" ] || { echo "--kill-daemon-at restarts the demo's own zenflowd: drop --target" >&2; exit 2; }
+  [ -z "$target" ] || { echo "--kill_daemon_at restarts the demo's own zenflowd: drop --target" >&2; exit 2; }
 fi
-# ./zf demo checks the arguments this way before it builds anything.
-[ "${ZF_DEMO_CHECK_ARGS:-}" = "1" ] && exit 0
+# ./zf demo checks the arguments this way before it builds anything
+# ("print": and shows what they set, for tools:demo_args_test).
+if [ "${ZF_DEMO_CHECK_ARGS:-}" = "print" ]; then
+  printf '%s\n' "steps=$steps" "emulate=$emulate" "pretrain_data=$pretrain_data" \
+    "kill_at=$kill_at" "param_dtype=$param_dtype" "wire=$wire"
+fi
+[ -n "${ZF_DEMO_CHECK_ARGS:-}" ] && exit 0
 mkdir -p "$out"
 TRAIN="$ROOT/bazel-bin/gpu_worker/zf_train"
 ZENFLOWD="$ROOT/bazel-bin/server/zenflowd"
 STATS="$ROOT/bazel-bin/tools/zf_stats"
 model=(--width="$width" --layers="$layers" --heads="$heads" --context="$context")
 
-# The demo's own zenflowd; its pid lives in a file (--kill-daemon-at starts
+# The demo's own zenflowd; its pid lives in a file (--kill_daemon_at starts
 # another from a background job).
 pidfile="$out/zenflowd.pid"
 killer=""
@@ -134,7 +150,7 @@ start_daemon() {
   rm -f "$out/port"  # a previous run's port is not this daemon's
   "$ZENFLOWD" --listen="127.0.0.1:${1:-0}" --port_file="$out/port" "${extra[@]}" 2>>"$out/zenflowd.log" &
   echo $! > "$pidfile"
-  disown $!  # killed on purpose by --kill-daemon-at: no "Killed" notice
+  disown $!  # killed on purpose by --kill_daemon_at: no "Killed" notice
   for _ in $(seq 1 300); do [ -s "$out/port" ] && break; sleep 0.1; done
   [ -s "$out/port" ] || { cat "$out/zenflowd.log" >&2; echo "zenflowd did not start" >&2; exit 1; }
 }
@@ -155,9 +171,9 @@ if [ -z "$target" ]; then
   done
   [ "$daemons" -gt 1 ] && echo "each offloaded job is spread over the $daemons daemons: --target=$target"
 fi
-first="${target%%,*}"  # the daemon --kill-daemon-at kills
+first="${target%%,*}"  # the daemon --kill_daemon_at kills
 
-# kill_daemon_when JOB: once JOB's rounds cover --kill-daemon-at steps,
+# kill_daemon_when JOB: once JOB's rounds cover --kill_daemon_at steps,
 # SIGKILLs zenflowd and starts another on the same port and state directory.
 kill_daemon_when() {
   # (With --interval=auto rounds have 1..4 steps: count them as 4, which
@@ -250,7 +266,7 @@ if [ "$param_dtype" != fp32 ]; then
 fi
 if [ -n "$kill_at" ] && [ "$(summary zenflow reconnects)" = 0 ]; then
   echo "zenflowd was killed after the zenflow ranks were done with it: nothing to ride through" \
-    "(try a smaller --kill-daemon-at)"
+    "(try a smaller --kill_daemon_at)"
 elif [ -n "$kill_at" ]; then
   echo "zenflow rode through a zenflowd SIGKILL: each rank reconnected $(summary zenflow reconnects) time(s)" \
     "and dropped $(summary zenflow rounds_dropped_duplicate) round(s) the restarted daemon sent again" \

@@ -368,6 +368,9 @@ def run_examples(found, problems, timeout):
             return
         proc, target = start_daemon(tmp)
         env = dict(os.environ)
+        # The examples' scratch (mktemp, tempfile) goes with this directory.
+        env["TMPDIR"] = os.path.join(tmp, "tmp")
+        os.mkdir(env["TMPDIR"])
         env["ZENFLOW_TARGET"] = target
         env["ZENFLOW_ADMIN_SOCKET"] = os.path.join(tmp, "admin.sock")
         env["ZENFLOWD"] = os.path.join(ROOT, "bazel-bin/server/zenflowd")

@@ -14,7 +14,13 @@ the labels; the security settings; TLS (the --tls_* flags name files a
 Secret provides, not readable by others; the probes use --health_listen's
 port, since the kubelet's gRPC probes cannot speak TLS); the ServiceMonitor
 against the scrape job rules.yml expects; the PrometheusRule against
-rules.yml; the uid against the Containerfile. With --json-dir it also writes each input as a JSON array
+rules.yml; the uid against the Containerfile. An overlay (any name but
+"base") brings its Namespace, and every namespaced object is in it. With
+--checkpoint-json the pod's terminationGracePeriodSeconds must cover a
+SIGTERM checkpoint of its memory limit (deploy/stop_timeout.py, the rule of
+docs/operating.md#stop-timeouts). Secrets in the input (a rendering with
+deploy/k8s/make-secrets.sh's secrets.yaml added) must hold every key the pod
+projects. With --json-dir it also writes each input as a JSON array
 of its objects (for validate.cjs). Exit status 1 on any problem.
 """
 
@@ -25,6 +31,11 @@ import re
 import sys
 
 import yaml
+
+# deploy/stop_timeout.py, beside this script's directory (in the source tree
+# and in Bazel's runfiles alike).
+sys.path.insert(0, str(pathlib.Path(__file__).absolute().parent.parent))
+import stop_timeout  # noqa: E402
 
 FLAGS_DIR = "/etc/zenflowd"
 FLAGS_FILE = f"{FLAGS_DIR}/zenflowd.flags"
@@ -110,7 +121,24 @@ def containerfile_uid(path):
     return (int(m.group(1)), int(m.group(2) or m.group(1))) if m else None
 
 
-def check(name, objs, rules_groups, uid, problems):
+# Kinds without a namespace among the rendered objects.
+CLUSTER_KINDS = {"Namespace", "PriorityClass"}
+
+
+def projected_secret_keys(volume):
+    """{secret name: keys} a volume shows from Secrets."""
+    found = {}
+    if "secret" in volume:
+        s = volume["secret"]
+        found[s.get("secretName")] = {i["key"] for i in s.get("items", [])}
+    for source in volume.get("projected", {}).get("sources", []):
+        if "secret" in source:
+            s = source["secret"]
+            found.setdefault(s.get("name"), set()).update(i["key"] for i in s.get("items", []))
+    return found
+
+
+def check(name, objs, rules_groups, uid, problems, rate=None):
     def fail(msg):
         problems.append(f"{name}: {msg}")
 
@@ -123,6 +151,16 @@ def check(name, objs, rules_groups, uid, problems):
             fail(f"expected one {kind}, found {len(by_kind.get(kind, []))}")
     if problems and any(p.startswith(f"{name}: expected one") for p in problems):
         return
+    # An overlay creates its namespace and puts everything else in it.
+    if name != "base":
+        spaces = [o["metadata"]["name"] for o in by_kind.get("Namespace", [])]
+        if len(spaces) != 1:
+            fail(f"expected one Namespace, found {len(spaces)}")
+        else:
+            for o in objs:
+                if o["kind"] not in CLUSTER_KINDS and o["metadata"].get("namespace") != spaces[0]:
+                    fail(f"{o['kind']} {o['metadata']['name']} is in namespace "
+                         f"{o['metadata'].get('namespace')}, not the overlay's {spaces[0]}")
     (sts,), (svc,), (cm,) = by_kind["StatefulSet"], by_kind["Service"], by_kind["ConfigMap"]
     (pdb,), (netpol,) = by_kind["PodDisruptionBudget"], by_kind["NetworkPolicy"]
     (smon,), (prule,), (sa,) = by_kind["ServiceMonitor"], by_kind["PrometheusRule"], \
@@ -189,10 +227,12 @@ def check(name, objs, rules_groups, uid, problems):
     # TLS: gRPC is never plaintext here (the pods need --allow_insecure for
     # UCX and /metrics, which would also let gRPC go plaintext without
     # these). Each file comes from a Secret and is not readable by others.
-    for flag in ("tls_cert", "tls_key", "tls_ca"):
+    # The admin token likewise (docs/security.md).
+    for flag in ("tls_cert", "tls_key", "tls_ca", "admin_token_file"):
         path = flags.get(flag, "")
         if not path:
-            fail(f"no --{flag}: gRPC would not be TLS with client certificates")
+            fail(f"no --{flag}: gRPC would not be TLS with client certificates"
+                 if flag != "admin_token_file" else "no --admin_token_file: no admin token")
             continue
         mount = max((m for m in mounts if path.startswith(m.rstrip("/") + "/")),
                     key=len, default=None)
@@ -238,6 +278,29 @@ def check(name, objs, rules_groups, uid, problems):
         threads = int(flags.get("update_threads", "2"))
         if threads > quantity(res["limits"]["cpu"]):
             fail(f"--update_threads={threads} is more than the CPU limit {res['limits']['cpu']}")
+
+    # Stop timeout: the SIGTERM checkpoint of the memory limit fits the
+    # grace period (Kubernetes' default is 30 s).
+    if rate and "memory" in res.get("limits", {}):
+        want = stop_timeout.rule_seconds(quantity(res["limits"]["memory"]), rate)
+        have = pod.get("terminationGracePeriodSeconds", 30)
+        print(f"check_rendered: {name}: limits.memory {res['limits']['memory']}: stop timeout "
+              f"at least {want} s; terminationGracePeriodSeconds {have}")
+        if have < want:
+            fail(f"terminationGracePeriodSeconds {have} is shorter than the {want} s a SIGTERM "
+                 f"checkpoint of limits.memory {res['limits']['memory']} may take "
+                 f"(docs/operating.md#stop-timeouts)")
+
+    # Secrets rendered with the manifests hold every key the pod projects.
+    secrets = {o["metadata"]["name"]: o for o in by_kind.get("Secret", [])}
+    if secrets:
+        for volume in volumes.values():
+            for sname, keys in projected_secret_keys(volume).items():
+                data = set(secrets.get(sname, {}).get("data", {}))
+                if sname not in secrets:
+                    fail(f"the pod projects Secret {sname}, which is not rendered")
+                elif not keys <= data:
+                    fail(f"Secret {sname} lacks the keys {sorted(keys - data)} the pod projects")
 
     # Security.
     psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
@@ -317,7 +380,10 @@ def main(argv):
     p.add_argument("--rules", type=pathlib.Path, help="deploy/prometheus/rules.yml")
     p.add_argument("--containerfile", type=pathlib.Path, help="deploy/container/Containerfile")
     p.add_argument("--json-dir", type=pathlib.Path)
+    p.add_argument("--checkpoint-json", type=pathlib.Path,
+                   help="bench-results/checkpoint.json: check the stop timeout")
     args = p.parse_args(argv)
+    rate = stop_timeout.write_rate(args.checkpoint_json) if args.checkpoint_json else None
     rules_groups = None
     if args.rules and args.rules.exists():
         rules_groups = yaml.safe_load(args.rules.read_text())["groups"]
@@ -331,7 +397,7 @@ def main(argv):
     problems = []
     for path in args.rendered:
         objs = [o for o in yaml.safe_load_all(path.read_text()) if o]
-        check(path.stem, objs, rules_groups, uid, problems)
+        check(path.stem, objs, rules_groups, uid, problems, rate)
         if args.json_dir:
             args.json_dir.mkdir(parents=True, exist_ok=True)
             (args.json_dir / f"{path.stem}.json").write_text(json.dumps(objs))

@@ -9,6 +9,12 @@
 #                          validate/validate.cjs checks every object against the
 #                          Kubernetes and prometheus-operator schemas (npm
 #                          kubernetes-models); both must also reject broken copies.
+#   k8s_test.sh secrets    make-secrets.sh, offline into the test's directory:
+#                          the certificates verify against its CA for the
+#                          Service's DNS names, a real zenflowd serves TLS with
+#                          them and its admin token, and an overlay rendered
+#                          with secrets.yaml passes check_rendered.py (and the
+#                          schemas) with the Secrets the pod projects.
 #
 # Two inputs are not Bazel-declared and are read from the source tree beside
 # this script's own files: deploy/prometheus/rules.yml (written on another
@@ -22,13 +28,15 @@
 # ./zf setup installs them.
 set -euo pipefail
 
-mode=${1:?usage: k8s_test.sh sync|manifests}
+mode=${1:?usage: k8s_test.sh sync|manifests|secrets}
 if [ -n "${TEST_SRCDIR:-}" ]; then
   here="$TEST_SRCDIR/$TEST_WORKSPACE/deploy/k8s"
 else
   here="$(cd "$(dirname "$0")" && pwd)"  # run by hand
 fi
 src=$(cd "$(dirname "$(readlink -f "$here/sync_rules.py")")/../.." && pwd)
+# The measured checkpoint write rate the stop timeouts follow from.
+checkpoint_json="$here/../../bench-results/checkpoint.json"
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/k8s_test.XXXXXX")
 failures=0
 skipped=""
@@ -130,7 +138,7 @@ test_manifests() {
   [ "$failures" -eq 0 ] || return 0
   echo "rendered with $("$kubectl" version --client 2>/dev/null | tr '\n' ' ')"
   local check=(python3 "$here/check_rendered.py" --rules "$src/deploy/prometheus/rules.yml"
-    --containerfile "$here/../container/Containerfile")
+    --containerfile "$here/../container/Containerfile" --checkpoint-json "$checkpoint_json")
   "${check[@]}" --json-dir "$tmp/json" "$tmp"/rendered/*.yaml || fail "manifests: check_rendered.py"
   local validate=(env NODE_PATH="$node_modules" node "$here/validate/validate.cjs")
   if [ "$schemas" -eq 1 ]; then
@@ -158,6 +166,21 @@ test_manifests() {
   expect_fail "manifests: check_rendered on a world-readable key" \
     "--tls_key=/etc/zenflowd/tls/tls.key is readable by others (mode 644)" \
     "${check[@]}" "$tmp/bad/single-node.yaml"
+  # The stop timeout, the namespace and the admin token.
+  sed 's/terminationGracePeriodSeconds: 300/terminationGracePeriodSeconds: 30/' \
+    "$tmp/rendered/production.yaml" >"$tmp/bad/production.yaml"
+  expect_fail "manifests: check_rendered on production's grace period of 30 s" \
+    "terminationGracePeriodSeconds 30 is shorter than the 270 s" "${check[@]}" "$tmp/bad/production.yaml"
+  python3 - "$tmp/rendered/single-node.yaml" "$tmp/bad/single-node.yaml" <<'PY'
+import sys, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o and o["kind"] != "Namespace"]
+yaml.safe_dump_all(objs, open(sys.argv[2], "w"))
+PY
+  expect_fail "manifests: check_rendered without the Namespace" "expected one Namespace, found 0" \
+    "${check[@]}" "$tmp/bad/single-node.yaml"
+  sed '/--admin_token_file=/d' "$tmp/rendered/single-node.yaml" >"$tmp/bad/single-node.yaml"
+  expect_fail "manifests: check_rendered without --admin_token_file" "no --admin_token_file" \
+    "${check[@]}" "$tmp/bad/single-node.yaml"
   python3 - "$tmp/json/production.json" "$tmp/bad/broken.json" <<'PY'
 import json, sys
 objs = json.load(open(sys.argv[1]))
@@ -179,9 +202,108 @@ PY
   done
 }
 
+# The Secrets of make-secrets.sh: made offline, checked with openssl and a
+# real zenflowd, then rendered with an overlay (when kubectl is present).
+test_secrets() {
+  local make="$here/make-secrets.sh" s="$tmp/secrets"
+  "$make" --namespace=zenflow --shards=2 --days=2 --out="$s" >"$tmp/out" 2>&1 ||
+    { fail "secrets: make-secrets.sh: $(cat "$tmp/out")"; return 0; }
+  local f
+  for f in ca.crt ca.key server.crt server.key client.crt client.key admin.token secrets.yaml; do
+    [ -s "$s/$f" ] || fail "secrets: no $s/$f"
+  done
+  for f in ca.key server.key client.key admin.token secrets.yaml; do
+    [ "$(stat -c %a "$s/$f")" = 600 ] || fail "secrets: $f is mode $(stat -c %a "$s/$f"), want 600"
+  done
+  [ "$(ls -A "$s" | grep -c '^\.work')" = 0 ] || fail "secrets: the script left its scratch in $s"
+  expect_fail "secrets: a second run into the same directory" "already holds a CA" \
+    "$make" --out="$s"
+  expect_fail "secrets: a bad namespace" "is not a Kubernetes namespace name" \
+    "$make" --namespace=Zen_Flow --out="$tmp/unused"
+
+  # The server certificate, for each name a rank's --target may use.
+  local name
+  for name in zenflowd-0.zenflowd zenflowd-1.zenflowd.zenflow zenflowd-1.zenflowd.zenflow.svc \
+    zenflowd-0.zenflowd.zenflow.svc.cluster.local zenflowd-7.zenflowd.zenflow.svc.cluster.local; do
+    openssl verify -CAfile "$s/ca.crt" -purpose sslserver -verify_hostname "$name" "$s/server.crt" \
+      >"$tmp/out" 2>&1 || fail "secrets: server.crt does not verify for $name: $(cat "$tmp/out")"
+  done
+  expect_fail "secrets: server.crt for another namespace" "hostname mismatch" \
+    openssl verify -CAfile "$s/ca.crt" -verify_hostname zenflowd-0.zenflowd.other.svc "$s/server.crt"
+  openssl verify -CAfile "$s/ca.crt" -purpose sslclient "$s/client.crt" >"$tmp/out" 2>&1 ||
+    fail "secrets: client.crt does not verify as a client: $(cat "$tmp/out")"
+  expect_fail "secrets: client.crt as a server" "unsuitable certificate purpose" \
+    openssl verify -CAfile "$s/ca.crt" -purpose sslserver "$s/client.crt"
+  grep -qE '^[A-Za-z0-9_-]{43}$' "$s/admin.token" || fail "secrets: admin.token: $(cat "$s/admin.token")"
+  "$make" --out="$tmp/secrets2" >/dev/null 2>&1 || fail "secrets: a second run into a new directory"
+  cmp -s "$s/admin.token" "$tmp/secrets2/admin.token" && fail "secrets: two runs made the same admin token"
+
+  # A real zenflowd serves TLS with client certificates with these files
+  # and reads the admin token; a client with the worker's certificate
+  # completes the handshake for a shard's name, and not for another's.
+  local zenflowd="$src/bazel-bin/server/zenflowd"  # run by hand
+  [ -z "${TEST_SRCDIR:-}" ] || zenflowd="$TEST_SRCDIR/$TEST_WORKSPACE/server/zenflowd"
+  "$zenflowd" --listen=127.0.0.1:0 --port_file="$tmp/port" --tls_cert="$s/server.crt" \
+    --tls_key="$s/server.key" --tls_ca="$s/ca.crt" --admin_token_file="$s/admin.token" \
+    2>"$tmp/zenflowd.log" &
+  local pid=$! port=""
+  for _ in $(seq 1 300); do
+    [ -s "$tmp/port" ] && { port=$(cat "$tmp/port"); break; }
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$port" ]; then
+    fail "secrets: zenflowd did not start with the made files: $(cat "$tmp/zenflowd.log")"
+  else
+    local tls=(openssl s_client -connect "127.0.0.1:$port" -alpn h2 -CAfile "$s/ca.crt"
+      -cert "$s/client.crt" -key "$s/client.key" -verify_return_error)
+    "${tls[@]}" -verify_hostname zenflowd-0.zenflowd.zenflow.svc.cluster.local </dev/null \
+      >"$tmp/out" 2>&1 || fail "secrets: TLS handshake with zenflowd failed: $(tail -20 "$tmp/out")"
+    grep -qF "Verify return code: 0 (ok)" "$tmp/out" || fail "secrets: handshake not verified: $(tail -20 "$tmp/out")"
+    expect_fail "secrets: a handshake for another namespace's name" "verify error" \
+      "${tls[@]}" -verify_hostname zenflowd-0.zenflowd.other.svc.cluster.local
+  fi
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+
+  # Rendered with an overlay: the Secrets are in its namespace with the keys
+  # the pod projects.
+  local kubectl=${KUBECTL:-$(command -v kubectl || true)}
+  if [ -z "$kubectl" ]; then
+    notice "SKIPPED: rendering secrets.yaml with an overlay: no kubectl on PATH."
+    skipped="no kubectl"
+    return 0
+  fi
+  mkdir -p "$tmp/tree/site" "$tmp/with"
+  cp -rL "$here/base" "$here/overlays" "$tmp/tree/"
+  cp "$s/secrets.yaml" "$tmp/tree/site/"
+  printf 'resources:\n  - ../overlays/single-node\n  - secrets.yaml\n' >"$tmp/tree/site/kustomization.yaml"
+  "$kubectl" kustomize "$tmp/tree/site" >"$tmp/with/single-node.yaml" 2>"$tmp/err" ||
+    { fail "secrets: kubectl kustomize with secrets.yaml: $(cat "$tmp/err")"; return 0; }
+  local check=(python3 "$here/check_rendered.py" --containerfile "$here/../container/Containerfile"
+    --checkpoint-json "$checkpoint_json")
+  "${check[@]}" --json-dir "$tmp/with-json" "$tmp/with/single-node.yaml" >"$tmp/out" 2>&1 ||
+    fail "secrets: check_rendered.py with the Secrets: $(cat "$tmp/out")"
+  local node_modules="$src/deploy/k8s/validate/node_modules"
+  if [ -d "$node_modules/kubernetes-models" ] && command -v node >/dev/null; then
+    env NODE_PATH="$node_modules" node "$here/validate/validate.cjs" "$tmp/with-json/single-node.json" \
+      >"$tmp/out" 2>&1 || fail "secrets: validate.cjs on the Secrets: $(cat "$tmp/out")"
+  fi
+  mkdir -p "$tmp/bad"
+  python3 - "$tmp/with/single-node.yaml" "$tmp/bad/single-node.yaml" <<'PY'
+import sys, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1]))
+        if o and not (o["kind"] == "Secret" and o["metadata"]["name"] == "zenflowd-admin-token")]
+yaml.safe_dump_all(objs, open(sys.argv[2], "w"))
+PY
+  expect_fail "secrets: check_rendered without the admin token's Secret" \
+    "projects Secret zenflowd-admin-token, which is not rendered" "${check[@]}" "$tmp/bad/single-node.yaml"
+}
+
 case "$mode" in
   sync) test_sync ;;
   manifests) test_manifests ;;
+  secrets) test_secrets ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 rm -rf "$tmp"
