@@ -24,7 +24,7 @@ help() {
   shift
   "$prog" --help >"$dir/help.out" 2>"$dir/help.err" || fail "$name --help exited $?"
   for f in "$@"; do
-    grep -q -- "--$f " "$dir/help.out" || fail "$name --help does not show --$f: $(cat "$dir/help.out")"
+    grep -qE -- "--$f( |=)" "$dir/help.out" || fail "$name --help does not show --$f: $(cat "$dir/help.out")"
   done
   "$prog" -h >/dev/null || fail "$name -h exited $?"
   "$prog" --version >"$dir/version.out" || fail "$name --version exited $?"

@@ -8,6 +8,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "server/version.h"
 #include "tools/zfctl/commands.h"
 #include "tools/zfctl/flags.h"
 
@@ -93,6 +94,16 @@ std::string OneJob(const char* sub, const Args& args) {
 }
 
 int CtlMain(int argc, char** argv, const char* sub) {
+  // --version anywhere before "--": "PROGRAM VERSION" on stdout, exit 0, as
+  // the other programs (common/flags_usage.h) and man-page generators expect.
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) break;
+    if (std::strcmp(argv[i], "--version") == 0) {
+      const char* slash = std::strrchr(argv[0], '/');
+      std::printf("%s %s\n", slash == nullptr ? argv[0] : slash + 1, kZenflowVersion);
+      return 0;
+    }
+  }
   std::vector<char*> rest = {argv[0]};
   int first = 1;
   std::string name = sub == nullptr ? "" : sub;
