@@ -30,6 +30,8 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 0
 fi
 tmp=$(mktemp -d "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/zf-deb-test.XXXXXX")
+# What pip and lintian write to TMPDIR goes with this directory.
+export TMPDIR="$tmp"
 cleanup() { rm -rf "$tmp"; }
 trap cleanup EXIT
 t0=$(date +%s)

@@ -26,6 +26,8 @@ zenflowd=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 tmp=$(mktemp -d "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/zf-wheel-test.XXXXXX")
+# What pip and lintian write to TMPDIR goes with this directory.
+export TMPDIR="$tmp"
 daemon_pid=""
 cleanup() {
   if [ -n "$daemon_pid" ]; then kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true; fi
