@@ -401,11 +401,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflowd: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  // The metrics port first: a script that waited for the gRPC port file
-  // finds both.
-  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port());
-  WritePortFile(absl::GetFlag(FLAGS_health_port_file), (*server)->health_port());
-  WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   if ((*server)->metrics_port() != 0) {
     std::fprintf(stderr, "zenflowd: serving metrics on port %d\n", (*server)->metrics_port());
   }
@@ -442,6 +437,12 @@ int main(int argc, char** argv) {
                  zenflow::WithBoundPort(opts.health_listen, (*server)->health_port()).c_str(),
                  (*server)->health_port());
   }
+  // The port files after the start-up lines, the gRPC port's last: a script
+  // or test that waited for the gRPC port file finds the other ports and
+  // every start-up line (the security line names the bound ports).
+  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port());
+  WritePortFile(absl::GetFlag(FLAGS_health_port_file), (*server)->health_port());
+  WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   sd_notify(0, "READY=1");
 
   absl::Notification stop_watchdog;
