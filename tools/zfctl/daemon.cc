@@ -138,48 +138,44 @@ constexpr absl::Duration kCallDeadline = absl::Seconds(60);
 // A checkpoint writes the job's whole state (~1 GB/s): give it time.
 constexpr absl::Duration kCheckpointDeadline = absl::Minutes(30);
 
+// One unary call about one job (every request zfctl sends names a job id)
+// on a prepared context.
+template <typename Req, typename Resp>
+absl::StatusOr<Resp> CallForJob(
+    grpc::Status (v1::ZenFlow::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
+    v1::ZenFlow::Stub& stub, grpc::ClientContext& ctx, const std::string& job_id) {
+  Req req;
+  req.set_job_id(job_id);
+  Resp resp;
+  absl::Status s = FromGrpc((stub.*rpc)(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::GetJobResponse> Daemon::GetJob(const std::string& job_id) {
   grpc::ClientContext ctx;
   Prepare(&ctx, kCallDeadline);
-  v1::GetJobRequest req;
-  req.set_job_id(job_id);
-  v1::GetJobResponse resp;
-  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return CallForJob(&v1::ZenFlow::Stub::GetJob, *stub_, ctx, job_id);
 }
 
 absl::Status Daemon::DeleteJob(const std::string& job_id) {
   grpc::ClientContext ctx;
   Prepare(&ctx, kCallDeadline);
-  v1::DeleteJobRequest req;
-  req.set_job_id(job_id);
-  v1::DeleteJobResponse resp;
-  return FromGrpc(stub_->DeleteJob(&ctx, req, &resp));
+  return CallForJob(&v1::ZenFlow::Stub::DeleteJob, *stub_, ctx, job_id).status();
 }
 
 absl::StatusOr<v1::GetStatsResponse> Daemon::GetStats(const std::string& job_id) {
   grpc::ClientContext ctx;
   Prepare(&ctx, kCallDeadline);
-  v1::GetStatsRequest req;
-  req.set_job_id(job_id);
-  v1::GetStatsResponse resp;
-  absl::Status s = FromGrpc(stub_->GetStats(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return CallForJob(&v1::ZenFlow::Stub::GetStats, *stub_, ctx, job_id);
 }
 
 absl::StatusOr<v1::CheckpointResponse> Daemon::Checkpoint(const std::string& job_id) {
   grpc::ClientContext ctx;
   Prepare(&ctx, kCheckpointDeadline);
-  v1::CheckpointRequest req;
-  req.set_job_id(job_id);
-  v1::CheckpointResponse resp;
-  absl::Status s = FromGrpc(stub_->Checkpoint(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return CallForJob(&v1::ZenFlow::Stub::Checkpoint, *stub_, ctx, job_id);
 }
 
 std::string Hint(const absl::Status& s, bool admin_socket) {
