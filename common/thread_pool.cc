@@ -3,6 +3,8 @@
 
 #include "common/thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 namespace zenflow {
@@ -20,11 +22,14 @@ void ChunkBounds(size_t n, size_t chunks, size_t index, size_t* begin,
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads)
+ThreadPool::ThreadPool(int num_threads, const char* name)
     : num_threads_(std::max(1, num_threads)) {
   workers_.reserve(num_threads_ - 1);
   for (int i = 1; i < num_threads_; ++i) {
     workers_.emplace_back([this, i] { WorkerLoop(i); });
+    if (name != nullptr && name[0] != '\0') {
+      pthread_setname_np(workers_.back().native_handle(), name);
+    }
   }
 }
 

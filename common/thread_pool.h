@@ -24,8 +24,10 @@ namespace zenflow {
 class ThreadPool {
  public:
   // num_threads >= 1 (smaller values are treated as 1). ThreadPool(1) starts
-  // no threads and runs everything inline on the caller.
-  explicit ThreadPool(int num_threads);
+  // no threads and runs everything inline on the caller. A non-empty `name`
+  // (at most 15 characters) names the background threads, as `top -H` and
+  // /proc/PID/task/TID/comm show them.
+  explicit ThreadPool(int num_threads, const char* name = "");
 
   // Joins all background threads. No ParallelFor may be in progress.
   ~ThreadPool();

@@ -40,7 +40,7 @@ int64_t DefaultMemoryBudget() {
 
 JobRegistry::JobRegistry(const RegistryOptions& options)
     : options_(options),
-      pool_(std::max(1, options.update_threads)),
+      pool_(std::max(1, options.update_threads), kUpdateThreadName),
       scheduler_(options.update_drivers),
       budget_(options.memory_budget_bytes > 0 ? options.memory_budget_bytes
                                               : DefaultMemoryBudget()) {

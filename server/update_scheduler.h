@@ -20,6 +20,11 @@
 
 namespace zenflow {
 
+// The name (/proc/PID/task/TID/comm) of every thread that runs round
+// updates: the scheduler's drivers and the update pool's threads. Nothing
+// else runs on them, so their CPU time is the updates' (./zf bench scale).
+inline constexpr char kUpdateThreadName[] = "zf-update";
+
 // Thread-safe. The destructor runs the tasks already scheduled, then joins.
 class UpdateScheduler {
  public:
