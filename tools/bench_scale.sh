@@ -2,8 +2,10 @@
 # bench_scale.sh: builds scale_bench, adam_bench and zenflowd; measures the
 # host's bf16 accumulate rate with adam_bench (./zf bench adam's settings:
 # the ceiling the results are quoted against), starts four zenflowd on free
-# loopback ports, runs the scale benchmark against them (1, 2, 4, 8 EMULATED
-# ranks on one job and over 2 jobs, per-rank vs shared sums, on the first;
+# loopback ports, runs the scale benchmark against them (1, 2, 4, 8, 16
+# EMULATED ranks on one job and over 2 jobs, per-rank vs shared sums, on the
+# first, each with its ingest bytes per daemon CPU second and round update
+# against the kernels' ceilings that scale_bench measures at its start;
 # then one job of 2 ranks spread over 1, 2 and 4 daemons; see
 # tools/bench/scale_bench.cc), stops the daemons and exits with the
 # benchmark's status. Arguments go to scale_bench, e.g.
