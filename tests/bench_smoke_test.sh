@@ -21,9 +21,11 @@ dpid=$!
 for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
 [ -s "$dir/port" ] || fail "zenflowd did not start"
 
-# 1 and 2 ranks, one job, both sums; a small model, few steps.
+# 1 and 2 ranks, one job, both sums; a small model (4M parameters: enough
+# shard bytes for the daemon's CPU outside updates to span many of /proc's
+# 10 ms ticks), few steps.
 "$R/tools/bench/scale_bench" --target="127.0.0.1:$(cat "$dir/port")" --daemon_pid="$dpid" \
-  --ranks=1,2 --jobs=1 --params=1048576 --steps=24 --ceiling_seconds=0.2 \
+  --ranks=1,2 --jobs=1 --params=4194304 --steps=24 --ceiling_seconds=0.2 \
   --out="$dir/scale.json" >"$dir/scale.out" 2>&1 || { cat "$dir/scale.out"; fail "scale_bench"; }
 cleanup
 dpid=""
@@ -35,6 +37,10 @@ ZENFLOWD="$ZENFLOWD" "$R/tools/bench/transport_bench" --transports=grpc,ucx_sm -
 
 python3 - "$dir/scale.json" "$dir/transport.json" <<'PY' || fail "the JSON misses a key or a measured value"
 import json, math, sys
+
+def nonnegative(where, v):
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        sys.exit("%s = %r: not a finite number >= 0" % (where, v))
 
 def positive(where, v):
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
@@ -55,8 +61,10 @@ if len(runs) != 4:
 for r in runs:
     label = "runs[ranks=%d,%s]" % (r["ranks"], r["sums"])
     for key in ("ingest_bytes_per_cpu_s", "ingest_ceiling_bytes_per_cpu_s", "ingest_fraction",
-                "round_update_fraction", "daemon_update_cpu_s", "daemon_outside_update_cpu_s"):
+                "round_update_fraction", "daemon_outside_update_cpu_s"):
         positive(label + "." + key, r[key])
+    # /proc counts CPU in clock ticks (10 ms): a few small updates may read 0.
+    nonnegative(label + ".daemon_update_cpu_s", r["daemon_update_cpu_s"])
 goals = scale["goals"]
 for key in ("ingest_fraction_min", "round_update_fraction_min"):
     if not isinstance(goals[key]["met"], bool):
