@@ -1,7 +1,7 @@
 // Stream's reactor; see stream_reactor.h.
 #include "server/stream_reactor.h"
 
-#include <deque>
+#include <array>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -97,7 +97,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       MutexLock lock(&mu_);
       read_in_flight_ = false;
       if (ok) {
-        queued_.push_back(std::move(in_));
+        queued_[queued_count_++] = std::move(in_);
       } else {
         read_ended_ = true;  // the client half-closed: finish once handled
       }
@@ -180,7 +180,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // the queue has room, and nothing holds reading back.
   bool ReadMoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_requested_ || read_ended_ || read_in_flight_ || read_paused_ ||
-        queued_.size() >= kReadAhead) {
+        queued_count_ >= kReadAhead) {
       return false;
     }
     read_in_flight_ = true;
@@ -195,14 +195,16 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       bool read = false;
       {
         MutexLock lock(&mu_);
-        if (queued_.empty() || finish_requested_) {
+        if (queued_count_ == 0 || finish_requested_) {
           handling_ = false;
-          queued_.clear();
+          for (size_t i = 0; i < queued_count_; ++i) queued_[i].Clear();
+          queued_count_ = 0;
           if (!read_ended_) return;
           break;
         }
-        buf = std::move(queued_.front());
-        queued_.pop_front();
+        buf = std::move(queued_[0]);
+        for (size_t i = 1; i < queued_count_; ++i) queued_[i - 1] = std::move(queued_[i]);
+        --queued_count_;
         read = ReadMoreLocked();
       }
       if (read) StartRead(&in_);
@@ -210,7 +212,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       absl::Status s = ParseUpRaw(&buf, ++index_, &up_, &slices_, &payload_, &split, registry_);
       (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_,
                      split ? &payload_ : nullptr);
-      up_.Clear();
+      ClearUpKeepingRoom(&up_);  // the next shard parses into the same room
       payload_.Clear();
       slices_.clear();
       if (ucx_ == nullptr) {
@@ -374,7 +376,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ended_ ABSL_GUARDED_BY(mu_) = false;   // the client half-closed
   bool handling_ ABSL_GUARDED_BY(mu_) = false;     // a thread runs HandleQueued
-  std::deque<grpc::ByteBuffer> queued_ ABSL_GUARDED_BY(mu_);
+  // The read messages waiting, oldest first (a fixed array: no allocation
+  // per message, as a deque's would be every few).
+  std::array<grpc::ByteBuffer, kReadAhead> queued_ ABSL_GUARDED_BY(mu_);
+  size_t queued_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool done_ ABSL_GUARDED_BY(mu_) = false;         // OnDone ran
   std::shared_ptr<StreamReactor> self_;            // until OnDone
   uint64_t stream_number_ = 0;                     // Job::StreamAttached's
