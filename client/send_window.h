@@ -10,8 +10,10 @@
 #ifndef ZENFLOW_CLIENT_SEND_WINDOW_H_
 #define ZENFLOW_CLIENT_SEND_WINDOW_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <memory>
 #include <optional>
 
@@ -84,6 +86,8 @@ class SendWindow {
   enum class State { kClosed, kOpen, kDraining, kBroken };
   // The status a producer gets once the window is not open.
   absl::Status EndStatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the producers waiting for room (Push).
+  void WakeProducersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_bytes_;
   Mutex mu_;
@@ -95,6 +99,13 @@ class SendWindow {
   int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // taken by Next(), not completed
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Producers waiting for room: the largest message one waits to push (0:
+  // none waits), and what they wait on (space_epoch_ moves when they may
+  // go on; taken after mu_ where both are held).
+  int64_t wait_size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mutex space_mu_;
+  std::condition_variable space_cv_;
+  uint64_t space_epoch_ = 0;  // guarded by space_mu_
 };
 
 }  // namespace zenflow

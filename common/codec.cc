@@ -9,6 +9,8 @@
 
 #include "common/simd.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace zenflow {
@@ -598,7 +600,65 @@ void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* a
   DecodeAddInt8Scalar(q, n, scale, acc);
 }
 
+bool DecodeAddFiniteWith(Isa isa, DType dtype, const void* src, size_t n, float* acc,
+                         size_t* first_bad) {
+  const size_t esize = DTypeSize(dtype);
+  const char* bytes = static_cast<const char*>(src);
+  for (size_t i = 0; i < n; i += kFusedBlockElements) {
+    const size_t m = std::min(kFusedBlockElements, n - i);
+    size_t at = 0;
+    if (!AllFiniteWith(isa, dtype, bytes + i * esize, m, &at)) {
+      if (first_bad != nullptr) *first_bad = i + at;
+      return false;
+    }
+    DecodeAddWith(isa, dtype, bytes + i * esize, m, acc + i);  // the block, from L1
+  }
+  return true;
+}
+
+bool DecodeAddInt8FiniteWith(Isa isa, const int8_t* q, size_t n, float scale, float* acc,
+                             size_t* first_bad) {
+  if (std::isfinite(128.0f * scale)) {  // every value is finite
+    DecodeAddInt8With(isa, q, n, scale, acc);
+    return true;
+  }
+  for (size_t i = 0; i < n; i += kFusedBlockElements) {
+    const size_t m = std::min(kFusedBlockElements, n - i);
+    size_t at = 0;
+    if (!Int8AllFinite(q + i, m, scale, &at)) {
+      if (first_bad != nullptr) *first_bad = i + at;
+      return false;
+    }
+    DecodeAddInt8With(isa, q + i, m, scale, acc + i);
+  }
+  return true;
+}
+
 }  // namespace codec_internal
+
+bool Int8AllFinite(const int8_t* q, size_t n, float scale, size_t* first_bad) {
+  // |q| <= 128 and a finite scale: 128 * scale is exact (a power of two
+  // times), so when it is finite every product is.
+  if (std::isfinite(128.0f * scale)) return true;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(static_cast<float>(q[i]) * scale)) {
+      if (first_bad != nullptr) *first_bad = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool DecodeAddFinite(DType dtype, const void* src, size_t n, float* acc, size_t* first_bad) {
+  return codec_internal::DecodeAddFiniteWith(codec_internal::ActiveIsa(), dtype, src, n, acc,
+                                             first_bad);
+}
+
+bool DecodeAddInt8Finite(const int8_t* q, size_t n, float scale, float* acc,
+                         size_t* first_bad) {
+  return codec_internal::DecodeAddInt8FiniteWith(codec_internal::ActiveIsa(), q, n, scale, acc,
+                                                 first_bad);
+}
 
 void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc) {
   codec_internal::DecodeAddInt8With(codec_internal::ActiveIsa(), q, n, scale, acc);

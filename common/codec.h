@@ -53,6 +53,32 @@ bool AllFinite(DType dtype, const void* src, size_t n, size_t* first_bad);
 // the sum (no fused multiply-add), as the scalar expression gives.
 void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc);
 
+// The shard path's one pass over a shard's values (server/job_rounds.cc):
+// the finiteness check and the add fused, block by block of
+// kFusedBlockElements values, each block checked while it is in L1 and then
+// added, so the encoded bytes come from memory once.
+//
+// Returns true when all n values are finite: then acc[i] += decode(src[i])
+// for every i, bit for bit as DecodeAdd. Otherwise returns false and stores
+// the index of the first NaN or Inf in *first_bad (if non-null); the blocks
+// before that value's block are added and the rest of acc is untouched.
+// So use it where a partial add is harmless (a round that is dropped);
+// where acc must stay untouched, check the whole input (AllFinite) first.
+constexpr size_t kFusedBlockElements = 2048;
+bool DecodeAddFinite(DType dtype, const void* src, size_t n, float* acc, size_t* first_bad);
+
+// True when every q[i] * scale is finite (as DecodeAddInt8 computes it);
+// else false, and the first index where it is not in *first_bad (if
+// non-null). Reads q only when 128 * scale overflows (see below).
+bool Int8AllFinite(const int8_t* q, size_t n, float scale, size_t* first_bad);
+
+// The same for int8 values of one scale (DecodeAddInt8): a value is
+// non-finite when q * scale overflows. With a finite scale >= 0 and
+// |q| <= 128 that needs 128 * scale to overflow, so only such huge scales
+// read the values before adding them.
+bool DecodeAddInt8Finite(const int8_t* q, size_t n, float scale, float* acc,
+                         size_t* first_bad);
+
 // SIMD level used by the functions above: "avx512", "avx2" or "scalar".
 const char* CodecSimdLevel();
 
@@ -74,6 +100,10 @@ void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n, float* acc);
 bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
                    size_t* first_bad);
 void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc);
+bool DecodeAddFiniteWith(Isa isa, DType dtype, const void* src, size_t n, float* acc,
+                         size_t* first_bad);
+bool DecodeAddInt8FiniteWith(Isa isa, const int8_t* q, size_t n, float scale, float* acc,
+                             size_t* first_bad);
 
 }  // namespace codec_internal
 }  // namespace zenflow

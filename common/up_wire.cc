@@ -40,7 +40,7 @@ class Cursor {
   size_t size() const { return all_.size(); }
 
   bool Byte(uint8_t* b) {
-    const auto& ps = all_.pieces();
+    const auto ps = all_.pieces();
     while (piece_ < ps.size() && in_piece_ == ps[piece_].size()) {
       ++piece_;
       in_piece_ = 0;
@@ -69,7 +69,7 @@ class Cursor {
   // Moves on `n` bytes, which must lie before `limit`.
   bool Skip(uint64_t n, size_t limit) {
     if (n > limit - pos_) return false;
-    const auto& ps = all_.pieces();
+    const auto ps = all_.pieces();
     while (n > 0) {
       if (piece_ == ps.size()) return false;
       const size_t take = std::min<uint64_t>(n, ps[piece_].size() - in_piece_);
@@ -144,8 +144,17 @@ std::string UpMessageHead(v1::UpMessage* msg, size_t payload_size) {
   return head;
 }
 
+void ClearUpKeepingRoom(v1::UpMessage* msg) {
+  v1::GradientShard* shard = msg->has_shard() ? msg->release_shard() : nullptr;
+  msg->Clear();
+  if (shard == nullptr) return;
+  shard->Clear();
+  std::string().swap(*shard->mutable_payload());  // a payload's room is not kept
+  msg->set_allocated_shard(shard);
+}
+
 void ShardPayload::CopyOut(size_t offset, size_t n, char* out) const {
-  for (const absl::string_view& p : pieces_) {
+  for (const absl::string_view& p : pieces()) {
     if (n == 0) return;
     if (offset >= p.size()) {
       offset -= p.size();
@@ -159,43 +168,14 @@ void ShardPayload::CopyOut(size_t offset, size_t n, char* out) const {
   }
 }
 
-const char* RunReader::Next() {
-  if (run_bytes_ == 0 || run_bytes_ > payload_.size() - offset_) return nullptr;
-  const auto& ps = payload_.pieces();
-  while (in_piece_ == ps[piece_].size()) {
-    ++piece_;
-    in_piece_ = 0;
-  }
-  const char* out;
-  if (ps[piece_].size() - in_piece_ >= run_bytes_) {
-    out = ps[piece_].data() + in_piece_;
-    in_piece_ += run_bytes_;
-  } else {
-    scratch_.resize(run_bytes_);
-    size_t got = 0;
-    while (got < run_bytes_) {
-      while (in_piece_ == ps[piece_].size()) {
-        ++piece_;
-        in_piece_ = 0;
-      }
-      const size_t take = std::min(run_bytes_ - got, ps[piece_].size() - in_piece_);
-      std::memcpy(scratch_.data() + got, ps[piece_].data() + in_piece_, take);
-      got += take;
-      in_piece_ += take;
-    }
-    out = scratch_.data();
-  }
-  offset_ += run_bytes_;
-  return out;
-}
-
-bool ParseUpSplit(const std::vector<absl::string_view>& pieces, v1::UpMessage* msg,
-                  ShardPayload* payload) {
-  ShardPayload all;
-  for (absl::string_view p : pieces) all.Append(p);
+bool ParseUpSplit(const ShardPayload& all, v1::UpMessage* msg, ShardPayload* payload) {
   Cursor in(all);
   const size_t end = all.size();
-  std::string top, fields;
+  // The message's bytes other than the payload, gathered for protobuf:
+  // the thread's buffers, whose room stays.
+  thread_local std::string top, fields;
+  top.clear();
+  fields.clear();
   bool seen_shard = false, seen_payload = false;
   size_t payload_at = 0, payload_size = 0;
   while (in.pos() < end) {
@@ -232,8 +212,15 @@ bool ParseUpSplit(const std::vector<absl::string_view>& pieces, v1::UpMessage* m
     }
   }
   if (!seen_shard) return false;
+  // As msg->ParseFromString(top) then mutable_shard()->ParseFromString(
+  // fields), but a shard `msg` holds is reused: Clear keeps its fields' room.
+  v1::GradientShard* shard = msg->has_shard() ? msg->release_shard() : nullptr;
   msg->Clear();
-  if (!msg->ParseFromString(top)) return false;
+  if (!msg->MergeFromString(top)) {
+    delete shard;
+    return false;
+  }
+  if (shard != nullptr) msg->set_allocated_shard(shard);
   if (!msg->mutable_shard()->ParseFromString(fields)) return false;
   payload->Clear();
   size_t skip = payload_at, left = payload_size;

@@ -16,11 +16,14 @@
 #ifndef ZENFLOW_COMMON_UP_WIRE_H_
 #define ZENFLOW_COMMON_UP_WIRE_H_
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
@@ -31,51 +34,60 @@ namespace zenflow {
 std::string UpMessageHead(v1::UpMessage* msg, size_t payload_size);
 
 // A shard's payload as consecutive pieces of memory someone else keeps
-// alive (gRPC's slices, or a UCX receive buffer).
+// alive (gRPC's slices, or a UCX receive buffer). One piece is held inline
+// (no allocation); more go to a vector whose room Clear keeps, so a
+// payload object reused message after message allocates only when a
+// message has more pieces than any before.
 class ShardPayload {
  public:
   ShardPayload() = default;
   explicit ShardPayload(absl::string_view whole) { Append(whole); }
   void Append(absl::string_view piece) {
     if (piece.empty()) return;
-    pieces_.push_back(piece);
+    if (count_ == 0) {
+      one_ = piece;
+    } else {
+      if (count_ == 1) {
+        more_.clear();
+        more_.push_back(one_);
+      }
+      more_.push_back(piece);
+    }
+    ++count_;
     size_ += piece.size();
   }
   void Clear() {
-    pieces_.clear();
+    count_ = 0;
     size_ = 0;
+    more_.clear();
   }
   size_t size() const { return size_; }
-  const std::vector<absl::string_view>& pieces() const { return pieces_; }
+  absl::Span<const absl::string_view> pieces() const {
+    return count_ <= 1 ? absl::Span<const absl::string_view>(&one_, count_)
+                       : absl::Span<const absl::string_view>(more_);
+  }
   // One piece (or none): the payload is contiguous at data().
-  bool contiguous() const { return pieces_.size() <= 1; }
-  const char* data() const { return pieces_.empty() ? nullptr : pieces_[0].data(); }
+  bool contiguous() const { return count_ <= 1; }
+  const char* data() const { return count_ == 0 ? nullptr : pieces()[0].data(); }
   // Copies bytes [offset, offset + n) to `out`.
   void CopyOut(size_t offset, size_t n, char* out) const;
 
  private:
-  std::vector<absl::string_view> pieces_;
+  absl::string_view one_;
+  std::vector<absl::string_view> more_;  // all the pieces, when more than one
+  size_t count_ = 0;
   size_t size_ = 0;
 };
 
-// Reads consecutive equal-sized runs (columns) of a ShardPayload: each in
-// place when it lies in one piece, else gathered into a scratch buffer that
-// stays small (one run).
-class RunReader {
- public:
-  RunReader(const ShardPayload& payload, size_t run_bytes)
-      : payload_(payload), run_bytes_(run_bytes) {}
-  // The next run; valid until the next call. Null after the last.
-  const char* Next();
-
- private:
-  const ShardPayload& payload_;
-  const size_t run_bytes_;
-  size_t piece_ = 0;   // the piece the next run starts in
-  size_t in_piece_ = 0;  // and where in it
-  size_t offset_ = 0;  // the next run's offset in the payload
-  std::string scratch_;
-};
+// Calls fn(column, first_row, values, n) for every stretch of n values of
+// columns [first, end) of a payload of `rows` values of `esize` bytes per
+// column that lies in one piece, in order: the values are read where they
+// are (no copy), except a value cut in two by a piece boundary, which is
+// gathered (esize <= 8 bytes, on the stack) and passed alone. Stops, and
+// returns false, when fn does. The payload must hold the columns.
+template <typename Fn>
+bool ForEachStretch(const ShardPayload& payload, size_t rows, size_t esize, size_t first,
+                    size_t end, Fn&& fn);
 
 // Parses the message whose bytes are `pieces`, in order, into `*msg` and
 // `*payload`: every field as protobuf would parse it, except the shard's
@@ -83,8 +95,57 @@ class RunReader {
 // payload is empty). False when the message is not a shard in the plain
 // form (one shard field, at most one payload field) or is not valid: then
 // parse it with protobuf instead; `*msg` and `*payload` are unspecified.
-bool ParseUpSplit(const std::vector<absl::string_view>& pieces, v1::UpMessage* msg,
-                  ShardPayload* payload);
+// A `msg` that already holds a shard keeps it and its fields' room, so
+// parsing message after message into one `msg` does not allocate once the
+// room suffices (nor does this function otherwise, after a thread's first
+// messages).
+bool ParseUpSplit(const ShardPayload& pieces, v1::UpMessage* msg, ShardPayload* payload);
+
+// Clears `msg` as msg->Clear() would, except that a shard it holds stays,
+// empty, with its room (columns, scales) for the next ParseUpSplit; a
+// payload's room is freed.
+void ClearUpKeepingRoom(v1::UpMessage* msg);
+
+// ---- Implementation ----
+
+template <typename Fn>
+bool ForEachStretch(const ShardPayload& payload, size_t rows, size_t esize, size_t first,
+                    size_t end, Fn&& fn) {
+  const absl::Span<const absl::string_view> ps = payload.pieces();
+  size_t piece = 0, off = first * rows * esize;  // seek to column `first`
+  while (piece < ps.size() && off >= ps[piece].size()) off -= ps[piece++].size();
+  for (size_t col = first; col < end; ++col) {
+    size_t row = 0;
+    while (row < rows) {
+      while (off == ps[piece].size()) {
+        ++piece;
+        off = 0;
+      }
+      const size_t whole = (ps[piece].size() - off) / esize;
+      if (whole > 0) {
+        const size_t n = std::min(whole, rows - row);
+        if (!fn(col, row, ps[piece].data() + off, n)) return false;
+        off += n * esize;
+        row += n;
+        continue;
+      }
+      char one[8];
+      for (size_t got = 0; got < esize;) {
+        while (off == ps[piece].size()) {
+          ++piece;
+          off = 0;
+        }
+        const size_t take = std::min(esize - got, ps[piece].size() - off);
+        std::memcpy(one + got, ps[piece].data() + off, take);
+        got += take;
+        off += take;
+      }
+      if (!fn(col, row, static_cast<const char*>(one), size_t{1})) return false;
+      ++row;
+    }
+  }
+  return true;
+}
 
 }  // namespace zenflow
 

@@ -33,12 +33,12 @@ v1::UpMessage Shard(size_t payload_size, uint32_t seed) {
 }
 
 // `bytes` cut into pieces at random places (some empty).
-std::vector<absl::string_view> Cut(const std::string& bytes, std::mt19937* rng) {
-  std::vector<absl::string_view> out;
+ShardPayload Cut(const std::string& bytes, std::mt19937* rng) {
+  ShardPayload out;
   size_t at = 0;
   while (at < bytes.size()) {
     const size_t n = std::min(bytes.size() - at, static_cast<size_t>((*rng)() % 40));
-    out.emplace_back(bytes.data() + at, n);
+    out.Append(absl::string_view(bytes.data() + at, n));
     at += n;
   }
   return out;
@@ -92,22 +92,22 @@ TEST(UpWire, GivesUpOnFormsProtobufReadsItsOwnWay) {
   ShardPayload payload;
   v1::UpMessage close;
   close.mutable_close()->set_round(3);
-  EXPECT_FALSE(ParseUpSplit({close.SerializeAsString()}, &got, &payload)) << "not a shard";
+  EXPECT_FALSE(ParseUpSplit(ShardPayload(close.SerializeAsString()), &got, &payload)) << "not a shard";
   v1::UpMessage attach;
   attach.mutable_attach()->set_job_id("j");
-  EXPECT_FALSE(ParseUpSplit({attach.SerializeAsString()}, &got, &payload));
-  EXPECT_FALSE(ParseUpSplit({std::string()}, &got, &payload)) << "empty message";
+  EXPECT_FALSE(ParseUpSplit(ShardPayload(attach.SerializeAsString()), &got, &payload));
+  EXPECT_FALSE(ParseUpSplit(ShardPayload(std::string()), &got, &payload)) << "empty message";
   const std::string one = Shard(16, 1).SerializeAsString();
   // Two shard fields: protobuf merges them (the second payload wins).
   const std::string two = one + Shard(8, 2).SerializeAsString();
   EXPECT_FALSE(ParseUpSplit(Cut(two, &rng), &got, &payload));
   // A shard, then a close: the oneof's last kind wins.
-  EXPECT_FALSE(ParseUpSplit({one + close.SerializeAsString()}, &got, &payload));
+  EXPECT_FALSE(ParseUpSplit(ShardPayload(one + close.SerializeAsString()), &got, &payload));
   // Truncated anywhere: taken only where a field ends after the shard's
   // (`replay` comes last), as protobuf reads it.
   const size_t shard_end = one.size() - 2;  // replay = true: key and value
   for (size_t n = 0; n < one.size(); ++n) {
-    EXPECT_EQ(ParseUpSplit({one.substr(0, n)}, &got, &payload), n == shard_end) << n;
+    EXPECT_EQ(ParseUpSplit(ShardPayload(one.substr(0, n)), &got, &payload), n == shard_end) << n;
     v1::UpMessage want;
     EXPECT_EQ(want.ParseFromString(one.substr(0, n)) && want.has_shard() &&
                   want.shard().payload().size() == 16,
@@ -120,7 +120,7 @@ TEST(UpWire, GivesUpOnFormsProtobufReadsItsOwnWay) {
   const size_t at = bytes.find("layer");
   ASSERT_NE(at, std::string::npos);
   bytes[at] = static_cast<char>(0xff);
-  EXPECT_FALSE(ParseUpSplit({bytes}, &got, &payload));
+  EXPECT_FALSE(ParseUpSplit(ShardPayload(bytes), &got, &payload));
   EXPECT_FALSE(got.ParseFromString(bytes));
 }
 
@@ -161,22 +161,69 @@ TEST(UpWire, WhatTheSplitParseTakesProtobufReadsAlike) {
   EXPECT_GT(taken, 100);  // the damage does not always break the message
 }
 
-TEST(UpWire, RunsReadAlikeInPlaceOrGathered) {
+TEST(UpWire, StretchesReadEveryValueInPlaceOrGathered) {
   std::mt19937 rng(4);
-  for (int i = 0; i < 200; ++i) {
-    std::string bytes(1 + rng() % 500, '\0');
+  for (int i = 0; i < 300; ++i) {
+    const size_t esize = size_t{1} << (rng() % 3);  // int8, 16-bit, fp32
+    const size_t rows = 1 + rng() % 40, cols = 1 + rng() % 9;
+    std::string bytes(rows * cols * esize, '\0');
     for (char& c : bytes) c = static_cast<char>(rng());
-    ShardPayload payload;
-    for (absl::string_view p : Cut(bytes, &rng)) payload.Append(p);
-    const size_t run = 1 + rng() % 12;
-    RunReader reader(payload, run);
-    size_t at = 0;
-    while (const char* r = reader.Next()) {
-      ASSERT_LE(at + run, bytes.size());
-      ASSERT_EQ(std::string(r, run), bytes.substr(at, run));
-      at += run;
+    const ShardPayload payload = Cut(bytes, &rng);
+    const size_t first = rng() % cols, end = first + 1 + rng() % (cols - first);
+    size_t at = first * rows * esize, stretches = 0;
+    size_t want_col = first, want_row = 0;
+    ASSERT_TRUE(ForEachStretch(payload, rows, esize, first, end,
+                               [&](size_t col, size_t row, const char* v, size_t n) {
+                                 EXPECT_EQ(col, want_col);
+                                 EXPECT_EQ(row, want_row);
+                                 EXPECT_GE(n, 1u);
+                                 EXPECT_LE(row + n, rows);
+                                 EXPECT_EQ(std::string(v, n * esize),
+                                           bytes.substr(at, n * esize));
+                                 at += n * esize;
+                                 want_row += n;
+                                 if (want_row == rows) {
+                                   ++want_col;
+                                   want_row = 0;
+                                 }
+                                 ++stretches;
+                                 return true;
+                               }));
+    EXPECT_EQ(at, end * rows * esize);
+    EXPECT_EQ(want_col, end);
+    // In place: at most a stretch per piece and column, and one per value cut in two.
+    EXPECT_LE(stretches, (end - first) + 2 * payload.pieces().size());
+    // fn's false stops the walk.
+    size_t calls = 0;
+    EXPECT_EQ(ForEachStretch(payload, rows, esize, first, end,
+                             [&](size_t, size_t, const char*, size_t) { return ++calls < 2; }),
+              stretches < 2);
+    EXPECT_EQ(calls, std::min<size_t>(stretches, 2));
+  }
+}
+
+TEST(UpWire, OneMessageParsedAgainAndAgainIsAsProtobufParsesIt) {
+  // ParseUpSplit keeps the shard `got` holds (and its room): every parse
+  // must still be what protobuf reads, whatever the message before held.
+  std::mt19937 rng(9);
+  v1::UpMessage got;
+  ShardPayload payload;
+  for (uint32_t seed = 0; seed < 60; ++seed) {
+    v1::UpMessage m = Shard(rng() % 300, seed);
+    if (seed % 4 == 1) m.mutable_shard()->clear_scales();
+    if (seed % 5 == 2) m.clear_seq();
+    const std::string bytes = m.SerializeAsString();
+    ASSERT_TRUE(ParseUpSplit(Cut(bytes, &rng), &got, &payload)) << seed;
+    v1::UpMessage want = m;
+    want.mutable_shard()->clear_payload();
+    EXPECT_TRUE(MessageDifferencer::Equals(got, want)) << seed;
+    EXPECT_EQ(Joined(payload), m.shard().payload()) << seed;
+    if (seed % 3 == 0) ClearUpKeepingRoom(&got);
+    if (seed % 7 == 0) {
+      ClearUpKeepingRoom(&got);
+      EXPECT_TRUE(got.has_shard());  // empty: its key and a zero length
+      EXPECT_EQ(got.ByteSizeLong(), 2u);
     }
-    EXPECT_EQ(at, bytes.size() / run * run);
   }
 }
 

@@ -345,6 +345,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // the values to the round's sums.
   absl::Status AddShard(int32_t rank, const v1::GradientShard& shard,
                         const ShardPayload& payload, const AddPlan& plan, bool* finite);
+  // The rejection of a shard whose value (column `col` of the shard, `row`)
+  // is not finite.
+  absl::Status NonFiniteShardError(const v1::GradientShard& shard, const ShardPayload& payload,
+                                   const AddPlan& plan, size_t col, size_t row) const;
   // Waits until no shard is being added, and keeps new ones from starting
   // meanwhile. Whatever changes what shards are checked against (column
   // sets, hand-off versions, the upload, deletion) or reads or writes the

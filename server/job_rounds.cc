@@ -170,8 +170,11 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
       return absl::OkStatus();
     }
   }
-  std::vector<int32_t> sorted(shard.columns().begin(), shard.columns().end());
-  for (int32_t c : sorted) {
+  bool increasing = true;  // (as clients send them: then no column repeats)
+  int32_t last = -1;
+  for (int32_t c : shard.columns()) {
+    increasing = increasing && c > last;
+    last = c;
     if (c < 0 || c >= t.cols) {
       return absl::OutOfRangeError(absl::StrCat("tensor '", t.name, "': column ", c,
                                                 " out of range [0, ", t.cols, ")"));
@@ -187,11 +190,16 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
                                                    " was already received from rank ", rank));
     }
   }
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    if (sorted[i] == sorted[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "': column ", sorted[i], " is repeated in one shard"));
+  if (!increasing) {
+    // The thread's scratch, whose room stays: no allocation per shard.
+    thread_local std::vector<int32_t> sorted;
+    sorted.assign(shard.columns().begin(), shard.columns().end());
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 1; i < sorted.size(); ++i) {
+      if (sorted[i] == sorted[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "': column ", sorted[i], " is repeated in one shard"));
+      }
     }
   }
   // Everything but the payload's values checked. The values are checked and
@@ -232,73 +240,39 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
                            const ShardPayload& payload, const AddPlan& plan, bool* finite_out) {
   const TensorState& t = tensors_[plan.ti];  // metadata: immutable
   const size_t ncols = static_cast<size_t>(shard.columns_size());
-  const size_t col_bytes = static_cast<size_t>(t.rows) * plan.esize;
-  // Column i: in place when the payload is contiguous (UCX, protobuf's
-  // parse) or the column lies in one of gRPC's slices; else gathered into
-  // the reader's one-column scratch.
-  const char* whole = payload.contiguous() ? payload.data() : nullptr;
-  std::optional<RunReader> reader;
-  auto column = [&](size_t i) {
-    if (whole != nullptr) return whole + i * col_bytes;
-    if (i == 0) reader.emplace(payload, col_bytes);
-    return reader->Next();
+  const size_t rows = static_cast<size_t>(t.rows);
+  const bool skip = spec_.skip_nonfinite_rounds();
+  // The values are read where the transport left them (UCX's receive
+  // buffer, gRPC's slices, protobuf's string), a stretch of a column at a
+  // time (ForEachStretch: a column cut by a slice boundary in two stretches;
+  // only a value cut in two is gathered, on the stack).
+  auto scale = [&](size_t i) { return shard.scales(static_cast<int>(i)); };
+  size_t bad_col = 0, bad_row = 0;
+  auto record_bad = [&](size_t i, size_t row) {
+    bad_col = i;
+    bad_row = row;
+    return false;
   };
-  size_t bad = 0;
-  bool finite = true;
-  std::string why;
-  if (plan.int8) {
-    // value = q * scale, as decoded below: each column's largest |q| decides.
-    // With |q| <= 128 and a finite scale >= 0 (HandleShard checked it) every
-    // value is finite when 128 * scale is (a power-of-two product: exact),
-    // so only columns of a huge scale are read here.
-    size_t read = 0;  // columns the reader has passed (pieces: in order only)
-    for (size_t i = 0; i < ncols && finite; ++i) {
-      if (std::isfinite(128.0f * shard.scales(static_cast<int>(i)))) continue;
-      const char* values = nullptr;
-      if (whole != nullptr) {
-        values = whole + i * col_bytes;
-      } else {
-        if (read == 0) reader.emplace(payload, col_bytes);
-        while (read <= i) {
-          values = reader->Next();
-          ++read;
-        }
-      }
-      const int8_t* q = reinterpret_cast<const int8_t*>(values);
-      int biggest = 0;
-      int64_t at = 0;
-      for (int64_t r = 0; r < t.rows; ++r) {
-        const int a = q[r] < 0 ? -q[r] : q[r];
-        if (a > biggest) {
-          biggest = a;
-          at = r;
-        }
-      }
-      const float scale = shard.scales(static_cast<int>(i));
-      if (!std::isfinite(static_cast<float>(q[at]) * scale)) {
-        finite = false;
-        bad = i * static_cast<size_t>(t.rows) + static_cast<size_t>(at);
-        why = absl::StrCat(" (int8 ", static_cast<int>(q[at]), " x scale ", scale, ")");
-      }
-    }
-  } else if (whole != nullptr) {
-    finite = AllFinite(plan.dt, whole, ncols * t.rows, &bad);
-  } else {
-    for (size_t i = 0; i < ncols && finite; ++i) {
-      size_t at = 0;
-      finite = AllFinite(plan.dt, column(i), static_cast<size_t>(t.rows), &at);
-      if (!finite) bad = i * static_cast<size_t>(t.rows) + at;
-    }
-  }
-  if (!finite) {
-    if (!spec_.skip_nonfinite_rounds()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "': non-finite gradient in column ", shard.columns(bad / t.rows),
-          " row ", bad % t.rows, " of step ", shard.step(), why,
-          " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
-    }
-    *finite_out = false;  // accepted, and the round is skipped: nothing to add
-    return absl::OkStatus();
+  // A shard the job rejects must leave the sums as they were, and other
+  // ranks add into them meanwhile (shared sums), so nothing is undone: its
+  // values are all checked before any is added. (Int8: only the columns
+  // whose scale can overflow are read; see Int8AllFinite.) The check reads
+  // the shard a first time, the add a second; a shard that fits in the
+  // core's L2 comes from memory once.
+  if (!skip) {
+    bool any = !plan.int8;
+    for (size_t i = 0; i < ncols && !any; ++i) any = !std::isfinite(128.0f * scale(i));
+    const bool finite =
+        !any || ForEachStretch(payload, rows, plan.esize, 0, ncols,
+                               [&](size_t i, size_t row, const char* v, size_t n) {
+                                 size_t at = 0;
+                                 const bool ok =
+                                     plan.int8 ? Int8AllFinite(reinterpret_cast<const int8_t*>(v),
+                                                               n, scale(i), &at)
+                                               : AllFinite(plan.dt, v, n, &at);
+                                 return ok || record_bad(i, row + at);
+                               });
+    if (!finite) return NonFiniteShardError(shard, payload, plan, bad_col, bad_row);
   }
   // Shared sums: every rank adds into the same columns, so a run of columns
   // of one block is added under that block's stripe lock. Ranks that send
@@ -307,30 +281,73 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
   const int64_t block = std::max<int64_t>(1, kStripeElements / t.rows);
   std::unique_lock<std::mutex> stripe;
   int64_t held = -1;
+  auto add = [&](size_t i, size_t row, const char* v, size_t n, float* to) {
+    size_t at = 0;
+    if (plan.int8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(v);
+      if (!skip) {
+        DecodeAddInt8(q, n, scale(i), to);
+        return true;
+      }
+      return DecodeAddInt8Finite(q, n, scale(i), to, &at) || record_bad(i, row + at);
+    }
+    if (!skip) {
+      DecodeAdd(plan.dt, v, n, to);
+      return true;
+    }
+    return DecodeAddFinite(plan.dt, v, n, to, &at) || record_bad(i, row + at);
+  };
+  // One pass: with skip_nonfinite_rounds each block of values is checked
+  // and then added (DecodeAddFinite). A non-finite value stops the add part
+  // way, which is harmless there: the round is skipped, and its update
+  // zeroes its sums (round_update.cc) without reading them.
+  const bool finite = ForEachStretch(
+      payload, rows, plan.esize, 0, ncols, [&](size_t i, size_t row, const char* v, size_t n) {
+        const int32_t c = shard.columns(static_cast<int>(i));
+        if (shared && c / block != held) {
+          if (stripe.owns_lock()) stripe.unlock();
+          held = c / block;
+          stripe = std::unique_lock<std::mutex>(
+              stripes_[static_cast<size_t>(plan.ti * 7919 + held) % stripes_.size()]);
+        }
+        return add(i, row, v, n, acc_->sum_of(plan.ti, rank, plan.round, c) + row);
+      });
+  if (stripe.owns_lock()) stripe.unlock();
+  if (!finite) {
+    *finite_out = false;  // accepted, and the round is skipped
+    return absl::OkStatus();
+  }
+  // A sampled column's step is also kept apart (docs/design.md rule 14), once
+  // the shard is added whole (the few sampled columns read a second time).
   for (size_t i = 0; i < ncols; ++i) {
     const int32_t c = shard.columns(static_cast<int>(i));
-    if (shared && c / block != held) {
-      if (stripe.owns_lock()) stripe.unlock();
-      held = c / block;
-      stripe = std::unique_lock<std::mutex>(
-          stripes_[static_cast<size_t>(plan.ti * 7919 + held) % stripes_.size()]);
-    }
-    float* dst = acc_->sum_of(plan.ti, rank, plan.round, c);
-    const char* values = column(i);  // (a second pass: the reader starts over at 0)
-    auto add = [&](float* to) {
-      if (plan.int8) {
-        DecodeAddInt8(reinterpret_cast<const int8_t*>(values), static_cast<size_t>(t.rows),
-                      shard.scales(static_cast<int>(i)), to);
-      } else {
-        DecodeAdd(plan.dt, values, t.rows, to);
-      }
-    };
-    add(dst);
-    // A sampled column's step is also kept apart (docs/design.md rule 14).
     const int slot = divergence_->Slot(plan.ti, plan.round, c);
-    if (slot >= 0) divergence_->Capture(slot, rank, plan.round, plan.step_in_round, add);
+    if (slot < 0) continue;
+    divergence_->Capture(slot, rank, plan.round, plan.step_in_round, [&](float* to) {
+      ForEachStretch(payload, rows, plan.esize, i, i + 1,
+                     [&](size_t col, size_t row, const char* v, size_t n) {
+                       return add(col, row, v, n, to + row);
+                     });
+    });
   }
   return absl::OkStatus();
+}
+
+absl::Status Job::NonFiniteShardError(const v1::GradientShard& shard,
+                                      const ShardPayload& payload, const AddPlan& plan,
+                                      size_t col, size_t row) const {
+  const TensorState& t = tensors_[plan.ti];
+  std::string why;
+  if (plan.int8) {
+    char q = 0;
+    payload.CopyOut(col * static_cast<size_t>(t.rows) + row, 1, &q);
+    why = absl::StrCat(" (int8 ", static_cast<int>(static_cast<int8_t>(q)), " x scale ",
+                       shard.scales(static_cast<int>(col)), ")");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor '", t.name, "': non-finite gradient in column ",
+      shard.columns(static_cast<int>(col)), " row ", row, " of step ", shard.step(), why,
+      " (the job rejects such shards; set skip_nonfinite_rounds to skip the round instead)"));
 }
 
 absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool replay) {

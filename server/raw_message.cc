@@ -1,6 +1,7 @@
 // Raw messages of the streaming calls; see raw_message.h.
 #include "server/raw_message.h"
 
+#include <memory>
 #include <string>
 
 namespace zenflow {
@@ -15,18 +16,30 @@ absl::Status ParseUpRaw(grpc::ByteBuffer* buf, int64_t index, v1::UpMessage* out
                         JobRegistry* registry) {
   *split = false;
   ZF_RETURN_IF_ERROR(registry->CheckMessageSize(buf->Length()));
+  // A shard's room (ParseUpSplit reuses the shard `out` holds) outlives the
+  // other messages in between (a round's close): kept here meanwhile.
+  thread_local std::unique_ptr<v1::GradientShard> spare;
+  if (!out->has_shard() && spare != nullptr) out->set_allocated_shard(spare.release());
   slices->clear();
   if (buf->Dump(slices).ok()) {
-    std::vector<absl::string_view> pieces;
-    pieces.reserve(slices->size());
+    // The thread's view of the slices, whose room stays: no allocation
+    // once a message of as many slices was read on this thread.
+    thread_local ShardPayload pieces;
+    pieces.Clear();
     for (const grpc::Slice& s : *slices) {
-      pieces.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+      pieces.Append(absl::string_view(reinterpret_cast<const char*>(s.begin()), s.size()));
     }
     *split = ParseUpSplit(pieces, out, payload);
+    pieces.Clear();
     if (*split) return absl::OkStatus();
   }
   slices->clear();
   payload->Clear();
+  if (out->has_shard() && spare == nullptr) {
+    spare.reset(out->release_shard());
+    spare->Clear();
+    std::string().swap(*spare->mutable_payload());
+  }
   return ParseRaw(buf, index, out, registry);
 }
 

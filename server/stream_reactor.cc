@@ -1,7 +1,7 @@
 // Stream's reactor; see stream_reactor.h.
 #include "server/stream_reactor.h"
 
-#include <deque>
+#include <array>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -65,12 +65,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
   // The first message (the attach) is handled here before anything else is
-  // read. After it, the stream reads one message ahead: while one message is
+  // read. After it, the stream reads ahead: while one message is
   // handled (parsed, checked, added), the next one is received, on whichever
   // thread gRPC calls back on; messages are handled one at a time, in order
-  // (`handling_`). At most one read message waits (`queued_`), so a stream
-  // holds at most three messages: the one handled, the one waiting and the
-  // read in flight.
+  // (`handling_`). Read messages wait in `queued_`: up to kReadAhead of them
+  // while they hold less than kReadAheadBytes, so a stream holds the message
+  // handled, the waiting ones (one large message, or up to 16 small ones
+  // of 2 MiB in all) and the read in flight.
   void OnReadDone(bool ok) override {
     if (job_ == nullptr) {
       if (!ok) return RequestFinish(absl::OkStatus());  // the client half-closed
@@ -97,7 +98,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       MutexLock lock(&mu_);
       read_in_flight_ = false;
       if (ok) {
-        queued_.push_back(std::move(in_));
+        queued_bytes_ += in_.Length();
+        queued_[(queued_first_ + queued_count_++) % kReadAhead] = std::move(in_);
       } else {
         read_ended_ = true;  // the client half-closed: finish once handled
       }
@@ -180,7 +182,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // the queue has room, and nothing holds reading back.
   bool ReadMoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_requested_ || read_ended_ || read_in_flight_ || read_paused_ ||
-        queued_.size() >= kReadAhead) {
+        queued_count_ >= kReadAhead || queued_bytes_ >= kReadAheadBytes) {
       return false;
     }
     read_in_flight_ = true;
@@ -195,14 +197,18 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       bool read = false;
       {
         MutexLock lock(&mu_);
-        if (queued_.empty() || finish_requested_) {
+        if (queued_count_ == 0 || finish_requested_) {
           handling_ = false;
-          queued_.clear();
+          for (grpc::ByteBuffer& b : queued_) b.Clear();
+          queued_count_ = 0;
+          queued_bytes_ = 0;
           if (!read_ended_) return;
           break;
         }
-        buf = std::move(queued_.front());
-        queued_.pop_front();
+        buf = std::move(queued_[queued_first_]);
+        queued_first_ = (queued_first_ + 1) % kReadAhead;
+        --queued_count_;
+        queued_bytes_ -= buf.Length();
         read = ReadMoreLocked();
       }
       if (read) StartRead(&in_);
@@ -210,7 +216,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       absl::Status s = ParseUpRaw(&buf, ++index_, &up_, &slices_, &payload_, &split, registry_);
       (void)IngestUp(registry_, job_.get(), rank_, Wire::kGrpc, mailbox_.get(), std::move(s), up_,
                      split ? &payload_ : nullptr);
-      up_.Clear();
+      ClearUpKeepingRoom(&up_);  // the next shard parses into the same room
       payload_.Clear();
       slices_.clear();
       if (ucx_ == nullptr) {
@@ -351,7 +357,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const Who who_;
   const bool holds_slot_;  // of the service's max_streams
   uint64_t watch_ = 0;             // ZenFlowService::Watch's
-  static constexpr size_t kReadAhead = 1;  // read messages waiting to be handled
+  // Read messages waiting to be handled: at most this many, and no more
+  // once they hold kReadAheadBytes (so one large message at a time, as
+  // before, but small ones keep gRPC's stream window open: with one 64 KiB
+  // message read ahead the sender waited on each message's handling).
+  static constexpr size_t kReadAhead = 16;
+  static constexpr size_t kReadAheadBytes = size_t{2} << 20;
   grpc::ByteBuffer in_;   // the read in flight
   // The read message's slices and its shard's payload in them (ParseUpRaw).
   std::vector<grpc::Slice> slices_;
@@ -374,7 +385,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ended_ ABSL_GUARDED_BY(mu_) = false;   // the client half-closed
   bool handling_ ABSL_GUARDED_BY(mu_) = false;     // a thread runs HandleQueued
-  std::deque<grpc::ByteBuffer> queued_ ABSL_GUARDED_BY(mu_);
+  // The read messages waiting, oldest first (a fixed array: no allocation
+  // per message, as a deque's would be every few).
+  std::array<grpc::ByteBuffer, kReadAhead> queued_ ABSL_GUARDED_BY(mu_);  // a ring
+  size_t queued_first_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t queued_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool done_ ABSL_GUARDED_BY(mu_) = false;         // OnDone ran
   std::shared_ptr<StreamReactor> self_;            // until OnDone
   uint64_t stream_number_ = 0;                     // Job::StreamAttached's
