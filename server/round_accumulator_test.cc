@@ -139,7 +139,7 @@ TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
 // magnitude are the same bits as the scalar lanes' (tails included).
 TEST(RoundAccumulatorTest, FoldSquaresIsTheSameAtEveryLevel) {
   for (int nparts : {0, 1, 3}) {
-    for (size_t n : {size_t{0}, size_t{5}, size_t{32}, size_t{77}, size_t{1000}}) {
+    for (size_t n : {size_t{0}, size_t{5}, size_t{32}, size_t{77}, size_t{1000}, size_t{2500}}) {
       auto input = [&](int r, size_t i) {
         return 1e-3f * static_cast<float>((i * 37 + r * 11) % 201) - 0.1f +
                (r == 1 ? 3e-8f : 0.0f) * static_cast<float>(i);

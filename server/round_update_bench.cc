@@ -4,8 +4,9 @@
 // AdamW and the delta encode over as many values, on the same pool), in
 // the same process, alternating. Prints one line per configuration:
 //
-//   bazel run -c opt //server:round_update_bench -- [threads] [reps]
+//   bazel run -c opt //server:round_update_bench -- [threads] [reps] [world]
 //
+// (a world given: only that many ranks' runs, for a profile of one case).
 // round_update_fraction = kernels / update (medians). Sums are refilled
 // before every update (outside the timing), so each update folds and
 // clears real sums.
@@ -121,13 +122,15 @@ int main(int argc, char** argv) {
   zenflow::TuneMallocForBulkBuffers();  // as zenflowd
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 9;
+  const int only = argc > 3 ? std::atoi(argv[3]) : 0;
   zenflow::ThreadPool pool(threads, "zf-update");
   for (int world : {1, 8, 16}) {
+    if (only > 0 && world != only) continue;
     for (bool ro : {true, false}) {
       if (world == 1 && !ro) continue;
       zenflow::Run(world, ro, false, zenflow::DType::kF32, &pool, reps);
     }
   }
-  zenflow::Run(1, true, true, zenflow::DType::kBF16, &pool, reps);
+  if (only <= 1) zenflow::Run(1, true, true, zenflow::DType::kBF16, &pool, reps);
   return 0;
 }
