@@ -9,6 +9,7 @@
 #include "common/simd.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace zenflow {
 namespace {
@@ -110,7 +111,21 @@ ZF_TARGET_AVX2 void UpdateAvx2(const Consts& c, const float* grad, float* p,
     Step8Avx2(k, i, grad, p, m, v);
     i += 8;
   }
-  ScalarLoop(c, grad + i, p + i, m + i, v + i, n - i);
+  if (i < n) {
+    // The last < 8 elements through the same vector step, padded with
+    // zeros: an element's bits do not depend on where a call starts or
+    // ends (an update split into blocks gives the same result).
+    float tg[8] = {}, tp[8] = {}, tm[8] = {}, tv[8] = {};
+    const size_t rest = n - i;
+    std::memcpy(tg, grad + i, rest * sizeof(float));
+    std::memcpy(tp, p + i, rest * sizeof(float));
+    std::memcpy(tm, m + i, rest * sizeof(float));
+    std::memcpy(tv, v + i, rest * sizeof(float));
+    Step8Avx2(k, 0, tg, tp, tm, tv);
+    std::memcpy(p + i, tp, rest * sizeof(float));
+    std::memcpy(m + i, tm, rest * sizeof(float));
+    std::memcpy(v + i, tv, rest * sizeof(float));
+  }
 }
 
 // Broadcast constants for the AVX-512 kernel.

@@ -51,6 +51,9 @@ void AdamWReference(const AdamWHyper& h, int64_t step, float grad_scale,
 // Same update vectorized at `level` (kScalar runs the reference). `level` must
 // be supported by the CPU. Results equal the reference up to fp32 rounding
 // (FMA contraction; sqrt(v)/bc2_sqrt computed as sqrt(v) * (1/bc2_sqrt)).
+// At every level an element's result depends only on its inputs, not on
+// its position in the call: splitting a range into several calls gives the
+// same bits (the vector levels run their tails through the vector step).
 // Stateless and thread-safe, no alignment requirements.
 void AdamWUpdate(SimdLevel level, const AdamWHyper& h, int64_t step,
                  float grad_scale, const float* grad, float* p, float* m,

@@ -4,6 +4,7 @@
 
 #include "common/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -191,6 +192,37 @@ TEST_P(AdamWSimdTest, WeightDecayIsDecoupled) {
   std::vector<float> q = p0;
   AdamWUpdate(level, no_wd, 3, 1.0f, g.data(), q.data(), m.data(), v.data(), n);
   EXPECT_EQ(q, p0);
+}
+
+// One call over a range and several calls over pieces of it give the same
+// bits: the round update runs AdamW in blocks of its own choosing.
+TEST_P(AdamWSimdTest, SplitCallsGiveTheSameBits) {
+  const SimdLevel level = GetParam();
+  if (!SimdLevelSupported(level)) {
+    GTEST_SKIP() << "CPU lacks " << SimdLevelName(level);
+  }
+  constexpr size_t n = 1000;
+  std::vector<float> g(n), p(n), m(n), v(n);
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = std::sin(0.37f * static_cast<float>(i));
+    p[i] = std::cos(0.11f * static_cast<float>(i));
+    m[i] = 0.01f * std::sin(0.05f * static_cast<float>(i));
+    v[i] = 1e-4f * (1.0f + std::cos(0.07f * static_cast<float>(i)));
+  }
+  const AdamWHyper h{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  std::vector<float> wp = p, wm = m, wv = v;
+  AdamWUpdate(level, h, 7, 0.5f, g.data(), wp.data(), wm.data(), wv.data(), n);
+  for (size_t piece : {size_t{1}, size_t{7}, size_t{13}, size_t{257}}) {
+    std::vector<float> sp = p, sm = m, sv = v;
+    for (size_t at = 0; at < n; at += piece) {
+      const size_t len = std::min(piece, n - at);
+      AdamWUpdate(level, h, 7, 0.5f, g.data() + at, sp.data() + at, sm.data() + at,
+                  sv.data() + at, len);
+    }
+    ASSERT_EQ(std::memcmp(sp.data(), wp.data(), n * 4), 0) << "pieces of " << piece;
+    ASSERT_EQ(std::memcmp(sm.data(), wm.data(), n * 4), 0);
+    ASSERT_EQ(std::memcmp(sv.data(), wv.data(), n * 4), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, AdamWSimdTest,

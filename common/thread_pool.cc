@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 
 namespace zenflow {
 namespace {
@@ -87,6 +88,26 @@ void ThreadPool::ParallelFor(size_t n, size_t grain,
     error = error_;
     error_ = nullptr;
   }
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::ForEach(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  std::atomic<size_t> next{0};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  const size_t participants = std::min<size_t>(static_cast<size_t>(num_threads_), n);
+  ParallelFor(participants, 1, [&](size_t, size_t) {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  });
   if (error) std::rethrow_exception(error);
 }
 

@@ -1,5 +1,6 @@
 // A small fixed-size thread pool offering a statically partitioned
-// ParallelFor, used to spread optimizer and codec work over CPU cores.
+// ParallelFor and a dynamically claimed ForEach, used to spread optimizer
+// and codec work over CPU cores.
 
 #ifndef ZENFLOW_COMMON_THREAD_POOL_H_
 #define ZENFLOW_COMMON_THREAD_POOL_H_
@@ -47,6 +48,15 @@ class ThreadPool {
   // If fn throws, the first exception is rethrown here after all chunks end.
   void ParallelFor(size_t n, size_t grain,
                    const std::function<void(size_t, size_t)>& fn);
+
+  // Calls fn(i) once for every i in [0, n): each participant (up to
+  // num_threads(), the caller among them) claims the next unclaimed index
+  // from a shared counter until none is left, so tasks of uneven size keep
+  // every thread busy until the last one (what ParallelFor's fixed chunks
+  // do not). Which thread runs which index is not fixed: fn must write
+  // only what index i owns. Returns when all are done; if fn throws, every
+  // other index still runs and the first exception is rethrown here.
+  void ForEach(size_t n, const std::function<void(size_t)>& fn);
 
  private:
   void WorkerLoop(int index);

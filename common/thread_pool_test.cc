@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <numeric>
@@ -195,6 +196,27 @@ TEST(ThreadPoolTest, ExceptionPropagatesAfterAllChunks) {
   std::atomic<int> calls{0};
   pool.ParallelFor(3, 1, [&](size_t, size_t) { ++calls; });
   EXPECT_EQ(calls.load(), 3);
+}
+
+// ForEach runs every index exactly once, over more tasks than threads of
+// very uneven sizes, and rethrows after the others ran.
+TEST(ThreadPoolTest, ForEachRunsEveryIndexOnce) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(1000);
+  pool.ForEach(hits.size(), [&](size_t i) {
+    if (i % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ++hits[i];
+  });
+  for (size_t i = 0; i < hits.size(); ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.ForEach(10,
+                            [&](size_t i) {
+                              ++ran;
+                              if (i == 2) throw std::runtime_error("boom");
+                            }),
+               std::runtime_error);
+  EXPECT_EQ(ran.load(), 10);
+  pool.ForEach(0, [&](size_t) { ADD_FAILURE() << "no index"; });
 }
 
 }  // namespace

@@ -2,9 +2,134 @@
 #include "server/round_accumulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "common/simd.h"
+
 namespace zenflow {
+namespace {
+
+// The tail of a block (and the scalar level): element i into lane i % 32.
+void FoldSquaresScalar(float* total, float* const* parts, int nparts, size_t begin, size_t n,
+                       double* lane, float* largest) {
+  float big = *largest;
+  for (size_t i = begin; i < n; ++i) {
+    float x = total[i];
+    for (int r = 0; r < nparts; ++r) {
+      x += parts[r][i];
+      parts[r][i] = 0.0f;
+    }
+    total[i] = x;
+    lane[i % kSquareLanes] += static_cast<double>(x) * static_cast<double>(x);
+    big = std::max(big, std::fabs(x));
+  }
+  *largest = big;
+}
+
+// The vector levels' largest magnitudes (one per vector lane) into *largest.
+void MaxInto(const float* lanes, int n, float* largest) {
+  float m = *largest;
+  for (int i = 0; i < n; ++i) m = std::max(m, lanes[i]);
+  *largest = m;
+}
+
+// 8 floats at i: total + parts in order, parts zeroed, total stored.
+ZF_TARGET("avx2,fma") inline __m256 FoldAvx2(float* total, float* const* parts, int nparts,
+                                             size_t i) {
+  __m256 x = _mm256_loadu_ps(total + i);
+  for (int r = 0; r < nparts; ++r) {
+    x = _mm256_add_ps(x, _mm256_loadu_ps(parts[r] + i));
+    _mm256_storeu_ps(parts[r] + i, _mm256_setzero_ps());
+  }
+  _mm256_storeu_ps(total + i, x);
+  return x;
+}
+
+ZF_TARGET("avx2,fma")
+void FoldSquaresAvx2(float* total, float* const* parts, int nparts, size_t n, double* lane,
+                     float* largest) {
+  __m256d acc[8];
+  for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_pd();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 big = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + kSquareLanes <= n; i += kSquareLanes) {
+    for (int q = 0; q < 4; ++q) {
+      const __m256 x = FoldAvx2(total, parts, nparts, i + 8 * q);
+      big = _mm256_max_ps(big, _mm256_and_ps(x, abs_mask));
+      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+      const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+      acc[2 * q] = _mm256_fmadd_pd(lo, lo, acc[2 * q]);
+      acc[2 * q + 1] = _mm256_fmadd_pd(hi, hi, acc[2 * q + 1]);
+    }
+  }
+  for (int k = 0; k < 8; ++k) _mm256_storeu_pd(lane + 4 * k, acc[k]);
+  alignas(32) float b[8];
+  _mm256_store_ps(b, big);
+  MaxInto(b, 8, largest);
+  FoldSquaresScalar(total, parts, nparts, i, n, lane, largest);
+}
+
+// 16 floats at i, as FoldAvx2.
+ZF_TARGET("avx512f,avx2,fma") inline __m512 FoldAvx512(float* total, float* const* parts,
+                                                       int nparts, size_t i) {
+  __m512 x = _mm512_loadu_ps(total + i);
+  for (int r = 0; r < nparts; ++r) {
+    x = _mm512_add_ps(x, _mm512_loadu_ps(parts[r] + i));
+    _mm512_storeu_ps(parts[r] + i, _mm512_setzero_ps());
+  }
+  _mm512_storeu_ps(total + i, x);
+  return x;
+}
+
+ZF_TARGET("avx512f,avx2,fma")
+void FoldSquaresAvx512(float* total, float* const* parts, int nparts, size_t n, double* lane,
+                       float* largest) {
+  __m512d acc[4];
+  for (int k = 0; k < 4; ++k) acc[k] = _mm512_setzero_pd();
+  __m512 big = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + kSquareLanes <= n; i += kSquareLanes) {
+    for (int q = 0; q < 2; ++q) {
+      const __m512 x = FoldAvx512(total, parts, nparts, i + 16 * q);
+      big = _mm512_max_ps(big, _mm512_abs_ps(x));
+      const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+      const __m512d hi =
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, _mm512_castps_pd(x), 1)));
+      acc[2 * q] = _mm512_fmadd_pd(lo, lo, acc[2 * q]);
+      acc[2 * q + 1] = _mm512_fmadd_pd(hi, hi, acc[2 * q + 1]);
+    }
+  }
+  for (int k = 0; k < 4; ++k) _mm512_storeu_pd(lane + 8 * k, acc[k]);
+  alignas(64) float b[16];
+  _mm512_store_ps(b, big);
+  MaxInto(b, 16, largest);
+  FoldSquaresScalar(total, parts, nparts, i, n, lane, largest);
+}
+
+}  // namespace
+
+BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int nparts,
+                         size_t n) {
+  double lane[kSquareLanes] = {};
+  float largest = 0;
+  switch (level) {
+    case SimdLevel::kAvx512:
+      FoldSquaresAvx512(total, parts, nparts, n, lane, &largest);
+      break;
+    case SimdLevel::kAvx2:
+      FoldSquaresAvx2(total, parts, nparts, n, lane, &largest);
+      break;
+    case SimdLevel::kScalar:
+      FoldSquaresScalar(total, parts, nparts, 0, n, lane, &largest);
+      break;
+  }
+  BlockSquares out;
+  out.largest = largest;
+  for (double l : lane) out.sum += l;
+  return out;
+}
 
 RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world,
                                    bool rank_ordered)
@@ -32,6 +157,34 @@ void RoundAccumulator::Fold(int t, int64_t round, int64_t first, int64_t n) {
     for (size_t i = 0; i < len; ++i) total[i] += part[i];
     std::memset(part, 0, len * sizeof(float));
   }
+}
+
+BlockSquares RoundAccumulator::FoldNorm(SimdLevel level, int t, int64_t round, int64_t first,
+                                        int64_t n) {
+  // At most a few ranks' pointers: a small fixed array, no allocation.
+  constexpr int kMaxParts = 64;
+  float* parts[kMaxParts];
+  float* const total = sum(t, round, first);
+  const size_t len = static_cast<size_t>(n * tensors_[t].shape.rows);
+  // The ranks beyond kMaxParts + 1 (a world that large) are folded first,
+  // in rank order, in groups; the result is the same sequence of adds.
+  int r = 1;
+  while (sum_ranks_ - r > kMaxParts) {
+    for (int k = 0; k < kMaxParts; ++k) parts[k] = sum_of(t, r + k, round, first);
+    float* const* p = parts;
+    for (size_t i = 0; i < len; ++i) {
+      float x = total[i];
+      for (int k = 0; k < kMaxParts; ++k) {
+        x += p[k][i];
+        p[k][i] = 0.0f;
+      }
+      total[i] = x;
+    }
+    r += kMaxParts;
+  }
+  int nparts = 0;
+  for (; r < sum_ranks_; ++r) parts[nparts++] = sum_of(t, r, round, first);
+  return FoldSquares(level, total, parts, nparts, len);
 }
 
 void RoundAccumulator::Clear(int t, int64_t round, int64_t first, int64_t n) {

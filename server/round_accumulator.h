@@ -27,9 +27,29 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/adamw.h"
 #include "server/tensor_store.h"
 
 namespace zenflow {
+
+// What FoldSquares gives of a block of a round's total.
+struct BlockSquares {
+  double sum = 0;     // sum of the squares, in double (order: FoldSquares)
+  float largest = 0;  // the largest magnitude (when every value is finite)
+};
+
+// Elements FoldSquares spreads the squares over: element i of a block adds
+// into lane i % kSquareLanes, each lane in element order.
+inline constexpr int kSquareLanes = 32;
+
+// The fold and the norm's pass in one: for each i in [0, n),
+//   total[i] = (...((total[i] + parts[0][i]) + parts[1][i]) + ...)  (float,
+// in the order of parts: rank order), every parts[r][i] set to 0, and of
+// the new total[i] the square summed in double (double(x) * double(x) is
+// exact, so a fused multiply-add gives the same bits) into lane
+// i % kSquareLanes, the lanes then added 0, 1, ..., 31; and the largest
+// |total[i]|. Every level gives the same bits (`level` must be supported).
+BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int nparts, size_t n);
 
 class RoundAccumulator {
  public:
@@ -54,6 +74,8 @@ class RoundAccumulator {
   // Adds the other ranks' sums of columns [first, first + n) to rank 0's, in
   // rank order, and zeroes them. Nothing to do unless rank-ordered.
   void Fold(int t, int64_t round, int64_t first, int64_t n);
+  // Fold in the same pass as the squares of the total (FoldSquares).
+  BlockSquares FoldNorm(SimdLevel level, int t, int64_t round, int64_t first, int64_t n);
   // Zeroes columns [first, first + n) of round `round`'s sums.
   void Clear(int t, int64_t round, int64_t first, int64_t n);
 

@@ -1,5 +1,8 @@
 #include "server/round_accumulator.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "common/codec.h"
@@ -129,6 +132,77 @@ TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
   RoundAccumulator shared({{2, 3}}, 2, false);
   EXPECT_EQ(shared.sum_ranks(), 1);
   EXPECT_EQ(shared.sum_of(0, 1, 0, 2), shared.sum(0, 0, 2));
+}
+
+// The fused fold and squares: at every level the totals are the rank-order
+// float sums, the parts are zeroed, and the squares' sum and the largest
+// magnitude are the same bits as the scalar lanes' (tails included).
+TEST(RoundAccumulatorTest, FoldSquaresIsTheSameAtEveryLevel) {
+  for (int nparts : {0, 1, 3}) {
+    for (size_t n : {size_t{0}, size_t{5}, size_t{32}, size_t{77}, size_t{1000}, size_t{2500}}) {
+      auto input = [&](int r, size_t i) {
+        return 1e-3f * static_cast<float>((i * 37 + r * 11) % 201) - 0.1f +
+               (r == 1 ? 3e-8f : 0.0f) * static_cast<float>(i);
+      };
+      // The reference: sequential float adds, lane i % 32 in double.
+      std::vector<float> want(n);
+      double lane[kSquareLanes] = {};
+      float big = 0;
+      for (size_t i = 0; i < n; ++i) {
+        float x = input(0, i);
+        for (int r = 1; r <= nparts; ++r) x += input(r, i);
+        want[i] = x;
+        lane[i % kSquareLanes] += static_cast<double>(x) * x;
+        big = std::max(big, std::fabs(x));
+      }
+      double sum = 0;
+      for (double l : lane) sum += l;
+      for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+        if (!SimdLevelSupported(level)) continue;
+        std::vector<std::vector<float>> buf(nparts + 1, std::vector<float>(n));
+        for (int r = 0; r <= nparts; ++r) {
+          for (size_t i = 0; i < n; ++i) buf[r][i] = input(r, i);
+        }
+        std::vector<float*> parts;
+        for (int r = 1; r <= nparts; ++r) parts.push_back(buf[r].data());
+        const BlockSquares q = FoldSquares(level, buf[0].data(), parts.data(), nparts, n);
+        const std::string where = std::string(SimdLevelName(level)) + " parts " +
+                                  std::to_string(nparts) + " n " + std::to_string(n);
+        EXPECT_EQ(q.sum, sum) << where;
+        EXPECT_EQ(q.largest, big) << where;
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(buf[0][i], want[i]) << where << " element " << i;
+          for (int r = 1; r <= nparts; ++r) ASSERT_EQ(buf[r][i], 0.0f) << where;
+        }
+      }
+    }
+  }
+}
+
+// FoldNorm folds as Fold does: the same totals, the other ranks zeroed.
+TEST(RoundAccumulatorTest, FoldNormFoldsAsFold) {
+  RoundAccumulator a({{5, 9}}, 4, true), b({{5, 9}}, 4, true);
+  for (int r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 9; ++c) {
+      for (int64_t i = 0; i < 5; ++i) {
+        const float x = 0.1f * static_cast<float>(r + 1) + 1e-4f * static_cast<float>(c * 5 + i);
+        a.sum_of(0, r, 3, c)[i] = x;
+        b.sum_of(0, r, 3, c)[i] = x;
+      }
+    }
+  }
+  a.Fold(0, 3, 2, 4);
+  const BlockSquares q = b.FoldNorm(BestSimdLevel(), 0, 3, 2, 4);
+  double sum = 0;
+  for (int r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 9; ++c) {
+      for (int64_t i = 0; i < 5; ++i) {
+        ASSERT_EQ(a.sum_of(0, r, 3, c)[i], b.sum_of(0, r, 3, c)[i]) << r << " " << c;
+        if (r == 0 && c >= 2 && c < 6) sum += static_cast<double>(a.sum(0, 3, c)[i]) * a.sum(0, 3, c)[i];
+      }
+    }
+  }
+  EXPECT_NEAR(q.sum, sum, 1e-12 * sum);
 }
 
 }  // namespace

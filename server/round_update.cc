@@ -21,20 +21,73 @@ namespace {
 // wait for it, which another job's large update may hold.
 constexpr int64_t kInlineUpdateElements = int64_t{1} << 16;
 
-// A run of adjacent columns with the same update count: contiguous in the
-// column-major buffers, so one kernel call covers it.
-struct ColumnRun {
+// Runs task(k) for every k in [0, n): on the pool, threads claiming tasks
+// as they finish (ThreadPool::ForEach), or on the caller.
+void ForEachTask(ThreadPool* pool, size_t n, const std::function<void(size_t)>& task) {
+  if (pool == nullptr) {
+    for (size_t k = 0; k < n; ++k) task(k);
+  } else {
+    pool->ForEach(n, task);
+  }
+}
+
+// One delta message: columns [begin, end) of remote[tensor].
+struct MessagePlan {
   int tensor;
-  int64_t first_col;
-  int64_t ncols;
+  size_t begin, end;
 };
 
-// The factored second moment of every tensor's daemon columns as the
-// update left them (docs/design.md rule 13).
-std::vector<FactoredMoment> FactoredMoments(const std::vector<RoundUpdateTensor>& tensors,
-                                            const std::vector<std::vector<int32_t>>& remote,
-                                            TensorStore* store, float beta2,
-                                            const ParallelRange& parallel) {
+// The messages of the columns' deltas, in column order: whole columns, at
+// most max_shard_bytes each (with the predicted step's state and the
+// factored moment when asked).
+std::vector<MessagePlan> PlanMessages(const std::vector<RoundUpdateTensor>& tensors,
+                                      const std::vector<std::vector<int32_t>>& remote,
+                                      bool arithmetic, int64_t max_shard_bytes, bool moments,
+                                      bool factored) {
+  std::vector<MessagePlan> out;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const RoundUpdateTensor& t = tensors[ti];
+    const DType dt = arithmetic ? DType::kF32 : t.param_dtype;
+    // With moments every element also takes bf16 m and v.
+    const int64_t state_bytes = moments ? kPredictedStateBytesPerValue : 0;
+    const size_t per = static_cast<size_t>(DeltaColumnsPerMessage(
+        max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(dt)) + state_bytes, factored));
+    for (size_t i = 0; i < remote[ti].size(); i += per) {
+      out.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
+    }
+  }
+  return out;
+}
+
+// Sets a delta message's fields and sizes its payload (and m, v) for its
+// columns; counts(c) is column c's update count after the update.
+void PrepareMessage(int64_t round, const RoundUpdateTensor& t, const MessagePlan& mp,
+                    const std::vector<int32_t>& cols, bool arithmetic, bool moments,
+                    const std::function<int64_t(int32_t)>& counts, v1::ParameterDelta* d) {
+  const DType dt = arithmetic ? DType::kF32 : t.param_dtype;
+  d->set_round(round);
+  d->set_tensor(t.name);
+  d->set_kind(arithmetic ? v1::DELTA_ARITHMETIC : v1::DELTA_VALUES);
+  d->set_dtype(ToProto(dt));
+  const size_t n = mp.end - mp.begin;
+  d->mutable_columns()->Add(cols.begin() + static_cast<std::ptrdiff_t>(mp.begin),
+                            cols.begin() + static_cast<std::ptrdiff_t>(mp.end));
+  d->mutable_payload()->resize(n * t.rows * DTypeSize(dt));
+  if (moments) {
+    const size_t col_bytes = static_cast<size_t>(t.rows) * 2;  // bf16
+    d->mutable_m()->resize(n * col_bytes);
+    d->mutable_v()->resize(n * col_bytes);
+    d->mutable_update_counts()->Reserve(static_cast<int>(n));
+    for (size_t i = mp.begin; i < mp.end; ++i) d->add_update_counts(counts(cols[i]));
+  }
+}
+
+// The factored moment of the columns as the update left them, into every
+// message (docs/design.md rule 13).
+void AddFactoredMoments(const std::vector<RoundUpdateTensor>& tensors,
+                        const std::vector<std::vector<int32_t>>& remote, TensorStore* store,
+                        float beta2, const std::vector<MessagePlan>& plan, ThreadPool* pool,
+                        std::vector<v1::DownMessage>* deltas) {
   std::vector<FactoredMomentTensor> in(tensors.size());
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const int t = static_cast<int>(ti);
@@ -43,86 +96,58 @@ std::vector<FactoredMoment> FactoredMoments(const std::vector<RoundUpdateTensor>
     in[ti].v = [store, t](int32_t c) -> const float* { return store->v(t, c); };
     in[ti].count = [store, t](int32_t c) { return store->count(t, c); };
   }
-  return ComputeFactoredMoments(in, beta2, parallel);
+  const std::vector<FactoredMoment> fm = ComputeFactoredMoments(
+      in, beta2, [pool](size_t n, const std::function<void(size_t, size_t)>& fn) {
+        if (pool == nullptr) {
+          if (n > 0) fn(0, n);
+        } else {
+          pool->ParallelFor(n, 1, fn);
+        }
+      });
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const MessagePlan& mp = plan[k];
+    const FactoredMoment& f = fm[mp.tensor];
+    v1::ParameterDelta* d = (*deltas)[k].mutable_delta();
+    d->mutable_row_v()->Add(f.row_v.begin(), f.row_v.end());
+    d->mutable_col_v()->Add(f.col_v.begin() + static_cast<std::ptrdiff_t>(mp.begin),
+                            f.col_v.begin() + static_cast<std::ptrdiff_t>(mp.end));
+    d->set_v_mean(f.v_mean);
+  }
 }
 
-// The columns' new values (with `old_values`: fp32 new - old) as
-// ParameterDelta messages of at most max_shard_bytes, in column order.
-std::vector<v1::DownMessage> EncodeDeltas(
-    int64_t round, const std::vector<RoundUpdateTensor>& tensors,
-    const std::vector<std::vector<int32_t>>& remote, TensorStore* store,
-    const std::vector<std::vector<float>>* old_values, int64_t max_shard_bytes, bool moments,
-    bool factored, float beta2, const ParallelRange& parallel) {
-  const bool arithmetic = old_values != nullptr;
-  std::vector<FactoredMoment> fm;
-  if (factored) fm = FactoredMoments(tensors, remote, store, beta2, parallel);
-  struct Chunk {
-    int tensor;
-    size_t begin, end;  // indices into remote[tensor]
-  };
-  std::vector<Chunk> chunks;
-  for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    const RoundUpdateTensor& t = tensors[ti];
-    const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-    // With moments every element also takes bf16 m and v.
-    const int64_t state_bytes = moments ? kPredictedStateBytesPerValue : 0;
-    const size_t per = static_cast<size_t>(DeltaColumnsPerMessage(
-        max_shard_bytes, t.rows, static_cast<int64_t>(DTypeSize(out)) + state_bytes, factored));
-    for (size_t i = 0; i < remote[ti].size(); i += per) {
-      chunks.push_back({static_cast<int>(ti), i, std::min(remote[ti].size(), i + per)});
-    }
+// The kernels of one block: AdamW, then the values (fp32 new - old with
+// arithmetic: `old` holds n floats of scratch) and m, v encoded.
+void UpdateAndEncode(const RoundKernelOptions& o, const AdamWHyper& h, int64_t step,
+                     const float* grad, float* p, float* m, float* v, size_t n, char* values_out,
+                     char* m_out, char* v_out, std::vector<float>* old) {
+  if (o.arithmetic) {
+    old->resize(n);
+    std::memcpy(old->data(), p, n * sizeof(float));
   }
-  std::vector<v1::DownMessage> deltas(chunks.size());
-  parallel(chunks.size(), [&](size_t b, size_t e) {
-    std::vector<float> diff;
-    for (size_t k = b; k < e; ++k) {
-      const Chunk& ch = chunks[k];
-      const RoundUpdateTensor& t = tensors[ch.tensor];
-      const DType out = arithmetic ? DType::kF32 : t.param_dtype;
-      v1::ParameterDelta* d = deltas[k].mutable_delta();
-      d->set_round(round);
-      d->set_tensor(t.name);
-      d->set_kind(arithmetic ? v1::DELTA_ARITHMETIC : v1::DELTA_VALUES);
-      d->set_dtype(ToProto(out));
-      const size_t n = ch.end - ch.begin;
-      std::string* payload = d->mutable_payload();
-      payload->resize(n * t.rows * DTypeSize(out));
-      char* dst = payload->data();
-      const size_t col_bytes = static_cast<size_t>(t.rows) * 2;  // bf16
-      if (moments) {
-        d->mutable_m()->resize(n * col_bytes);
-        d->mutable_v()->resize(n * col_bytes);
-      }
-      if (factored) {
-        const FactoredMoment& f = fm[ch.tensor];
-        d->mutable_row_v()->Add(f.row_v.begin(), f.row_v.end());
-        d->mutable_col_v()->Add(f.col_v.begin() + static_cast<std::ptrdiff_t>(ch.begin),
-                                f.col_v.begin() + static_cast<std::ptrdiff_t>(ch.end));
-        d->set_v_mean(f.v_mean);
-      }
-      for (size_t i = ch.begin; i < ch.end; ++i) {
-        const int32_t c = remote[ch.tensor][i];
-        d->add_columns(c);
-        const float* src = store->master(ch.tensor, c);
-        if (arithmetic) {
-          diff.resize(t.rows);
-          const float* old = (*old_values)[ch.tensor].data() + i * t.rows;
-          for (int64_t r = 0; r < t.rows; ++r) diff[r] = src[r] - old[r];
-          src = diff.data();
-        }
-        if (moments) {
-          const size_t at = (i - ch.begin) * col_bytes;
-          Encode(DType::kBF16, store->m(ch.tensor, c), t.rows, d->mutable_m()->data() + at);
-          Encode(DType::kBF16, store->v(ch.tensor, c), t.rows, d->mutable_v()->data() + at);
-          d->add_update_counts(store->count(ch.tensor, c));
-        }
-        Encode(out, src, t.rows, dst);
-        dst += t.rows * DTypeSize(out);
-      }
-    }
-  });
-  return deltas;
+  AdamWUpdate(o.simd, h, step, o.grad_scale, grad, p, m, v, n);
+  if (o.arithmetic) {
+    float* diff = old->data();
+    for (size_t i = 0; i < n; ++i) diff[i] = p[i] - diff[i];
+    Encode(DType::kF32, diff, n, values_out);
+  } else {
+    Encode(o.values, p, n, values_out);
+  }
+  if (o.moments) {
+    Encode(DType::kBF16, m, n, m_out);
+    Encode(DType::kBF16, v, n, v_out);
+  }
 }
+
+// A block of the update: adjacent columns [first_col, first_col + ncols)
+// of one tensor, with one update count, in one message (remote index
+// `index`: where in the message's columns it starts).
+struct Block {
+  int tensor;
+  int64_t first_col, ncols;
+  int message;
+  size_t index;
+  int64_t step;  // the columns' count after the update
+};
 
 }  // namespace
 
@@ -130,11 +155,48 @@ std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundU
                                          const std::vector<std::vector<int32_t>>& remote,
                                          TensorStore* store, int64_t max_shard_bytes,
                                          bool moments, bool factored_moment, float beta2) {
-  return EncodeDeltas(round, tensors, remote, store, nullptr, max_shard_bytes, moments,
-                      factored_moment, beta2,
-                      [](size_t n, const std::function<void(size_t, size_t)>& fn) {
-                        if (n > 0) fn(0, n);
-                      });
+  const std::vector<MessagePlan> plan =
+      PlanMessages(tensors, remote, false, max_shard_bytes, moments, factored_moment);
+  std::vector<v1::DownMessage> deltas(plan.size());
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const MessagePlan& mp = plan[k];
+    const RoundUpdateTensor& t = tensors[mp.tensor];
+    const std::vector<int32_t>& cols = remote[mp.tensor];
+    v1::ParameterDelta* d = deltas[k].mutable_delta();
+    PrepareMessage(round, t, mp, cols, false, moments,
+                   [&](int32_t c) { return store->count(mp.tensor, c); }, d);
+    const size_t col_values = static_cast<size_t>(t.rows) * DTypeSize(t.param_dtype);
+    const size_t col_state = static_cast<size_t>(t.rows) * 2;
+    for (size_t i = mp.begin; i < mp.end; ++i) {
+      const int32_t c = cols[i];
+      Encode(t.param_dtype, store->master(mp.tensor, c), t.rows,
+             d->mutable_payload()->data() + (i - mp.begin) * col_values);
+      if (moments) {
+        Encode(DType::kBF16, store->m(mp.tensor, c), t.rows,
+               d->mutable_m()->data() + (i - mp.begin) * col_state);
+        Encode(DType::kBF16, store->v(mp.tensor, c), t.rows,
+               d->mutable_v()->data() + (i - mp.begin) * col_state);
+      }
+    }
+  }
+  if (factored_moment) {
+    AddFactoredMoments(tensors, remote, store, beta2, plan, nullptr, &deltas);
+  }
+  return deltas;
+}
+
+void RunRoundUpdateKernels(const RoundKernelOptions& o, const RoundKernelBuffers& b,
+                           ThreadPool* pool) {
+  const size_t block = static_cast<size_t>(kUpdateBlockElements);
+  const size_t vsize = o.arithmetic ? sizeof(float) : DTypeSize(o.values);
+  ForEachTask(pool, (b.n + block - 1) / block, [&](size_t k) {
+    thread_local std::vector<float> old;
+    const size_t at = k * block, n = std::min(block, b.n - at);
+    UpdateAndEncode(o, o.hyper, o.step, b.grad + at, b.master + at, b.m + at, b.v + at, n,
+                    static_cast<char*>(b.values_out) + at * vsize,
+                    o.moments ? static_cast<char*>(b.m_out) + at * 2 : nullptr,
+                    o.moments ? static_cast<char*>(b.v_out) + at * 2 : nullptr, &old);
+  });
 }
 
 RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
@@ -145,136 +207,137 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     std::abort();
   }
   const bool arithmetic = in.arithmetic;
-  const std::vector<RoundUpdateTensor>& tensors_ = *in.tensors;
+  const bool moments = in.moments && !arithmetic;
+  const bool factored = in.factored_moment && !arithmetic;
+  const std::vector<RoundUpdateTensor>& tensors = *in.tensors;
   const std::vector<std::vector<int32_t>>& remote = *in.remote;
   const int64_t round = in.round;
-  TensorStore* const store_ = lease.store();
-  RoundAccumulator* const acc_ = lease.acc();
+  TensorStore* const store = lease.store();
+  RoundAccumulator* const acc = lease.acc();
 
-  // Runs of adjacent columns with equal counts, split to bound their size.
-  std::vector<ColumnRun> runs;
-  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    const RoundUpdateTensor& t = tensors_[ti];
-    const int64_t max_cols = std::max<int64_t>(1, (int64_t{1} << 16) / t.rows);
-    const std::vector<int32_t>& cols = remote[ti];
-    size_t i = 0;
-    while (i < cols.size()) {
+  // The messages, and in each the blocks: adjacent columns with equal
+  // counts, at most kUpdateBlockElements (at least one column).
+  const std::vector<MessagePlan> plan =
+      PlanMessages(tensors, remote, arithmetic, in.max_shard_bytes, moments, factored);
+  std::vector<Block> blocks;
+  int64_t work = 0;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const MessagePlan& mp = plan[k];
+    const int t = mp.tensor;
+    const int64_t rows = tensors[t].rows;
+    const int64_t max_cols = std::max<int64_t>(1, kUpdateBlockElements / rows);
+    const std::vector<int32_t>& cols = remote[t];
+    size_t i = mp.begin;
+    while (i < mp.end) {
+      const int64_t count = store->count(t, cols[i]);
       size_t j = i + 1;
-      while (j < cols.size() && cols[j] == cols[j - 1] + 1 &&
-             store_->count(static_cast<int>(ti), cols[j]) ==
-                 store_->count(static_cast<int>(ti), cols[i]) &&
+      while (j < mp.end && cols[j] == cols[j - 1] + 1 && store->count(t, cols[j]) == count &&
              static_cast<int64_t>(j - i) < max_cols) {
         ++j;
       }
-      runs.push_back({static_cast<int>(ti), cols[i], static_cast<int64_t>(j - i)});
+      blocks.push_back({t, cols[i], static_cast<int64_t>(j - i), static_cast<int>(k), i, count + 1});
+      work += static_cast<int64_t>(j - i) * rows;
       i = j;
     }
   }
-
   // A small update runs on this driver alone: it never waits for the shared
-  // pool, which a large job's update may hold. (Runs are independent and the
-  // norm is summed by run, so the result is the same either way.)
-  int64_t work = 0;
-  for (const ColumnRun& run : runs) work += run.ncols * tensors_[run.tensor].rows;
-  auto parallel = [&](size_t n, const std::function<void(size_t, size_t)>& fn) {
-    if (work < kInlineUpdateElements) {
-      if (n > 0) fn(0, n);
-    } else {
-      in.pool->ParallelFor(n, 1, fn);
-    }
-  };
+  // pool, which a large job's update may hold. (The blocks and their order
+  // are the same either way, so is the result.)
+  ThreadPool* const pool = work < kInlineUpdateElements ? nullptr : in.pool;
 
-  float grad_norm = 0.0f;
-  const double scale = in.steps_sum > 0 ? 1.0 / static_cast<double>(in.steps_sum) : 0.0;
-  std::vector<std::vector<float>> old_values;
+  RoundUpdateResult out;
   bool skip = in.nonfinite;
-  bool overflowed = false;
-  double norm = 0, clip = 1.0;
-  if (!skip) {
-    // Norm of the round's mean gradient: per-run partial sums, added in order;
-    // and the largest magnitude, to see whether the update can be finite.
-    std::vector<double> partial(runs.size(), 0.0), largest(runs.size(), 0.0);
-    parallel(runs.size(), [&](size_t b, size_t e) {
-      for (size_t k = b; k < e; ++k) {
-        const ColumnRun& run = runs[k];
-        const RoundUpdateTensor& t = tensors_[run.tensor];
-        acc_->Fold(run.tensor, round, run.first_col, run.ncols);
-        const float* g = acc_->sum(run.tensor, round, run.first_col);
-        double s = 0;
-        float big = 0;
-        for (int64_t i = 0; i < run.ncols * t.rows; ++i) {
-          s += static_cast<double>(g[i]) * g[i];
-          big = std::max(big, std::fabs(g[i]));
-        }
-        partial[k] = s;
-        largest[k] = big;
-      }
+  std::vector<v1::DownMessage> deltas;
+  const double scale = in.steps_sum > 0 ? 1.0 / static_cast<double>(in.steps_sum) : 0.0;
+  double clip = 1.0;
+  if (skip) {
+    ForEachTask(pool, blocks.size(), [&](size_t k) {
+      acc->Clear(blocks[k].tensor, round, blocks[k].first_col, blocks[k].ncols);
     });
+  } else {
+    // Pass 1: the messages made (first, so that their allocation overlaps
+    // the blocks), then per block the fold and the squares.
+    deltas.resize(plan.size());
+    std::vector<BlockSquares> squares(blocks.size());
+    ForEachTask(pool, plan.size() + blocks.size(), [&](size_t k) {
+      if (k < plan.size()) {
+        const MessagePlan& mp = plan[k];
+        PrepareMessage(round, tensors[mp.tensor], mp, remote[mp.tensor], arithmetic, moments,
+                       [&](int32_t c) { return store->count(mp.tensor, c) + 1; },
+                       deltas[k].mutable_delta());
+        return;
+      }
+      const Block& b = blocks[k - plan.size()];
+      squares[k - plan.size()] = acc->FoldNorm(in.simd, b.tensor, round, b.first_col, b.ncols);
+    });
+    // The barrier: the norm of the round's mean gradient (the blocks' sums
+    // in block order) and the largest magnitude, to see whether the update
+    // can be finite.
     double sum = 0, big = 0;
-    for (size_t k = 0; k < runs.size(); ++k) {
-      sum += partial[k];
-      big = std::max(big, largest[k]);
+    for (const BlockSquares& q : squares) {
+      sum += q.sum;
+      big = std::max(big, static_cast<double>(q.largest));
     }
-    norm = std::sqrt(sum) * scale;
-    grad_norm = static_cast<float>(norm);
-    if (in.max_grad_norm > 0 && norm > in.max_grad_norm) {
-      clip = in.max_grad_norm / (norm + 1e-6);
-    }
+    const double norm = std::sqrt(sum) * scale;
+    out.grad_norm = static_cast<float>(norm);
+    if (in.max_grad_norm > 0 && norm > in.max_grad_norm) clip = in.max_grad_norm / (norm + 1e-6);
     // Finite shards can still sum to Inf, or to a mean whose square (Adam's
     // v) overflows fp32: such a round cannot update finitely and is skipped
     // (after the fact: the shards were accepted), as a non-finite round is.
     if (!std::isfinite(sum) || !(big * scale * clip < 1.8e19)) {
       skip = true;
-      overflowed = true;
+      out.overflowed = true;
+      deltas.clear();
+      ForEachTask(pool, blocks.size(), [&](size_t k) {
+        acc->Clear(blocks[k].tensor, round, blocks[k].first_col, blocks[k].ncols);
+      });
     }
   }
   if (!skip) {
-    const float grad_scale = static_cast<float>(scale * clip);
-    if (arithmetic) {
-      old_values.resize(tensors_.size());
-      for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-        const RoundUpdateTensor& t = tensors_[ti];
-        old_values[ti].resize(remote[ti].size() * t.rows);
-        for (size_t i = 0; i < remote[ti].size(); ++i) {
-          std::memcpy(old_values[ti].data() + i * t.rows,
-                      store_->master(static_cast<int>(ti), remote[ti][i]), t.rows * sizeof(float));
-        }
-      }
-    }
+    // Pass 2: per block AdamW, the encode into the messages, the sums
+    // zeroed and the counts advanced, while the block is in cache.
+    RoundKernelOptions o;
+    o.simd = in.simd;
+    o.grad_scale = static_cast<float>(scale * clip);
+    o.arithmetic = arithmetic;
+    o.moments = moments;
     AdamWHyper h = in.hyper;
     h.lr = in.lr;
-    parallel(runs.size(), [&](size_t b, size_t e) {
-      for (size_t k = b; k < e; ++k) {
-        const ColumnRun& run = runs[k];
-        const RoundUpdateTensor& t = tensors_[run.tensor];
-        const int64_t step = store_->count(run.tensor, run.first_col) + 1;
-        const size_t n = static_cast<size_t>(run.ncols * t.rows);
-        float* g = acc_->sum(run.tensor, round, run.first_col);
-        AdamWUpdate(in.simd, h, step, grad_scale, g, store_->master(run.tensor, run.first_col),
-                    store_->m(run.tensor, run.first_col), store_->v(run.tensor, run.first_col), n);
-        std::memset(g, 0, n * sizeof(float));
-        for (int64_t c = 0; c < run.ncols; ++c) store_->set_count(run.tensor, run.first_col + c, step);
-      }
+    // Where each message's payload, m and v are (taken here, on one
+    // thread: the blocks only write the bytes).
+    struct Out {
+      char *values, *m, *v;
+    };
+    std::vector<Out> outs(plan.size());
+    for (size_t k = 0; k < plan.size(); ++k) {
+      v1::ParameterDelta* d = deltas[k].mutable_delta();
+      outs[k] = {d->mutable_payload()->data(), moments ? d->mutable_m()->data() : nullptr,
+                 moments ? d->mutable_v()->data() : nullptr};
+    }
+    ForEachTask(pool, blocks.size(), [&](size_t k) {
+      thread_local std::vector<float> old;
+      const Block& b = blocks[k];
+      const RoundUpdateTensor& t = tensors[b.tensor];
+      const MessagePlan& mp = plan[b.message];
+      const Out& dst = outs[b.message];
+      const size_t n = static_cast<size_t>(b.ncols * t.rows);
+      const size_t at = (b.index - mp.begin) * static_cast<size_t>(t.rows);
+      RoundKernelOptions ok = o;
+      ok.values = t.param_dtype;
+      const size_t vsize = arithmetic ? sizeof(float) : DTypeSize(t.param_dtype);
+      float* g = acc->sum(b.tensor, round, b.first_col);
+      UpdateAndEncode(ok, h, b.step, g, store->master(b.tensor, b.first_col),
+                      store->m(b.tensor, b.first_col), store->v(b.tensor, b.first_col), n,
+                      dst.values + at * vsize, moments ? dst.m + at * 2 : nullptr,
+                      moments ? dst.v + at * 2 : nullptr, &old);
+      std::memset(g, 0, n * sizeof(float));
+      for (int64_t c = 0; c < b.ncols; ++c) store->set_count(b.tensor, b.first_col + c, b.step);
     });
-  } else {
-    parallel(runs.size(), [&](size_t b, size_t e) {
-      for (size_t k = b; k < e; ++k) {
-        const ColumnRun& run = runs[k];
-        acc_->Clear(run.tensor, round, run.first_col, run.ncols);
-      }
-    });
+    if (factored) {
+      AddFactoredMoments(tensors, remote, store, in.hyper.beta2, plan, pool, &deltas);
+    }
   }
-
-  std::vector<v1::DownMessage> deltas;
-  if (!skip) {
-    deltas = EncodeDeltas(round, tensors_, remote, store_, arithmetic ? &old_values : nullptr,
-                          in.max_shard_bytes, in.moments && !arithmetic,
-                          in.factored_moment && !arithmetic, in.hyper.beta2, parallel);
-  }
-  RoundUpdateResult out;
   out.skipped = skip;
-  out.overflowed = overflowed;
-  out.grad_norm = grad_norm;
   out.deltas = std::move(deltas);
   return out;
 }

@@ -13,6 +13,25 @@
 //   for (v1::DownMessage& d : r.deltas) ...   // to every rank
 //
 // Runs without the owner's lock: the lease is its right to the buffers.
+//
+// Two passes over the round's values, each spread over the pool's threads
+// in blocks of at most kUpdateBlockElements that the threads claim as they
+// go (ThreadPool::ForEach: no thread idles while blocks are left), with one
+// barrier between them, which the norm makes inherent (the clip factor and
+// whether the round can update finitely must be known before any AdamW):
+//   1. per block, the fold of the ranks' sums into rank 0's (rank order)
+//      and the squares and largest magnitude of the total, in one read
+//      (FoldSquares); beside the blocks, the delta messages are made and
+//      sized (their fields, columns and counts set, payloads allocated);
+//   2. per block, while it is in cache: AdamW, the values (or fp32 new -
+//      old) and with moments m and v encoded straight into their message's
+//      payload, the sum zeroed, the counts advanced.
+// The factored moment (when asked) then reads v once more (its row sums
+// run over all columns in a fixed order: factored_moment.h).
+// The norm is the sum of the blocks' FoldSquares sums in block order, the
+// blocks are fixed by the columns, counts and messages (never by the
+// threads): the result does not depend on the thread count or on which
+// thread ran which block.
 #ifndef ZENFLOW_SERVER_ROUND_UPDATE_H_
 #define ZENFLOW_SERVER_ROUND_UPDATE_H_
 
@@ -102,6 +121,43 @@ struct RoundUpdateResult {
 
 // `lease` must be for in.round; the update ends it.
 RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease);
+
+// Largest block of the update's passes (elements): its sum, master, m and
+// v stay in L2 between the AdamW and the encode.
+inline constexpr int64_t kUpdateBlockElements = int64_t{1} << 14;
+
+// The kernels every round update must run over its values, and nothing
+// else: for the ceiling a benchmark compares the measured update with
+// (round_update_fraction = RunRoundUpdateKernels' time over the round's
+// number of values on the update pool / UpdateRound's, or the daemon's
+// JobStats.round_update_seconds). UpdateRound's second pass runs the same
+// code per block (plus the zeroing of the sums and the counts).
+struct RoundKernelOptions {
+  SimdLevel simd = SimdLevel::kScalar;
+  AdamWHyper hyper;
+  int64_t step = 1;        // the update count AdamW corrects for
+  float grad_scale = 1.0f;  // 1 / rank-steps, times the clip factor
+  DType values = DType::kF32;  // the deltas' dtype (values kind)
+  bool arithmetic = false;  // fp32 new - old instead of the values
+  bool moments = false;     // m and v encoded too (bf16)
+};
+struct RoundKernelBuffers {
+  const float* grad = nullptr;
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  size_t n = 0;
+  // n * DTypeSize(values) bytes (4 * n with arithmetic); with moments,
+  // m_out and v_out n * 2 bytes each (else unused).
+  void* values_out = nullptr;
+  void* m_out = nullptr;
+  void* v_out = nullptr;
+};
+// AdamW over the n values and the encode of the values (and m, v) into the
+// outputs, in blocks of kUpdateBlockElements spread over `pool` as
+// UpdateRound spreads them (null pool: on the caller).
+void RunRoundUpdateKernels(const RoundKernelOptions& o, const RoundKernelBuffers& b,
+                           ThreadPool* pool);
 
 // The delta messages a values-kind update of `round` sent, made again from
 // the store's master as it is now (it must be as that update left it): the

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -244,6 +245,164 @@ TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
   EXPECT_GT(one.size(), size_t{kBigRows * 270 * 2});
   EXPECT_EQ(run(2), one);
   EXPECT_EQ(run(4), one);
+}
+
+// The fused passes against the unfused sequence built from the kernels
+// (Fold, AdamWUpdate per column, Encode): rank-ordered sums of three
+// ranks, moments and bf16 values, at every level, on a pool: the same
+// store and the same delta bytes; and ValueDeltas makes them again.
+TEST(RoundUpdateTest, FusedPassesEqualTheUnfusedKernels) {
+  constexpr int64_t kR = 257, kC = 300;  // > 64K elements: the pool is used
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!SimdLevelSupported(level)) continue;
+    TensorStore store({{kR, kC}}), ref({{kR, kC}});
+    RoundAccumulator acc({{kR, kC}}, 3, true), racc({{kR, kC}}, 3, true);
+    std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kBF16}};
+    std::vector<std::vector<int32_t>> remote(1);
+    for (int32_t c = 0; c < kC; ++c) {
+      if (c % 9 != 4) remote[0].push_back(c);
+      for (TensorStore* s : {&store, &ref}) {
+        s->set_count(0, c, c % 5 == 0 ? 2 : 0);
+        for (int64_t i = 0; i < kR; ++i) {
+          s->master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * kC + c));
+          s->m(0, c)[i] = 1e-3f * static_cast<float>((i + 2 * c) % 13);
+          s->v(0, c)[i] = 1e-5f * static_cast<float>((i + c) % 11);
+        }
+      }
+      for (int r = 0; r < 3; ++r) {
+        for (int64_t i = 0; i < kR; ++i) {
+          const float g = std::cos(0.003f * static_cast<float>(i * 7 + c + 100 * r));
+          acc.sum_of(0, r, 1, c)[i] = g;
+          racc.sum_of(0, r, 1, c)[i] = g;
+        }
+      }
+    }
+    ThreadPool pool(3);
+    RoundUpdateInput in;
+    in.round = 1;
+    in.steps_sum = 6;
+    in.lr = 1e-3f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.moments = true;
+    in.max_shard_bytes = 64 << 10;
+    in.simd = level;
+    in.pool = &pool;
+    RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(1, &store, &acc));
+    ASSERT_FALSE(r.skipped);
+    // The unfused reference.
+    AdamWHyper h = in.hyper;
+    h.lr = in.lr;
+    std::string values, m, v;
+    double norm2 = 0;
+    for (int32_t c : remote[0]) {
+      racc.Fold(0, 1, c, 1);
+      for (int64_t i = 0; i < kR; ++i) norm2 += static_cast<double>(racc.sum(0, 1, c)[i]) * racc.sum(0, 1, c)[i];
+    }
+    for (int32_t c : remote[0]) {
+      const int64_t step = ref.count(0, c) + 1;
+      AdamWUpdate(level, h, step, 1.0f / 6, racc.sum(0, 1, c), ref.master(0, c), ref.m(0, c),
+                  ref.v(0, c), kR);
+      ref.set_count(0, c, step);
+      std::string b(kR * 2, '\0');
+      Encode(DType::kBF16, ref.master(0, c), kR, b.data());
+      values += b;
+      Encode(DType::kBF16, ref.m(0, c), kR, b.data());
+      m += b;
+      Encode(DType::kBF16, ref.v(0, c), kR, b.data());
+      v += b;
+    }
+    EXPECT_NEAR(r.grad_norm, std::sqrt(norm2) / 6, 1e-5 * std::sqrt(norm2) / 6);
+    for (int32_t c = 0; c < kC; ++c) {
+      ASSERT_EQ(store.count(0, c), ref.count(0, c)) << c;
+      ASSERT_EQ(0, std::memcmp(store.master(0, c), ref.master(0, c), kR * 4)) << SimdLevelName(level) << " column " << c;
+      ASSERT_EQ(0, std::memcmp(store.m(0, c), ref.m(0, c), kR * 4)) << c;
+      ASSERT_EQ(0, std::memcmp(store.v(0, c), ref.v(0, c), kR * 4)) << c;
+      for (int rank = 0; rank < 3; ++rank) {
+        for (int64_t i = 0; i < kR; ++i) {
+          const bool daemons = c % 9 != 4;
+          ASSERT_EQ(acc.sum_of(0, rank, 1, c)[i], daemons ? 0.0f : racc.sum_of(0, rank, 1, c)[i])
+              << "the daemon's columns' sums cleared, the others untouched";
+        }
+      }
+    }
+    std::string got_values, got_m, got_v;
+    std::vector<int32_t> cols;
+    for (const v1::DownMessage& d : r.deltas) {
+      got_values += d.delta().payload();
+      got_m += d.delta().m();
+      got_v += d.delta().v();
+      cols.insert(cols.end(), d.delta().columns().begin(), d.delta().columns().end());
+      ASSERT_EQ(d.delta().update_counts_size(), d.delta().columns_size());
+      for (int i = 0; i < d.delta().columns_size(); ++i) {
+        EXPECT_EQ(d.delta().update_counts(i), store.count(0, d.delta().columns(i)));
+      }
+    }
+    EXPECT_GT(r.deltas.size(), 3u);
+    EXPECT_EQ(cols, remote[0]);
+    EXPECT_TRUE(got_values == values) << SimdLevelName(level);
+    EXPECT_TRUE(got_m == m);
+    EXPECT_TRUE(got_v == v);
+    const std::vector<v1::DownMessage> again =
+        ValueDeltas(1, tensors, remote, &store, in.max_shard_bytes, true, false, 0.999f);
+    ASSERT_EQ(again.size(), r.deltas.size());
+    for (size_t k = 0; k < again.size(); ++k) {
+      EXPECT_EQ(again[k].SerializeAsString(), r.deltas[k].SerializeAsString()) << k;
+    }
+  }
+}
+
+// RunRoundUpdateKernels runs AdamW and the encode: the same bits as the
+// kernels called directly, for any pool, with and without arithmetic.
+TEST(RoundUpdateTest, RoundKernelsAreAdamWAndTheEncode) {
+  const size_t n = static_cast<size_t>(kUpdateBlockElements) * 2 + 1234;
+  for (bool arithmetic : {false, true}) {
+    std::vector<float> g(n), p(n), m(n, 0.01f), v(n, 1e-4f);
+    for (size_t i = 0; i < n; ++i) {
+      g[i] = std::cos(0.001f * static_cast<float>(i));
+      p[i] = std::sin(0.002f * static_cast<float>(i));
+    }
+    std::vector<float> rp = p, rm = m, rv = v;
+    RoundKernelOptions o;
+    o.simd = BestSimdLevel();
+    o.step = 3;
+    o.grad_scale = 0.5f;
+    o.values = DType::kBF16;
+    o.arithmetic = arithmetic;
+    o.moments = !arithmetic;
+    AdamWUpdate(o.simd, o.hyper, 3, 0.5f, g.data(), rp.data(), rm.data(), rv.data(), n);
+    std::string want_values(n * (arithmetic ? 4 : 2), '\0'), want_m(n * 2, '\0'), want_v(n * 2, '\0');
+    if (arithmetic) {
+      std::vector<float> diff(n);
+      for (size_t i = 0; i < n; ++i) diff[i] = rp[i] - p[i];
+      Encode(DType::kF32, diff.data(), n, want_values.data());
+    } else {
+      Encode(DType::kBF16, rp.data(), n, want_values.data());
+      Encode(DType::kBF16, rm.data(), n, want_m.data());
+      Encode(DType::kBF16, rv.data(), n, want_v.data());
+    }
+    ThreadPool pool(3);
+    for (ThreadPool* on : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> kp = p, km = m, kv = v;
+      std::string values(want_values.size(), '\0'), mo(n * 2, '\0'), vo(n * 2, '\0');
+      RoundKernelBuffers b;
+      b.grad = g.data();
+      b.master = kp.data();
+      b.m = km.data();
+      b.v = kv.data();
+      b.n = n;
+      b.values_out = values.data();
+      b.m_out = mo.data();
+      b.v_out = vo.data();
+      RunRoundUpdateKernels(o, b, on);
+      EXPECT_TRUE(kp == rp);
+      EXPECT_TRUE(km == rm);
+      EXPECT_TRUE(kv == rv);
+      EXPECT_TRUE(values == want_values) << "arithmetic " << arithmetic;
+      EXPECT_TRUE(mo == want_m);
+      EXPECT_TRUE(vo == want_v);
+    }
+  }
 }
 
 }  // namespace

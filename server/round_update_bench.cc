@@ -1,0 +1,136 @@
+// round_update_bench: UpdateRound on the scale bench's job shape (four
+// [4096, 512] tensors, one column in ten important: 7.5M daemon values),
+// timed against the kernels the update must run (RunRoundUpdateKernels:
+// AdamW and the delta encode over as many values, on the same pool), in
+// the same process, alternating. Prints one line per configuration:
+//
+//   bazel run -c opt //server:round_update_bench -- [threads] [reps] [world]
+//
+// (a world given: only that many ranks' runs, for a profile of one case).
+// round_update_fraction = kernels / update (medians). Sums are refilled
+// before every update (outside the timing), so each update folds and
+// clears real sums.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "common/adamw.h"
+#include "common/malloc_tuning.h"
+#include "common/thread_pool.h"
+#include "server/round_update.h"
+
+namespace zenflow {
+namespace {
+
+constexpr int64_t kRows = 4096, kCols = 512, kTensors = 4;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPool* pool,
+         int reps) {
+  std::vector<TensorStore::Shape> shapes(kTensors, {kRows, kCols});
+  TensorStore store(shapes);
+  RoundAccumulator acc(shapes, world, rank_ordered);
+  std::vector<RoundUpdateTensor> tensors;
+  std::vector<std::vector<int32_t>> remote(kTensors);
+  int64_t values = 0;
+  for (int t = 0; t < kTensors; ++t) {
+    tensors.push_back({"w" + std::to_string(t), kRows, param_dtype});
+    for (int32_t c = 0; c < kCols; ++c) {
+      if (c % 10 != 3) remote[t].push_back(c);
+    }
+    values += static_cast<int64_t>(remote[t].size()) * kRows;
+    for (int64_t c = 0; c < kCols; ++c) {
+      for (int64_t r = 0; r < kRows; ++r) store.master(t, c)[r] = 0.01f * static_cast<float>((r + c) % 97);
+    }
+  }
+  std::vector<float> pattern(kRows * kCols);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = 1e-3f * static_cast<float>(i % 113) - 0.05f;
+  const int sums = acc.sum_ranks();
+
+  // The kernels' buffers: as many values, apart from the job's.
+  std::vector<float> kg(values), kp(values, 0.5f), km(values), kv(values);
+  const size_t vbytes = DTypeSize(param_dtype);
+  std::vector<char> kout(values * vbytes), kmo(moments ? values * 2 : 0), kvo(moments ? values * 2 : 0);
+  for (size_t i = 0; i < kg.size(); ++i) kg[i] = pattern[i % pattern.size()];
+
+  std::vector<double> upd, ker;
+  for (int rep = 0; rep < reps; ++rep) {
+    const int64_t round = 2 * rep + 1;
+    for (int t = 0; t < kTensors; ++t) {
+      for (int r = 0; r < sums; ++r) {
+        std::copy(pattern.begin(), pattern.end(), acc.sum_buffer(t, r, round & 1).begin());
+      }
+    }
+    RoundUpdateInput in;
+    in.round = round;
+    in.steps_sum = 4 * world;
+    in.lr = 1e-4f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.moments = moments;
+    in.simd = BestSimdLevel();
+    in.pool = pool;
+    double t0 = Now();
+    RoundUpdateResult res = UpdateRound(in, UpdateLease::Grant(round, &store, &acc));
+    upd.push_back(Now() - t0);
+    if (res.skipped || res.deltas.empty()) {
+      std::fprintf(stderr, "round_update_bench: the update was skipped\n");
+      std::exit(1);
+    }
+    RoundKernelBuffers b;
+    b.grad = kg.data();
+    b.master = kp.data();
+    b.m = km.data();
+    b.v = kv.data();
+    b.n = static_cast<size_t>(values);
+    b.values_out = kout.data();
+    b.m_out = moments ? kmo.data() : nullptr;
+    b.v_out = moments ? kvo.data() : nullptr;
+    RoundKernelOptions o;
+    o.simd = in.simd;
+    o.step = rep + 1;
+    o.grad_scale = 0.25f;
+    o.values = param_dtype;
+    o.moments = moments;
+    t0 = Now();
+    RunRoundUpdateKernels(o, b, pool);
+    ker.push_back(Now() - t0);
+  }
+  const double u = Median(upd), k = Median(ker);
+  std::printf(
+      "world=%d sums=%s moments=%d dtype=%s threads=%d values=%lld: update %.2f ms (%.2f ns/value), "
+      "kernels %.2f ms (%.2f ns/value), round_update_fraction %.3f\n",
+      world, rank_ordered ? "rank_ordered" : "shared", moments ? 1 : 0, DTypeName(param_dtype),
+      pool->num_threads(), static_cast<long long>(values), u * 1e3, u * 1e9 / values, k * 1e3,
+      k * 1e9 / values, k / u);
+}
+
+}  // namespace
+}  // namespace zenflow
+
+int main(int argc, char** argv) {
+  zenflow::TuneMallocForBulkBuffers();  // as zenflowd
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 9;
+  const int only = argc > 3 ? std::atoi(argv[3]) : 0;
+  zenflow::ThreadPool pool(threads, "zf-update");
+  for (int world : {1, 8, 16}) {
+    if (only > 0 && world != only) continue;
+    for (bool ro : {true, false}) {
+      if (world == 1 && !ro) continue;
+      zenflow::Run(world, ro, false, zenflow::DType::kF32, &pool, reps);
+    }
+  }
+  if (only <= 1) zenflow::Run(1, true, true, zenflow::DType::kBF16, &pool, reps);
+  return 0;
+}
