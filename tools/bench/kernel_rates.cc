@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/adamw.h"
 #include "common/random.h"
+#include "server/round_update.h"
 #include "tools/bench/cpu_time.h"
 
 namespace zenflow {
@@ -29,30 +30,31 @@ void Fill(uint64_t seed, float scale, std::vector<float>* v) {
   }
 }
 
-// The round update's kernels over caller buffers: the one call to replace
-// by the daemon's own fused kernel function once it takes caller buffers.
+// The round update's own kernel function (server/round_update.h): AdamW and
+// the delta encode in the daemon's blocks, spread over the pool as
+// UpdateRound's second pass spreads them.
 struct RoundBuffers {
   std::vector<float> grad, p, m, v;
   std::vector<char> out_values, out_m, out_v;
 };
 
 void RunRoundKernels(const RoundKernelJob& job, int64_t step, RoundBuffers* b, ThreadPool* pool) {
-  const SimdLevel simd = BestSimdLevel();
-  AdamWHyper h;
-  const size_t n = static_cast<size_t>(job.values);
-  const size_t grain = 1 << 16;  // as the daemon's runs of columns: about 64 Ki values
-  pool->ParallelFor(n, grain, [&](size_t begin, size_t end) {
-    AdamWUpdate(simd, h, step, 0.25f, b->grad.data() + begin, b->p.data() + begin,
-                b->m.data() + begin, b->v.data() + begin, end - begin);
-  });
-  const size_t vb = DTypeSize(job.value_dtype);
-  pool->ParallelFor(n, grain, [&](size_t begin, size_t end) {
-    Encode(job.value_dtype, b->p.data() + begin, end - begin, b->out_values.data() + begin * vb);
-    if (job.moments) {
-      Encode(DType::kBF16, b->m.data() + begin, end - begin, b->out_m.data() + begin * 2);
-      Encode(DType::kBF16, b->v.data() + begin, end - begin, b->out_v.data() + begin * 2);
-    }
-  });
+  RoundKernelOptions o;
+  o.simd = BestSimdLevel();
+  o.step = step;
+  o.grad_scale = 0.25f;
+  o.values = job.value_dtype;
+  o.moments = job.moments;
+  RoundKernelBuffers k;
+  k.grad = b->grad.data();
+  k.master = b->p.data();
+  k.m = b->m.data();
+  k.v = b->v.data();
+  k.n = static_cast<size_t>(job.values);
+  k.values_out = b->out_values.data();
+  k.m_out = job.moments ? b->out_m.data() : nullptr;
+  k.v_out = job.moments ? b->out_v.data() : nullptr;
+  RunRoundUpdateKernels(o, k, pool);
 }
 
 }  // namespace
@@ -82,7 +84,7 @@ double AccumulateBytesPerCpuSecond(DType wire, int64_t values, double min_cpu_s)
 }
 
 std::string RoundKernelJob::Describe() const {
-  return absl::StrCat(values, " values: AdamWUpdate (fp32 p, m, v), then Encode of the values as ",
+  return absl::StrCat(values, " values: RunRoundUpdateKernels (server/round_update.h), AdamWUpdate (fp32 p, m, v) and the Encode of the values as ",
                       DTypeName(value_dtype), moments ? " and of m, v as bf16" : "");
 }
 
