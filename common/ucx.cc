@@ -150,8 +150,12 @@ struct UcxWorker::Impl {
   uint64_t next_ep = 1;
   std::deque<std::unique_ptr<Recv>> recvs;  // in matching order
   // Heads of split messages (kHeadTagBit) waiting for their body: the next
-  // message with the same tag. At most kMaxPendingHeads; one more is
-  // delivered on its own (and its reader then finds it incomplete).
+  // message with the same tag. At most one per tag, and at most one per
+  // endpoint plus kMaxPendingHeads: every peer this worker serves has an
+  // endpoint (zenflowd connects back to each rank) and may have a head
+  // waiting at the same moment (when many send at once, UCX can hand over
+  // all their heads before any body). One more is delivered on its own (and
+  // its reader then finds it incomplete).
   std::map<uint64_t, std::unique_ptr<Recv>> heads;
   static constexpr size_t kMaxPendingHeads = 8;
   int64_t sends_pending = 0;
@@ -374,7 +378,7 @@ struct UcxWorker::Impl {
     auto r = std::make_unique<Recv>();
     r->tag = tag;
     if ((info.sender_tag & kHeadTagBit) != 0 && info.length <= kMaxHeadBytes &&
-        (heads.size() < kMaxPendingHeads || heads.count(tag) > 0)) {
+        (heads.size() < kMaxPendingHeads + eps.size() || heads.count(tag) > 0)) {
       // A split message's head: held until its body, the tag's next message.
       r->data.resize(info.length);
       StartRecv(msg, r.get(), info.length);
