@@ -389,15 +389,27 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
     c->held_ -= item.bytes;
     ++stats_.frames;
   }
-  v1::UpMessage up;
+  // The frame's header is parsed into this dispatcher's reused message (no
+  // heap allocation per shard once warm); its payload buffer moves into the
+  // message, is read in place and goes back to the worker's receive buffers.
+  thread_local UpFrameParser parser;
+  static const v1::UpMessage* const kUnread = new v1::UpMessage();
   absl::Status s = item.kind == Item::kOversize
                        ? registry_->CheckMessageSize(static_cast<size_t>(item.wire_bytes))
                        : registry_->CheckMessageSize(item.frame.size());
-  if (s.ok()) s = ParseFrame(std::move(item.frame), &up);
+  v1::UpMessage* up = nullptr;
+  if (s.ok()) {
+    absl::StatusOr<v1::UpMessage*> parsed = parser.Parse(std::move(item.frame));
+    if (parsed.ok()) {
+      up = *parsed;
+    } else {
+      s = parsed.status();
+    }
+  }
   (void)IngestUp(registry_, c->job().get(), c->rank(), Wire::kUcx, c->box().get(), std::move(s),
-                 up);
-  if (up.kind_case() == v1::UpMessage::kShard) {
-    c->worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
+                 up != nullptr ? *up : *kUnread);
+  if (up != nullptr && up->kind_case() == v1::UpMessage::kShard) {
+    c->worker_->Recycle(std::move(*up->mutable_shard()->mutable_payload()));
   }
 }
 
