@@ -572,11 +572,12 @@ struct UcxWorker::Impl {
       pollfd fds[2] = {{wake_fd, POLLIN, 0}, {ucx_fd, POLLIN, 0}};
       timespec nap = {0, ops ? 100'000 : 1'000'000};
       nfds_t n_fds = 1;
-      if (ucx_fd >= 0 && !ops) {
-        // Nothing in flight: sleep until UCX has an event (a message
-        // arrives) or a command comes, instead of waking every
-        // millisecond; the timeout is a safety net. BUSY: events are
-        // pending, so progress again at once.
+      if (ucx_fd >= 0 && !ops && now - last_activity > std::chrono::milliseconds(2)) {
+        // Idle for a while with nothing in flight: sleep until UCX has an
+        // event (a message arrives) or a command comes, instead of waking
+        // every millisecond; the timeout is a safety net. BUSY: events are
+        // pending, so progress again at once. (Not sooner: between a
+        // transfer's messages the naps cost less than arming.)
         const ucs_status_t armed = ucp_worker_arm(worker);
         if (armed == UCS_ERR_BUSY) continue;
         if (armed == UCS_OK) {
