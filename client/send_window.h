@@ -28,7 +28,8 @@ namespace zenflow {
 
 // An up message waiting to be sent. A shard may borrow its payload
 // (`borrowed`, kept valid by `hold` until the message is dropped) instead of
-// carrying it in `msg`; `size` is what it counts against the window.
+// carrying it in `msg`; `size` is its bytes on the wire. A shard counts its
+// `payload_bytes` against the window, any other message its `size`.
 struct Outgoing {
   v1::UpMessage msg;
   absl::string_view borrowed;
@@ -95,7 +96,7 @@ class SendWindow {
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = true;  // Close() ran since the last Open()
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;    // queued + with the transport
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;    // queued + with the transport (charged)
   int64_t sending_ ABSL_GUARDED_BY(mu_) = 0;  // taken by Next(), not completed
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   Stats stats_ ABSL_GUARDED_BY(mu_);

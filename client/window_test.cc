@@ -49,6 +49,46 @@ TEST(SendWindowTest, NumbersMessagesInOrderAndCountsWhatWasSent) {
   EXPECT_EQ(w.Next()->msg.seq(), 4u);
 }
 
+// A shard counts its payload against the window, not its header: two
+// shards of half the window each are in flight together (with the header
+// counted, the second waited for the first to be sent: one 32 MiB shard in
+// flight with the 64 MiB default). A close still counts its size.
+TEST(SendWindowTest, ShardsCountTheirPayloadAgainstTheWindow) {
+  SendWindow w(64);
+  w.Open();
+  auto shard = [](int64_t payload) {
+    Outgoing out;
+    out.msg.mutable_shard()->set_step(1);
+    out.size = payload + 40;  // header bytes too
+    out.payload_bytes = payload;
+    return out;
+  };
+  ASSERT_TRUE(w.Push(shard(32)).ok());
+  // The second push returns (blocking would need the first to complete,
+  // and nothing completes it before both were taken).
+  ASSERT_TRUE(w.Push(shard(32)).ok());
+  std::optional<Outgoing> a = w.Next();
+  std::optional<Outgoing> b = w.Next();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  // A third does not fit until one completes.
+  std::atomic<bool> pushed{false};
+  std::thread third([&] {
+    EXPECT_TRUE(w.Push(shard(32)).ok());
+    pushed = true;
+  });
+  w.Complete(a->size, true, a->payload_bytes);
+  third.join();
+  EXPECT_TRUE(pushed);
+  w.Complete(b->size, true, b->payload_bytes);
+  std::optional<Outgoing> c = w.Next();
+  ASSERT_TRUE(c.has_value());
+  w.Complete(c->size, true, c->payload_bytes);
+  EXPECT_TRUE(w.WaitIdle(absl::ZeroDuration()).ok());
+  const SendWindow::Stats st = w.stats();
+  EXPECT_EQ(st.bytes_sent, 3 * (32 + 40));  // what went on the wire
+  EXPECT_EQ(st.payload_bytes_sent, 3 * 32);
+}
+
 TEST(SendWindowTest, AMessageLargerThanTheWindowGoesAlone) {
   SendWindow w(100);
   w.Open();

@@ -105,6 +105,9 @@ struct UcxWorker::Impl {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int wake_fd = -1;
+  // UCX's event fd (UCP_FEATURE_WAKEUP; -1 without): an idle progress
+  // thread arms the worker and sleeps until it, or wake_fd, fires.
+  int ucx_fd = -1;
   RecvFn on_recv;
   OversizeFn on_oversize;
   int64_t max_message_bytes = 0;
@@ -112,7 +115,10 @@ struct UcxWorker::Impl {
   std::thread thread;
 
   Mutex mu;
-  std::deque<std::function<void()>> commands ABSL_GUARDED_BY(mu);
+  // Commands for the progress thread. Pass() swaps them with `running`,
+  // so both vectors keep their capacity: no allocation per pass.
+  std::vector<std::function<void()>> commands ABSL_GUARDED_BY(mu);
+  std::vector<std::function<void()>> running;
   bool stop ABSL_GUARDED_BY(mu) = false;
   Stats stats ABSL_GUARDED_BY(mu);
   // Recycled receive buffers (bounded).
@@ -121,19 +127,30 @@ struct UcxWorker::Impl {
   static constexpr size_t kPoolMaxBuffers = 128;
   static constexpr size_t kPoolMaxBytes = size_t{1} << 30;
 
-  // A buffer of exactly n bytes (contents unspecified).
+  // Messages shorter than this are not received into pooled buffers (a
+  // round close would otherwise carry off a shard's buffer, which its
+  // reader does not give back, and the next shard would fault in a new one).
+  static constexpr size_t kPoolMinBytes = 4096;
+
+  // A buffer of exactly n bytes (contents unspecified): the smallest pooled
+  // one that fits and is not much larger, else a new one.
   std::string TakeBuffer(size_t n) {
     std::string b;
-    {
+    if (n >= kPoolMinBytes) {
       MutexLock lock(&mu);
+      size_t best = pool.size();
       for (size_t i = 0; i < pool.size(); ++i) {
-        if (pool[i].capacity() >= n) {
-          b = std::move(pool[i]);
-          pool[i] = std::move(pool.back());
-          pool.pop_back();
-          pool_bytes -= b.capacity();
-          break;
+        const size_t cap = pool[i].capacity();
+        if (cap >= n && cap <= 2 * n + (size_t{1} << 20) &&
+            (best == pool.size() || cap < pool[best].capacity())) {
+          best = i;
         }
+      }
+      if (best < pool.size()) {
+        b = std::move(pool[best]);
+        pool[best] = std::move(pool.back());
+        pool.pop_back();
+        pool_bytes -= b.capacity();
       }
     }
     if (b.capacity() < n) {
@@ -148,7 +165,9 @@ struct UcxWorker::Impl {
   // Progress-thread state.
   std::map<uint64_t, std::unique_ptr<Ep>> eps;
   uint64_t next_ep = 1;
-  std::deque<std::unique_ptr<Recv>> recvs;  // in matching order
+  // Receives in matching order (a vector: removing one from the middle
+  // allocates nothing, and there are few).
+  std::vector<std::unique_ptr<Recv>> recvs;
   // Heads of split messages (kHeadTagBit) waiting for their body: the next
   // message with the same tag. At most one per tag, and at most one per
   // endpoint plus kMaxPendingHeads: every peer this worker serves has an
@@ -156,8 +175,44 @@ struct UcxWorker::Impl {
   // waiting at the same moment (when many send at once, UCX can hand over
   // all their heads before any body). One more is delivered on its own (and
   // its reader then finds it incomplete).
-  std::map<uint64_t, std::unique_ptr<Recv>> heads;
+  std::vector<std::unique_ptr<Recv>> heads;
   static constexpr size_t kMaxPendingHeads = 8;
+  // Finished receives, kept for reuse (a head's buffer with them): the
+  // receive path allocates nothing per message once warm.
+  // Two kinds: heads' (each with the buffer it received into) and bodies'
+  // (whose buffers went to RecvFn).
+  std::vector<std::unique_ptr<Recv>> spare_recvs, spare_heads;
+  static constexpr size_t kMaxSpareRecvs = 256;
+  std::vector<uint64_t> held_tags;  // DeliverCompleted's scratch
+
+  std::unique_ptr<Recv> NewRecv(uint64_t tag, bool head) {
+    std::vector<std::unique_ptr<Recv>>& spare = head ? spare_heads : spare_recvs;
+    std::unique_ptr<Recv> r;
+    if (spare.empty()) {
+      r = std::make_unique<Recv>();
+    } else {
+      r = std::move(spare.back());
+      spare.pop_back();
+    }
+    r->tag = tag;
+    return r;
+  }
+  // Keeps `r` (and its head) for reuse; a head keeps its buffer.
+  void FreeRecv(std::unique_ptr<Recv> r) {
+    if (r->head != nullptr) FreeRecv(std::move(r->head));
+    const bool head = r->data.capacity() > sizeof(std::string);
+    if (r->data.capacity() > kMaxHeadBytes) return;
+    std::vector<std::unique_ptr<Recv>>& spare = head ? spare_heads : spare_recvs;
+    if (spare.size() >= kMaxSpareRecvs) return;
+    r->done = false;
+    r->status = UCS_OK;
+    r->oversize = -1;
+    spare.push_back(std::move(r));
+  }
+  std::vector<std::unique_ptr<Recv>>::iterator FindHead(uint64_t tag) {
+    return std::find_if(heads.begin(), heads.end(),
+                        [tag](const std::unique_ptr<Recv>& h) { return h->tag == tag; });
+  }
   int64_t sends_pending = 0;
   std::vector<Closing> closing;
   // A Drain waits for two passes (what had arrived is then matched), then
@@ -375,25 +430,27 @@ struct UcxWorker::Impl {
 
   void PostRecv(ucp_tag_message_h msg, const ucp_tag_recv_info_t& info) {
     const uint64_t tag = info.sender_tag & ~kHeadTagBit;
-    auto r = std::make_unique<Recv>();
-    r->tag = tag;
+    const auto pending = FindHead(tag);
     if ((info.sender_tag & kHeadTagBit) != 0 && info.length <= kMaxHeadBytes &&
-        (heads.size() < kMaxPendingHeads + eps.size() || heads.count(tag) > 0)) {
+        (heads.size() < kMaxPendingHeads + eps.size() || pending != heads.end())) {
+      std::unique_ptr<Recv> r = NewRecv(tag, /*head=*/true);
       // A split message's head: held until its body, the tag's next message.
       r->data.resize(info.length);
       StartRecv(msg, r.get(), info.length);
-      std::unique_ptr<Recv>& slot = heads[tag];
-      if (slot != nullptr) {  // two heads in a row: the first goes alone
-        recvs.push_back(std::move(slot));
+      if (pending != heads.end()) {  // two heads in a row: the first goes alone
+        recvs.push_back(std::move(*pending));
         ++recvs_posted;
+        *pending = std::move(r);
+      } else {
+        heads.push_back(std::move(r));
       }
-      slot = std::move(r);
       return;
     }
+    std::unique_ptr<Recv> r = NewRecv(tag, /*head=*/false);
     std::unique_ptr<Recv> head;
-    if (auto h = heads.find(tag); h != heads.end()) {
-      head = std::move(h->second);
-      heads.erase(h);
+    if (pending != heads.end()) {
+      head = std::move(*pending);
+      heads.erase(pending);
     }
     const size_t total = info.length + (head != nullptr ? head->data.size() : 0);
     if (max_message_bytes > 0 && static_cast<int64_t>(total) > max_message_bytes) {
@@ -418,7 +475,8 @@ struct UcxWorker::Impl {
     // receive that never completes (its sender died mid-message: shared
     // memory tells nobody) holds back only its own tag's later messages,
     // never another connection's (a restarted peer's, another rank's).
-    std::vector<uint64_t> held;
+    std::vector<uint64_t>& held = held_tags;
+    held.clear();
     for (auto it = recvs.begin(); it != recvs.end();) {
       Recv* front = it->get();
       const bool ready = front->done && (front->head == nullptr || front->head->done);
@@ -433,20 +491,25 @@ struct UcxWorker::Impl {
       any = true;
       if (r->oversize >= 0) {
         if (on_oversize) on_oversize(r->tag, r->oversize);
+        FreeRecv(std::move(r));
         continue;
       }
-      if (r->status != UCS_OK) continue;  // the peer failed mid-message
-      if (r->head != nullptr) {
-        if (r->head->status != UCS_OK) continue;
+      // The peer failed mid-message?
+      bool ok = r->status == UCS_OK && (r->head == nullptr || r->head->status == UCS_OK);
+      if (ok && r->head != nullptr) {
         const std::string& h = r->head->data;
         std::memcpy(r->data.data() + (r->data.size() - h.size()), h.data(), h.size());
       }
-      {
-        MutexLock lock(&mu);
-        ++stats.messages_received;
-        stats.bytes_received += static_cast<int64_t>(r->data.size());
+      if (ok) {
+        {
+          MutexLock lock(&mu);
+          ++stats.messages_received;
+          stats.bytes_received += static_cast<int64_t>(r->data.size());
+        }
+        on_recv(r->tag, std::move(r->data));
+        r->data = std::string();
       }
-      on_recv(r->tag, std::move(r->data));
+      FreeRecv(std::move(r));
     }
     return any;
   }
@@ -454,13 +517,13 @@ struct UcxWorker::Impl {
   // One pass: commands, progress, new messages, completions. True if
   // anything happened.
   bool Pass() {
-    std::deque<std::function<void()>> cmds;
     {
       MutexLock lock(&mu);
-      cmds.swap(commands);
+      running.swap(commands);
     }
-    bool busy = !cmds.empty();
-    for (auto& c : cmds) c();
+    bool busy = !running.empty();
+    for (auto& c : running) c();
+    running.clear();
     while (ucp_worker_progress(worker) != 0) busy = true;
     for (;;) {
       if (receive_paused.load(std::memory_order_relaxed)) break;
@@ -510,9 +573,23 @@ struct UcxWorker::Impl {
         continue;
       }
       const bool ops = !recvs.empty() || !closing.empty() || sends_pending > 0;
-      pollfd fd = {wake_fd, POLLIN, 0};
-      const timespec nap = {0, ops ? 100'000 : 1'000'000};
-      if (ppoll(&fd, 1, &nap, nullptr) > 0 && (fd.revents & POLLIN)) {
+      pollfd fds[2] = {{wake_fd, POLLIN, 0}, {ucx_fd, POLLIN, 0}};
+      timespec nap = {0, ops ? 100'000 : 1'000'000};
+      nfds_t n_fds = 1;
+      if (ucx_fd >= 0 && !ops && now - last_activity > std::chrono::milliseconds(2)) {
+        // Idle for a while with nothing in flight: sleep until UCX has an
+        // event (a message arrives) or a command comes, instead of waking
+        // every millisecond; the timeout is a safety net. BUSY: events are
+        // pending, so progress again at once. (Not sooner: between a
+        // transfer's messages the naps cost less than arming.)
+        const ucs_status_t armed = ucp_worker_arm(worker);
+        if (armed == UCS_ERR_BUSY) continue;
+        if (armed == UCS_OK) {
+          n_fds = 2;
+          nap = {0, 100'000'000};
+        }
+      }
+      if (ppoll(fds, n_fds, &nap, nullptr) > 0 && (fds[0].revents & POLLIN)) {
         uint64_t v;
         ssize_t n = read(wake_fd, &v, sizeof(v));
         (void)n;
@@ -535,12 +612,12 @@ struct UcxWorker::Impl {
     }
     for (auto& d : drains) d.res->Set(absl::CancelledError("UCX worker stopped"));
     drains.clear();
-    std::deque<std::function<void()>> cmds;
     {
       MutexLock lock(&mu);
-      cmds.swap(commands);
+      running.swap(commands);
     }
-    for (auto& c : cmds) c();
+    for (auto& c : running) c();
+    running.clear();
   }
 };
 
@@ -591,10 +668,12 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  // No UCP_FEATURE_WAKEUP: it restricts UCX to transports with event
-  // support, which excludes CMA, so large messages would be copied twice
-  // through the shared-memory FIFO. The progress thread polls instead.
-  params.features = UCP_FEATURE_TAG;
+  // UCP_FEATURE_WAKEUP restricts UCX to transports with event support,
+  // which excludes CMA (large messages would be copied twice through the
+  // shared-memory FIFO): with CMA the progress thread polls in short naps
+  // when idle; without it (zenflowd's data plane) it sleeps on UCX's event
+  // fd, so an idle worker costs no CPU.
+  params.features = UCP_FEATURE_TAG | (options.without_cma ? UCP_FEATURE_WAKEUP : 0);
   s = ucp_init(&params, config, &impl->context);
   ucp_config_release(config);
   if (s != UCS_OK) {
@@ -607,6 +686,10 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   if (s != UCS_OK) return FromUcs(s, "cannot create a UCX worker");
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return absl::InternalError("eventfd failed");
+  if (options.without_cma) {
+    s = ucp_worker_get_efd(impl->worker, &impl->ucx_fd);
+    if (s != UCS_OK) impl->ucx_fd = -1;  // polls in naps, as with CMA
+  }
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   s = ucp_worker_get_address(impl->worker, &addr, &len);

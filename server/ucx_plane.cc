@@ -90,6 +90,7 @@ UcxDataPlane::~UcxDataPlane() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
+    stopping_ = true;
   }
   for (std::thread& t : dispatchers_) t.join();
   std::map<uint64_t, std::shared_ptr<Conn>> conns;
@@ -287,82 +288,92 @@ void UcxDataPlane::FillStats(v1::UcxStats* out) {
 }
 
 void UcxDataPlane::DispatchLoop(size_t q) {
+  // Takes everything queued at once: the queue and the batch swap, so both
+  // keep their capacity (no allocation per frame; the std::deque this was
+  // allocated a block every few frames) and the lock is taken once a batch.
+  std::vector<Item> batch;
   for (;;) {
-    Item item;
     {
       MutexLock lock(&mu_);
       mu_.Await([this, q]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return stop_ || !queues_[q].empty();
       });
       if (stop_) return;
-      item = std::move(queues_[q].front());
-      queues_[q].pop_front();
+      batch.swap(queues_[q]);
     }
-    switch (item.kind) {
-      case Item::kFrame:
-      case Item::kOversize: {
-        std::shared_ptr<Conn> c;
-        {
-          MutexLock lock(&mu_);
-          auto it = conns_.find(item.tag);
-          if (it == conns_.end() || it->second->cut_) {
-            ++stats_.dropped;
-            break;
-          }
-          c = it->second;
-        }
-        Deliver(c, std::move(item));
-        break;
-      }
-      case Item::kResume:
-        HandleParked(item.conn, /*while_room=*/true);
-        break;
-      case Item::kCutOff:
-        CutOff(item.conn);
-        break;
-      case Item::kCloseRequest: {
-        // Whatever the rank sent before its stream ended has arrived once
-        // its last sends completed; take it in, then close behind it.
-        bool open = false;
-        {
-          MutexLock lock(&mu_);
-          auto it = conns_.find(item.conn->tag());
-          open = it != conns_.end() && it->second == item.conn;
-        }
-        // (A connection cut off meanwhile may have taken its worker along.)
-        if (open) (void)item.conn->worker_->Drain(absl::Seconds(5));
+    for (Item& item : batch) {
+      if (stopping_.load(std::memory_order_relaxed)) return;  // the rest is dropped
+      Dispatch(std::move(item));
+    }
+    batch.clear();
+  }
+}
+
+void UcxDataPlane::Dispatch(Item item) {
+  switch (item.kind) {
+    case Item::kFrame:
+    case Item::kOversize: {
+      std::shared_ptr<Conn> c;
+      {
         MutexLock lock(&mu_);
-        item.kind = Item::kCloseFinal;
-        PushLocked(std::move(item));
-        break;
-      }
-      case Item::kCloseFinal: {
-        const std::shared_ptr<Conn>& c = item.conn;
-        bool open = false, live = false;
-        {
-          MutexLock lock(&mu_);
-          auto it = conns_.find(c->tag());
-          if (it != conns_.end() && it->second == c) {
-            conns_.erase(it);
-            open = true;
-            live = !c->cut_;
-          }
+        auto it = conns_.find(item.tag);
+        if (it == conns_.end() || it->second->cut_) {
+          ++stats_.dropped;
+          break;
         }
-        // What the rank sent is handled even if its outbox is full (bounded
-        // by the held limit); replies stay queued for its next stream.
-        if (live) HandleParked(c, /*while_room=*/false);
-        c->parked_.clear();
-        c->box()->Detach(c.get());
-        // A connection cut off already closed its endpoint and let go of its
-        // worker (CutOff); only one still registered holds its worker.
-        if (open) {
-          c->worker_->Disconnect(c->ep(), /*force=*/true);
-          std::unique_ptr<UcxWorker> gone;
-          MutexLock lock(&mu_);
-          gone = Release(c->slot_, /*had_endpoint=*/true);
-        }
-        break;
+        c = it->second;
       }
+      Deliver(c, std::move(item));
+      break;
+    }
+    case Item::kResume:
+      HandleParked(item.conn, /*while_room=*/true);
+      break;
+    case Item::kCutOff:
+      CutOff(item.conn);
+      break;
+    case Item::kCloseRequest: {
+      // Whatever the rank sent before its stream ended has arrived once
+      // its last sends completed; take it in, then close behind it.
+      bool open = false;
+      {
+        MutexLock lock(&mu_);
+        auto it = conns_.find(item.conn->tag());
+        open = it != conns_.end() && it->second == item.conn;
+      }
+      // (A connection cut off meanwhile may have taken its worker along.)
+      if (open) (void)item.conn->worker_->Drain(absl::Seconds(5));
+      MutexLock lock(&mu_);
+      item.kind = Item::kCloseFinal;
+      PushLocked(std::move(item));
+      break;
+    }
+    case Item::kCloseFinal: {
+      const std::shared_ptr<Conn>& c = item.conn;
+      bool open = false, live = false;
+      {
+        MutexLock lock(&mu_);
+        auto it = conns_.find(c->tag());
+        if (it != conns_.end() && it->second == c) {
+          conns_.erase(it);
+          open = true;
+          live = !c->cut_;
+        }
+      }
+      // What the rank sent is handled even if its outbox is full (bounded
+      // by the held limit); replies stay queued for its next stream.
+      if (live) HandleParked(c, /*while_room=*/false);
+      c->parked_.clear();
+      c->box()->Detach(c.get());
+      // A connection cut off already closed its endpoint and let go of its
+      // worker (CutOff); only one still registered holds its worker.
+      if (open) {
+        c->worker_->Disconnect(c->ep(), /*force=*/true);
+        std::unique_ptr<UcxWorker> gone;
+        MutexLock lock(&mu_);
+        gone = Release(c->slot_, /*had_endpoint=*/true);
+      }
+      break;
     }
   }
 }
@@ -389,15 +400,27 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
     c->held_ -= item.bytes;
     ++stats_.frames;
   }
-  v1::UpMessage up;
+  // The frame's header is parsed into this dispatcher's reused message (no
+  // heap allocation per shard once warm); its payload buffer moves into the
+  // message, is read in place and goes back to the worker's receive buffers.
+  thread_local UpFrameParser parser;
+  static const v1::UpMessage* const kUnread = new v1::UpMessage();
   absl::Status s = item.kind == Item::kOversize
                        ? registry_->CheckMessageSize(static_cast<size_t>(item.wire_bytes))
                        : registry_->CheckMessageSize(item.frame.size());
-  if (s.ok()) s = ParseFrame(std::move(item.frame), &up);
+  v1::UpMessage* up = nullptr;
+  if (s.ok()) {
+    absl::StatusOr<v1::UpMessage*> parsed = parser.Parse(std::move(item.frame));
+    if (parsed.ok()) {
+      up = *parsed;
+    } else {
+      s = parsed.status();
+    }
+  }
   (void)IngestUp(registry_, c->job().get(), c->rank(), Wire::kUcx, c->box().get(), std::move(s),
-                 up);
-  if (up.kind_case() == v1::UpMessage::kShard) {
-    c->worker_->Recycle(std::move(*up.mutable_shard()->mutable_payload()));
+                 up != nullptr ? *up : *kUnread);
+  if (up != nullptr && up->kind_case() == v1::UpMessage::kShard) {
+    c->worker_->Recycle(std::move(*up->mutable_shard()->mutable_payload()));
   }
 }
 

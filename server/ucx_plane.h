@@ -21,6 +21,7 @@
 #ifndef ZENFLOW_SERVER_UCX_PLANE_H_
 #define ZENFLOW_SERVER_UCX_PLANE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -128,6 +129,8 @@ class UcxDataPlane {
   // dispatcher.
   void PushLocked(Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLoop(size_t q);
+  // One item of a dispatcher's queue.
+  void Dispatch(Item item);
   // A frame (or oversize report) of a live connection: handled now, or
   // parked behind others while its outbox is full.
   void Deliver(const std::shared_ptr<Conn>& c, Item item);
@@ -144,7 +147,9 @@ class UcxDataPlane {
   std::vector<std::thread> dispatchers_;
 
   Mutex mu_;
-  std::vector<std::deque<Item>> queues_ ABSL_GUARDED_BY(mu_);  // one per dispatcher
+  // One per dispatcher (a vector, swapped with the dispatcher's batch).
+  std::vector<std::vector<Item>> queues_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};  // stop_, for a dispatcher mid-batch
   size_t next_queue_ ABSL_GUARDED_BY(mu_) = 0;  // the next connection's dispatcher
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
