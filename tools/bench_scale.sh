@@ -56,7 +56,9 @@ esac
 # (--daemons=1,2,4) spreads one job over the first 1, 2 and 4.
 targets=() pids=()
 for i in 1 2 3 4; do
-  "$BIN/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port$i" 2>"$dir/log$i" &
+  # --admin_socket= : a bench daemon makes no admin socket (the default path
+  # is a system daemon's; zfctl would reach the wrong one).
+  "$BIN/server/zenflowd" --listen=127.0.0.1:0 --admin_socket= --port_file="$dir/port$i" 2>"$dir/log$i" &
   pids+=($!)
   pid="${pids[*]}"
   for _ in $(seq 1 300); do

@@ -36,7 +36,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-"$ROOT/bazel-bin/server/zenflowd" --listen=127.0.0.1:0 --port_file="$dir/port" 2>"$dir/log" &
+"$ROOT/bazel-bin/server/zenflowd" --listen=127.0.0.1:0 --admin_socket= --port_file="$dir/port" 2>"$dir/log" &
 pid=$!
 for _ in $(seq 1 300); do
   [ -s "$dir/port" ] && break

@@ -536,7 +536,7 @@ int Main() {
     Transport transport = tname == "grpc" ? Transport::kGrpc : Transport::kUcx;
     UcxOptions ucx;  // the client's
     UcxOptions raw_ucx;
-    std::vector<std::string> daemon_flags = {"--listen=127.0.0.1:0", max_message};
+    std::vector<std::string> daemon_flags = {"--listen=127.0.0.1:0", "--admin_socket=", max_message};
     if (tname == "ucx_tcp") {
       ucx.tls = "tcp,self";
       ucx.net_devices = "lo";
