@@ -114,6 +114,13 @@ def main(zenflowd, containerfile, depends_sh):
         m = re.match(r"\s*(\S+) => (/\S+)", line)
         if m:
             ldd[m.group(1)] = m.group(2)
+            continue
+        # The dynamic loader has no "=>": its line is its path. A binary
+        # names it in NEEDED when it uses the loader's own symbols
+        # (__tls_get_addr, for thread_local in position-independent code).
+        m = re.match(r"\s*(/\S+) \(0x", line)
+        if m:
+            ldd[os.path.basename(m.group(1))] = m.group(1)
     owner = owners(ldd.values())
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", zenflowd))
     direct = {}

@@ -187,10 +187,10 @@ void WriteCeilings(const ScaleReport& rep, JsonWriter* w) {
   w->Key("values").Int(c.round_job.values);
   w->Key("value_dtype").String(DTypeName(c.round_job.value_dtype));
   w->Key("moments").Bool(c.round_job.moments);
-  // The check of `values`: what a rank of the first run sent per step, in
-  // bf16 values (every daemon-side column once per step).
+  // The check of `values`: what a rank of the first run sent per step over
+  // the whole run, in bf16 values (every daemon-side column once per step).
   OptionalDouble(w, "values_from_shards",
-                 rep.results.empty() ? -1 : rep.results[0].shard_bytes_per_rank_per_step / 2.0);
+                 rep.results.empty() ? -1 : rep.results[0].run_shard_bytes_per_rank_per_step / 2.0);
   w->Key("update_threads").Int(c.update_threads);
   OptionalDouble(w, "median_ms", c.round_update_kernel_s > 0 ? 1e3 * c.round_update_kernel_s : -1);
   w->EndObject();

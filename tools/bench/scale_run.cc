@@ -373,7 +373,10 @@ class ConfigRun {
     ZF_RETURN_IF_ERROR(opt->Finish());
     res.finish_s = Now() - t_fin;
     opt.reset();
-    barrier_.Wait(nullptr);  // every rank done with its job
+    // Every rank done with its job, every round closed and updated: the
+    // job's shard bytes over the whole run are exact here (the window's
+    // edges leave shards in flight).
+    barrier_.Wait([this] { SnapOrFail(&done_); });
     if (rank == 0) ZF_RETURN_IF_ERROR(client->DeleteJob(job_ids_[job]));
     return absl::OkStatus();
   }
@@ -438,6 +441,11 @@ class ConfigRun {
     r.stall_ms_per_step = 1e3 * stall_s / rank_steps;
     r.send_blocked_ms_per_step = 1e3 * blocked_s / rank_steps;
     r.shard_bytes_per_rank_per_step = static_cast<double>(r.shard_bytes) / rank_steps;
+    int64_t run_shard_bytes = 0;
+    for (const v1::JobStats& js : done_.jobs) run_shard_bytes += js.shard_bytes_received();
+    r.run_shard_bytes_per_rank_per_step =
+        static_cast<double>(run_shard_bytes) /
+        (static_cast<double>(cfg_.ranks) * absl::GetFlag(FLAGS_steps));
     r.up_bytes_per_rank_per_step = up / rank_steps;
     r.setup_s = setup;
     r.finish_ms = 1e3 * fin;
@@ -478,7 +486,7 @@ class ConfigRun {
   std::vector<std::string> job_ids_;
   std::vector<std::string> tokens_;
   // Written by the last thread at a barrier, read after the threads end.
-  Snapshot start_, end_;
+  Snapshot start_, end_, done_;
   std::vector<RankResult> ranks_;  // by job * ranks per job + rank; each by its own thread
 };
 

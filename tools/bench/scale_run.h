@@ -53,6 +53,9 @@ struct ConfigResult {
   double bench_cpu_s = 0;
   double other_cpu_s = -1;  // the host's other processes
   double shard_bytes_per_rank_per_step = 0;
+  // The job's shard bytes over the whole run (every step, warm-up
+  // included), read after the last round: exact, unlike the window's.
+  double run_shard_bytes_per_rank_per_step = 0;
   double up_bytes_per_rank_per_step = 0;
   double setup_s = 0;
   double finish_ms = 0;
