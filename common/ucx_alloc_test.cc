@@ -1,5 +1,5 @@
 // The UCX receive path allocates nothing per message once warm: a counting
-// global operator new (this binary's) counts, per thread, the allocations
+// global operator new (tests/testing/counting_new.h) counts, per thread, the allocations
 // of the receiving worker's progress thread while many shard frames (header
 // and payload, split as the client library sends them) go through a real
 // UcxWorker pair over shared memory, and of a dispatcher-like thread that
@@ -23,44 +23,8 @@
 #include "common/ucx.h"
 #include "common/ucx_frame.h"
 #include "gtest/gtest.h"
+#include "tests/testing/counting_new.h"
 #include "zenflow/v1/zenflow.pb.h"
-
-namespace {
-thread_local int64_t t_allocations = 0;
-
-void* Counted(size_t n) {
-  ++t_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* CountedAligned(size_t n, std::align_val_t a) {
-  ++t_allocations;
-  const size_t align = static_cast<size_t>(a);
-  if (void* p = std::aligned_alloc(align, (n + align - 1) / align * align)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(size_t n) { return Counted(n); }
-void* operator new[](size_t n) { return Counted(n); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept {
-  ++t_allocations;
-  return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](size_t n, const std::nothrow_t&) noexcept {
-  ++t_allocations;
-  return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new(size_t n, std::align_val_t a) { return CountedAligned(n, a); }
-void* operator new[](size_t n, std::align_val_t a) { return CountedAligned(n, a); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace zenflow {
 namespace {
@@ -98,7 +62,7 @@ class Receiver {
   }
   UcxWorker::RecvFn Fn() {
     return [this](uint64_t, std::string frame) {
-      const int64_t n = t_allocations;
+      const int64_t n = ThisThreadAllocations();
       MutexLock lock(&mu_);
       if (received_ < progress_counts_.size()) progress_counts_[received_] = n;
       ++received_;
@@ -129,7 +93,7 @@ class Receiver {
         } else {
           parse_ok_ = false;
         }
-        if (handled < parse_counts_.size()) parse_counts_[handled] = t_allocations;
+        if (handled < parse_counts_.size()) parse_counts_[handled] = ThisThreadAllocations();
         ++handled;
         handled_.fetch_add(1, std::memory_order_release);
       }
@@ -307,9 +271,9 @@ TEST(UpFrameParser, ReadsEveryFrameAsParseFrameDoes) {
 
 TEST(UcxAllocations, TheCounterCounts) {
   // The test's own instrument: an allocation on this thread is seen.
-  const int64_t before = t_allocations;
+  const int64_t before = ThisThreadAllocations();
   auto* p = new std::string(1000, 'x');
-  EXPECT_GT(t_allocations, before);
+  EXPECT_GT(ThisThreadAllocations(), before);
   delete p;
 }
 

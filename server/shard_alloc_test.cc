@@ -15,8 +15,6 @@
 // shards: its entry in the job's map of rounds and its divergence sample,
 // both made at the round's first shard, and its closes. That is what is
 // asserted: rounds of 2 and of 6 shards per rank and step allocate the same.
-#include <execinfo.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,69 +32,14 @@
 #include "server/job.h"
 #include "server/raw_message.h"
 #include "server/registry.h"
+#include "tests/testing/counting_new.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace {
-thread_local bool t_counting = false;
-std::atomic<int64_t> g_allocations{0};
-// ZF_ALLOC_TRACE=1: each counted allocation's stack on stderr (to find it).
-// (Round 10 only.)
+// ZF_ALLOC_TRACE=1: the stack of each allocation of round 10 on stderr (to
+// find it).
 const bool g_trace_wanted = std::getenv("ZF_ALLOC_TRACE") != nullptr;
-bool g_trace = false;
-
-void Counted() {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (g_trace) {
-    t_counting = false;
-    void* frames[24];
-    const int n = backtrace(frames, 24);
-    backtrace_symbols_fd(frames, n, 2);
-    (void)!write(2, "----\n", 5);
-    t_counting = true;
-  }
-}
-
-void* Allocate(size_t n) {
-  if (t_counting) Counted();
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-void* AllocateAligned(size_t n, std::align_val_t al) {
-  if (t_counting) Counted();
-  const size_t a = static_cast<size_t>(al);
-  void* p = std::aligned_alloc(a, (std::max<size_t>(n, 1) + a - 1) / a * a);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
 }  // namespace
-
-void* operator new(size_t n) { return Allocate(n); }
-void* operator new[](size_t n) { return Allocate(n); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return Allocate(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return Allocate(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(size_t n, std::align_val_t a) { return AllocateAligned(n, a); }
-void* operator new[](size_t n, std::align_val_t a) { return AllocateAligned(n, a); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace zenflow {
 namespace {
@@ -104,9 +47,8 @@ namespace {
 // Counts this thread's allocations while alive.
 class Counting {
  public:
-  Counting() : before_(g_allocations.load()) { t_counting = true; }
-  ~Counting() { t_counting = false; }
-  int64_t count() const { return g_allocations.load() - before_; }
+  Counting() : before_(ThisThreadAllocations()) {}
+  int64_t count() const { return ThisThreadAllocations() - before_; }
 
  private:
   const int64_t before_;
@@ -282,9 +224,9 @@ TEST_P(ShardAllocTest, ShardsAllocateNothingInSteadyState) {
   int64_t per_round = -1;
   for (int64_t round = 4; round < 16; ++round) {
     const int per_step = round % 2 == 0 ? 2 : 6;
-    g_trace = g_trace_wanted && round == 10;
+    TraceThisThreadAllocations(g_trace_wanted && round == 10);
     Round(round, per_step, &shards, &closes);
-    g_trace = false;
+    TraceThisThreadAllocations(false);
     SCOPED_TRACE("round " + std::to_string(round) + ", " + std::to_string(per_step) +
                  " shards per rank and step");
     // Whatever the round's number of shards (16 or 48), the same count:
