@@ -10,16 +10,10 @@
 #include "common/random.h"
 #include "server/round_update.h"
 #include "tools/bench/cpu_time.h"
+#include "tools/bench/median.h"
 
 namespace zenflow {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Uniform in [-scale, scale).
 void Fill(uint64_t seed, float scale, std::vector<float>* v) {

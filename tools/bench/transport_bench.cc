@@ -76,6 +76,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "tools/bench/kernel_rates.h"
+#include "tools/bench/median.h"
 #include "tools/bench/raw_ucp.h"
 #include "tools/child_process.h"
 #include "zenflow/v1/zenflow.pb.h"
@@ -391,13 +392,6 @@ absl::StatusOr<Sample> MeasureOurs(const std::string& target, Transport transpor
   absl::Status deleted = client->DeleteJob(job_id);
   if (result.ok() && !deleted.ok()) return deleted;
   return result;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Point {
