@@ -2,8 +2,11 @@
 # The main job (./zf demo): fine-tune a small byte-level transformer through a
 # real zenflowd with 2 ranks in zenflow mode, then the same steps with
 # zero_offload (2 ranks) and local AdamW (1 rank, the same tokens per step),
-# and print them side by side. Writes per-step logs and an SVG plot of loss
-# and stall per step. Expects built binaries (./zf demo builds them).
+# and print them side by side. Writes per-step logs and an SVG plot of loss,
+# stall and step time per step (tools/demo_plot.py). With --dashboard, also a
+# Prometheus on loopback with the stall consoles, and a screenshot of the
+# overview console over the whole run (dashboard.png, headless chromium).
+# Expects built binaries (./zf demo builds them).
 set -euo pipefail
 # The job token every zf_train rank and zf_stats call of this run carries
 # (zenflowd requires one; docs/security.md).
@@ -45,6 +48,11 @@ usage: ./zf demo [options]
                          start it again on the same port and --state_dir: the ranks
                          (--daemon_wait=60s) reconnect, replay and finish the run;
                          with --daemons, the first daemon is the one killed
+  --dashboard            also start Prometheus on 127.0.0.1 (a free port) with the stall
+                         consoles (deploy/prometheus/consoles), scraping zenflowd every
+                         second; print the console's URL while the demo runs, and write
+                         DIR/dashboard.png at the end: the overview console over the whole
+                         run, screenshotted by headless chromium (./zf setup installs it)
   --out=DIR              where logs and the plot go (default demo-out/)
 EOF
 }
@@ -52,7 +60,7 @@ EOF
 steps=160 width=64 layers=2 heads=4 context=64 batch=8 lr=3e-3 topk=0.1 interval=auto
 delay=adaptive wire= emulate=0 target="" out="$ROOT/demo-out" transport=ucx param_dtype=fp32
 data=/usr/share/common-licenses/Apache-2.0 pretrain_data=/usr/share/common-licenses/GPL-3
-kill_at="" daemons=1
+kill_at="" daemons=1 dashboard=0
 for a in "$@"; do
   given=$a
   # Flags are spelt with underscores, as zf_train's are; the dashed
@@ -85,6 +93,7 @@ for a in "$@"; do
     --daemons=*) daemons="${a#*=}" ;;
     --out=*) out="${a#*=}" ;;
     --kill_daemon_at=*) kill_at="${a#*=}" ;;
+    --dashboard) dashboard=1 ;;
     *) echo "unknown option $given" >&2; usage >&2; exit 2 ;;
   esac
 done
@@ -105,11 +114,14 @@ if [ -n "$kill_at" ]; then
   fi
   [ -z "$target" ] || { echo "--kill_daemon_at restarts the demo's own zenflowd: drop --target" >&2; exit 2; }
 fi
+if [ "$dashboard" = 1 ] && [ -n "$target" ]; then
+  echo "--dashboard scrapes the demo's own daemons: drop --target" >&2; exit 2
+fi
 # ./zf demo checks the arguments this way before it builds anything
 # ("print": and shows what they set, for tools:demo_args_test).
 if [ "${ZF_DEMO_CHECK_ARGS:-}" = "print" ]; then
   printf '%s\n' "steps=$steps" "emulate=$emulate" "pretrain_data=$pretrain_data" \
-    "kill_at=$kill_at" "param_dtype=$param_dtype" "wire=$wire"
+    "kill_at=$kill_at" "param_dtype=$param_dtype" "wire=$wire" "dashboard=$dashboard"
 fi
 [ -n "${ZF_DEMO_CHECK_ARGS:-}" ] && exit 0
 mkdir -p "$out"
@@ -123,8 +135,10 @@ model=(--width="$width" --layers="$layers" --heads="$heads" --context="$context"
 pidfile="$out/zenflowd.pid"
 killer=""
 more_pids=()  # --daemons: the second and later daemons
+prom_pid=""   # --dashboard's Prometheus
 cleanup() {
   [ -n "$killer" ] && kill "$killer" 2>/dev/null
+  [ -n "$prom_pid" ] && kill -TERM "$prom_pid" 2>/dev/null && wait "$prom_pid" 2>/dev/null
   local q
   for q in "${more_pids[@]}"; do
     kill -TERM "$q" 2>/dev/null && wait "$q" 2>/dev/null
@@ -141,11 +155,18 @@ cleanup() {
 }
 trap cleanup EXIT
 # start_daemon [PORT]: starts zenflowd on PORT (0: any) and waits for it.
+# With --dashboard it serves /metrics too, on the port of its first start
+# (a restarted daemon keeps the scrape target).
+metrics_port=0
 start_daemon() {
   local extra=()
+  if [ "$dashboard" = 1 ]; then
+    rm -f "$out/mport"
+    extra+=(--metrics_listen="127.0.0.1:$metrics_port" --metrics_port_file="$out/mport")
+  fi
   if [ -n "$kill_at" ]; then
     mkdir -p "$out/state"
-    extra=(--state_dir="$out/state" --checkpoint_every_rounds=5)
+    extra+=(--state_dir="$out/state" --checkpoint_every_rounds=5)
   fi
   rm -f "$out/port"  # a previous run's port is not this daemon's
   "$ZENFLOWD" --listen="127.0.0.1:${1:-0}" --port_file="$out/port" "${extra[@]}" 2>>"$out/zenflowd.log" &
@@ -153,6 +174,10 @@ start_daemon() {
   disown $!  # killed on purpose by --kill_daemon_at: no "Killed" notice
   for _ in $(seq 1 300); do [ -s "$out/port" ] && break; sleep 0.1; done
   [ -s "$out/port" ] || { cat "$out/zenflowd.log" >&2; echo "zenflowd did not start" >&2; exit 1; }
+  if [ "$dashboard" = 1 ]; then
+    for _ in $(seq 1 100); do [ -s "$out/mport" ] && break; sleep 0.1; done
+    metrics_port=$(cat "$out/mport")
+  fi
 }
 if [ -z "$target" ]; then
   rm -rf "$out/state"
@@ -162,7 +187,10 @@ if [ -z "$target" ]; then
   echo "zenflowd (pid $(cat "$pidfile")) serving on $target"
   for i in $(seq 2 "$daemons"); do
     rm -f "$out/port$i"
-    "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$out/port$i" 2>"$out/zenflowd$i.log" &
+    mflags=()
+    [ "$dashboard" = 1 ] && mflags=(--metrics_listen=127.0.0.1:0 --metrics_port_file="$out/mport$i")
+    rm -f "$out/mport$i"
+    "$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$out/port$i" "${mflags[@]}" 2>"$out/zenflowd$i.log" &
     more_pids+=($!)
     for _ in $(seq 1 300); do [ -s "$out/port$i" ] && break; sleep 0.1; done
     [ -s "$out/port$i" ] || { cat "$out/zenflowd$i.log" >&2; echo "zenflowd $i did not start" >&2; exit 1; }
@@ -172,6 +200,44 @@ if [ -z "$target" ]; then
   [ "$daemons" -gt 1 ] && echo "each offloaded job is spread over the $daemons daemons: --target=$target"
 fi
 first="${target%%,*}"  # the daemon --kill_daemon_at kills
+
+# --dashboard: Prometheus on a free loopback port with the stall consoles,
+# scraping every daemon's /metrics every second (deploy/prometheus/
+# prometheus.yml's scrape job, faster, so that a short run has points).
+prom=""
+get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$1"; }
+# scraped_at: the time of Prometheus's last successful scrape of zenflowd (0: none).
+scraped_at() {
+  get "http://$prom/api/v1/query?query=max(timestamp(up%7Bjob%3D%22zenflowd%22%7D%20%3D%3D%201))" 2>/dev/null |
+    python3 -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)' ||
+    echo 0
+}
+if [ "$dashboard" = 1 ]; then
+  command -v prometheus >/dev/null || { echo "--dashboard needs prometheus (./zf setup installs it)" >&2; exit 1; }
+  targets="\"127.0.0.1:$metrics_port\""
+  for i in $(seq 2 "$daemons"); do
+    for _ in $(seq 1 100); do [ -s "$out/mport$i" ] && break; sleep 0.1; done
+    targets="$targets, \"127.0.0.1:$(cat "$out/mport$i")\""
+  done
+  rm -rf "$out/prometheus"
+  mkdir -p "$out/prometheus"
+  cat >"$out/prometheus/prometheus.yml" <<YML
+# ./zf demo --dashboard: deploy/prometheus/prometheus.yml's scrape of zenflowd, every second.
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+  - job_name: zenflowd
+    honor_labels: true
+    static_configs: [{targets: [$targets]}]
+YML
+  prom="127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  prometheus --config.file="$out/prometheus/prometheus.yml" --storage.tsdb.path="$out/prometheus/data" \
+    --web.listen-address="$prom" --web.console.templates="$ROOT/deploy/prometheus/consoles" \
+    --web.console.libraries="$ROOT/deploy/prometheus/console_libraries" >"$out/prometheus/prometheus.log" 2>&1 &
+  prom_pid=$!
+  for _ in $(seq 1 600); do [ "$(scraped_at)" != 0 ] && break; sleep 0.1; done
+  [ "$(scraped_at)" != 0 ] || { tail "$out/prometheus/prometheus.log" >&2; echo "Prometheus did not scrape zenflowd" >&2; exit 1; }
+  echo "dashboard: http://$prom/consoles/zenflow.html?window=10s (Prometheus $prom, scraping zenflowd every second)"
+fi
 
 # kill_daemon_when JOB: once JOB's rounds cover --kill_daemon_at steps,
 # SIGKILLs zenflowd and starts another on the same port and state directory.
@@ -206,6 +272,16 @@ fi
 
 ft=(--steps="$steps" --init="$pre" --data="$data" --lr="$lr" --threads=1 "${model[@]}"
     --emulate_device_ms="$emulate" --param_dtype="$param_dtype" --progress=false)
+# The pretrained model's validation loss on the fine-tuning data (a local run
+# of zero steps), the plot's point at step 0; cached beside the parameters.
+pre_val="$pre.val-$(printf '%s' "$(basename "$data")-$batch" | cksum | cut -d' ' -f1)"
+if [ ! -s "$pre_val" ]; then
+  "$TRAIN" --mode=local --steps=0 --init="$pre" --data="$data" "${model[@]}" --batch="$((2 * batch))" \
+    --threads=1 --param_dtype="$param_dtype" --progress=false 2>/dev/null |
+    "$ROOT/tools/json_get" --line=ZF_SUMMARY - val_loss >"$pre_val.tmp" 2>/dev/null && mv "$pre_val.tmp" "$pre_val"
+  rm -f "$pre_val.tmp"
+fi
+start_val=$(cat "$pre_val" 2>/dev/null || true)
 run=$(date +%s)
 # summary MODE PATH...: fields of the ZF_SUMMARY line in MODE's output, one per line.
 summary() { local m=$1; shift; "$ROOT/tools/json_get" --line=ZF_SUMMARY "$out/$m.out" "$@"; }
@@ -278,35 +354,29 @@ else
   echo "NOTE: everything ran on this machine's CPU (model and daemon share its cores)."
 fi
 
-# Plot: loss (top) and stall (bottom) per step, per mode, as SVG.
-awk -F, -v out="$out/demo.svg" '
-  FNR == 1 { f++; name[f] = FILENAME; sub(/.*\//, "", name[f]); sub(/\.csv$/, "", name[f]); next }
-  { n[f]++; loss[f, n[f]] = $2; stall[f, n[f]] = $4
-    if ($2 > maxl) maxl = $2; if (minl == "" || $2 < minl) minl = $2; if ($4 > maxs) maxs = $4
-    if (n[f] > maxn) maxn = n[f] }
-  END {
-    W = 900; H = 300; L = 70; color[1] = "#1f77b4"; color[2] = "#d62728"; color[3] = "#2ca02c"
-    if (maxs <= 0) maxs = 1
-    print "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" W + 160 "\" height=\"" 2 * H + 120 "\" font-family=\"sans-serif\" font-size=\"12\">" > out
-    print "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>" > out
-    for (p = 0; p < 2; p++) {
-      y0 = 40 + p * (H + 40)
-      print "<text x=\"" L "\" y=\"" y0 - 10 "\" font-size=\"14\">" (p == 0 ? "training loss per step" : "exposed stall per step (ms)") "</text>" > out
-      print "<rect x=\"" L "\" y=\"" y0 "\" width=\"" W "\" height=\"" H "\" fill=\"none\" stroke=\"#888\"/>" > out
-      lo = (p == 0 ? minl : 0); hi = (p == 0 ? maxl : maxs)
-      printf "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", L - 5, y0 + 10, hi > out
-      printf "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", L - 5, y0 + H, lo > out
-      for (i = 1; i <= f; i++) {
-        pts = ""
-        for (s = 1; s <= n[i]; s++) {
-          v = (p == 0 ? loss[i, s] : stall[i, s])
-          x = L + (s - 1) * W / (maxn > 1 ? maxn - 1 : 1); y = y0 + H - (v - lo) / (hi - lo + 1e-12) * H
-          pts = pts sprintf("%.1f,%.1f ", x, y)
-        }
-        print "<polyline fill=\"none\" stroke=\"" color[i] "\" stroke-width=\"1.5\" points=\"" pts "\"/>" > out
-        if (p == 0) print "<text x=\"" L + W + 10 "\" y=\"" y0 + 20 * i "\" fill=\"" color[i] "\">" name[i] "</text>" > out
-      }
-    }
-    print "<text x=\"" L "\" y=\"" 2 * H + 110 "\">step (1 .. " maxn ")</text></svg>" > out
-  }' "$out/zenflow.csv" "$out/zero_offload.csv" "$out/local.csv"
+# Plot: smoothed training loss with validation points, exposed stall and
+# step time per step, per mode (tools/demo_plot.py).
+python3 "$ROOT/tools/demo_plot.py" --out="$out/demo.svg" ${start_val:+--start_val="$start_val"} \
+  zenflow="$out/zenflow.csv,$out/zenflow.out" zero_offload="$out/zero_offload.csv,$out/zero_offload.out" \
+  local="$out/local.csv,$out/local.out"
 echo "per-step logs: $out/{zenflow,zero_offload,local}.csv; plot: $out/demo.svg"
+if [ "$dashboard" = 1 ]; then
+  # Two more scrapes, so that the graphs hold the runs' last figures; then
+  # the overview console over the whole run.
+  done_at=$(date +%s)
+  for _ in $(seq 1 100); do [ "$(scraped_at)" -ge $((done_at + 2)) ] && break; sleep 0.2; done
+  rc=0
+  python3 "$ROOT/tools/console_shot.py" --base="http://$prom" --range="$((run - 5)),$((done_at + 5))" \
+    --page="/consoles/zenflow.html?window=10s" --out="$out/dashboard.png" \
+    --require=zf_stall_per_step,zf_stall_fraction >"$out/dashboard.log" 2>&1 || rc=$?
+  grep -v '^CONSOLE_SHOT ' "$out/dashboard.log" | sed 's/^/  /'
+  # How many jobs the stall graph drew: both offloaded modes'.
+  drawn=$(sed -n 's/^CONSOLE_SHOT //p' "$out/dashboard.log" | python3 -c 'import json, sys
+g = {x["id"]: x for x in json.load(sys.stdin)[0]["graphs"]}
+print(g["zf_stall_per_step"]["series"])' 2>/dev/null) || drawn=0
+  if [ "$rc" -ne 0 ] || [ "$drawn" -lt 2 ]; then
+    echo "dashboard: FAILED (console_shot.py exit $rc, stall per step drawn for $drawn job(s), want 2); log: $out/dashboard.log" >&2
+    exit 1
+  fi
+  echo "dashboard: $out/dashboard.png (the overview console over the run: stall per step drawn for $drawn jobs, zenflow and zero_offload)"
+fi

@@ -40,6 +40,17 @@ for flag in --kill_daemon_at --kill-daemon-at; do
     fail "$flag=10: unexpected message: $out"
   fi
 done
+# --dashboard: shown in --help, set, and refused with --target (it scrapes
+# the demo's own daemons).
+grep -qF -- "--dashboard" <<<"$help" || fail "--help does not show --dashboard"
+got=$(settings --dashboard) || fail "--dashboard refused: $got"
+grep -qxF "dashboard=1" <<<"$got" || fail "--dashboard: no 'dashboard=1' in: $got"
+grep -qxF "dashboard=0" <<<"$(settings)" || fail "no --dashboard: dashboard is not 0"
+if out=$(settings --dashboard --target=127.0.0.1:1 2>&1); then
+  fail "--dashboard with --target passed"
+else
+  grep -qF -- "--dashboard scrapes the demo's own daemons" <<<"$out" || fail "--dashboard --target: unexpected message: $out"
+fi
 if out=$(settings --no-such-flag=1 2>&1); then
   fail "an unknown flag passed"
 else
