@@ -52,7 +52,8 @@ usage: ./zf demo [options]
                          consoles (deploy/prometheus/consoles), scraping zenflowd every
                          second; print the console's URL while the demo runs, and write
                          DIR/dashboard.png at the end: the overview console over the whole
-                         run, screenshotted by headless chromium (./zf setup installs it)
+                         run, screenshotted by headless chromium (./zf setup installs it),
+                         and DIR/dashboard-job.png, the zenflow job's console
   --out=DIR              where logs and the plot go (default demo-out/)
 EOF
 }
@@ -368,7 +369,8 @@ if [ "$dashboard" = 1 ]; then
   rc=0
   python3 "$ROOT/tools/console_shot.py" --base="http://$prom" --range="$((run - 5)),$((done_at + 5))" \
     --page="/consoles/zenflow.html?window=10s" --out="$out/dashboard.png" \
-    --require=zf_stall_per_step,zf_stall_fraction >"$out/dashboard.log" 2>&1 || rc=$?
+    --page="/consoles/zenflow-job.html?job=demo-zf-$run&window=10s" --out="$out/dashboard-job.png" \
+    --require=zf_stall_per_step,zf_stall_fraction,zf_rank_stall,zf_interval >"$out/dashboard.log" 2>&1 || rc=$?
   grep -v '^CONSOLE_SHOT ' "$out/dashboard.log" | sed 's/^/  /'
   # How many jobs the stall graph drew: both offloaded modes'.
   drawn=$(sed -n 's/^CONSOLE_SHOT //p' "$out/dashboard.log" | python3 -c 'import json, sys
@@ -378,5 +380,6 @@ print(g["zf_stall_per_step"]["series"])' 2>/dev/null) || drawn=0
     echo "dashboard: FAILED (console_shot.py exit $rc, stall per step drawn for $drawn job(s), want 2); log: $out/dashboard.log" >&2
     exit 1
   fi
-  echo "dashboard: $out/dashboard.png (the overview console over the run: stall per step drawn for $drawn jobs, zenflow and zero_offload)"
+  echo "dashboard: $out/dashboard.png (the overview console over the run: stall per step drawn for $drawn jobs, zenflow and zero_offload);" \
+    "$out/dashboard-job.png (the zenflow job's console)"
 fi
