@@ -94,9 +94,11 @@ end=$(now)
 for _ in $(seq 1 100); do [ "$(scraped)" -ge $((end + 2)) ] && break; sleep 0.2; done
 echo "run: $((end - start)) s of training (job $job); opening the consoles"
 
-# Prometheus's own graph page for the stall fraction of each rank.
-stall='sum by (job, rank) (rate(zenflow_worker_stall_seconds_total[10s])) / sum by (job, rank) (rate(zenflow_worker_step_seconds_total[10s]))'
-graph="/graph?g0.expr=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$stall")&g0.tab=0&g0.range_input=$((end - start + 30))s"
+# Prometheus's own graph page for the stall fraction of each rank, since the
+# rank's start (a rate would be 0/0 once the run is over: the page's range
+# ends now, not at the run's end).
+stall='sum by (job, rank) (zenflow_worker_stall_seconds_total) / sum by (job, rank) (zenflow_worker_step_seconds_total)'
+graph="/graph?g0.expr=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$stall")&g0.tab=0&g0.range_input=2m"
 rc=0
 python3 "$SHOT" --base="http://$P" --range="$((start - 5)),$((end + 5))" \
   --page="/consoles/zenflow.html?window=10s" --out="$shots/overview.png" \

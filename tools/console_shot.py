@@ -39,7 +39,7 @@ import urllib.error
 import urllib.request
 
 # Counts, per console graph, the series drawn: SVG paths whose "d" has two
-# or more points (Rickshaw's line renderer draws one path per series; a
+# or more points (path commands: a move and a segment at least) (Rickshaw's line renderer draws one path per series; a
 # series without points has an empty or one-point path), the legend's rows,
 # and whether the graph said "No timeseries returned" or "Error loading".
 GRAPH_STATE_JS = r"""
@@ -47,7 +47,7 @@ function drawn(root) {
   var n = 0;
   root.querySelectorAll('svg path').forEach(function (p) {
     var d = p.getAttribute('d') || '';
-    if ((d.match(/[ML]/g) || []).length >= 2 && p.getAttribute('class') !== 'domain') n++;
+    if ((d.match(/[MLCHVSQTA]/gi) || []).length >= 2 && p.getAttribute('class') !== 'domain') n++;
   });
   return n;
 }
