@@ -32,47 +32,13 @@ done
 dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/browser.XXXXXX")
 shots="${TEST_UNDECLARED_OUTPUTS_DIR:-$dir}"
 mkdir -p "$shots"
-zpid="" ppid=""
-cleanup() {
-  [ -n "$ppid" ] && kill -TERM "$ppid" 2>/dev/null && wait "$ppid" 2>/dev/null
-  [ -n "$zpid" ] && kill -TERM "$zpid" 2>/dev/null && wait "$zpid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$1"; }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-now() { python3 -c 'import time; print(int(time.time()))'; }
-
-"$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$dir/port" --metrics_listen=127.0.0.1:0 \
-  --metrics_port_file="$dir/mport" 2>"$dir/zenflowd.log" &
-zpid=$!
-for _ in $(seq 1 300); do [ -s "$dir/mport" ] && break; sleep 0.1; done
-[ -s "$dir/mport" ] || { echo "zenflowd did not start"; cat "$dir/zenflowd.log"; exit 1; }
-T="127.0.0.1:$(cat "$dir/port")"
-M="127.0.0.1:$(cat "$dir/mport")"
-
-# The scrape of deploy/prometheus/prometheus.yml (job zenflowd, honor_labels),
-# every second instead of every 15 s, so that a short run has points to draw.
-P="127.0.0.1:$(free_port)"
-cat >"$dir/prometheus.yml" <<YML
-global: {scrape_interval: 1s, evaluation_interval: 1s}
-scrape_configs:
-  - job_name: zenflowd
-    honor_labels: true
-    static_configs: [{targets: ["$M"]}]
-YML
-prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
-  --web.listen-address="$P" --web.console.templates="$CONSOLES" \
-  --web.console.libraries="$LIBRARIES" >"$dir/prometheus.log" 2>&1 &
-ppid=$!
-for _ in $(seq 1 600); do get "http://$P/-/ready" >/dev/null 2>&1 && break; sleep 0.1; done
-get "http://$P/-/ready" >/dev/null || { echo "Prometheus did not start"; tail "$dir/prometheus.log"; exit 1; }
-scraped() {
-  get "http://$P/api/v1/query?query=timestamp(up%7Bjob%3D%22zenflowd%22%7D%20%3D%3D%201)" |
-    python3 -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)'
-}
-for _ in $(seq 1 600); do [ "$(scraped)" != 0 ] && break; sleep 0.1; done
-[ "$(scraped)" != 0 ] || { echo "Prometheus never scraped zenflowd"; tail "$dir/prometheus.log"; exit 1; }
+# zenflowd, and Prometheus scraping it every second with the consoles
+# (tests/testing/live_prometheus.sh): so that a short run has points to draw.
+source "$R/tests/testing/live_prometheus.sh"
+trap 'live_stop; rm -rf "$dir"' EXIT
+now() { date +%s; }
+live_start_zenflowd
+live_start_prometheus --web.console.templates="$CONSOLES" --web.console.libraries="$LIBRARIES"
 start=$(now)
 
 # A refused request, for the rejections graph.
@@ -91,7 +57,7 @@ wait "$r1" || { cat "$dir/r1.err"; exit 1; }
 wait "$r0" || { cat "$dir/r0.err"; exit 1; }
 end=$(now)
 # Two more scrapes: the final figures are in.
-for _ in $(seq 1 100); do [ "$(scraped)" -ge $((end + 2)) ] && break; sleep 0.2; done
+for _ in $(seq 1 100); do [ "$(live_scraped)" -ge $((end + 2)) ] && break; sleep 0.2; done
 echo "run: $((end - start)) s of training (job $job); opening the consoles"
 
 # Prometheus's own graph page for the stall fraction of each rank, since the
@@ -120,12 +86,12 @@ for page in (overview, job_page):
     assert len(page["graphs"]) >= 6, [g["id"] for g in page["graphs"]]
     for g in page["graphs"]:
         assert g["series"] >= 1 and not g["error"], (page["url"], g)
-# One series per rank in the per-rank graphs; S and the apply delay; both
-# transports' bytes, up and down.
+# One series per rank in the per-rank graphs; S; the apply delay and the
+# staleness; both transports' bytes, up and down.
 j = graphs(job_page)
 for gid in ("zf_rank_stall", "zf_rank_stall_fraction", "zf_rank_send_blocked"):
     assert j[gid]["series"] == 2, (gid, j[gid])
-assert j["zf_interval"]["series"] == 2, j["zf_interval"]
+assert j["zf_interval"]["series"] == 1 and j["zf_apply_delay"]["series"] == 2, (j["zf_interval"], j["zf_apply_delay"])
 assert j["zf_job_bytes"]["series"] == 4, j["zf_job_bytes"]
 assert graphs(overview)["zf_stall_per_step"]["series"] == 1, graphs(overview)["zf_stall_per_step"]
 assert graph["graphs"] and graph["graphs"][0]["series"] >= 2, graph["graphs"]

@@ -29,48 +29,11 @@ for tool in prometheus promtool python3; do
   command -v "$tool" >/dev/null || { echo "$tool is missing (./zf setup installs it)"; exit 1; }
 done
 dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/metrics.XXXXXX")
-zpid="" ppid=""
-cleanup() {
-  [ -n "$ppid" ] && kill -TERM "$ppid" 2>/dev/null && wait "$ppid" 2>/dev/null
-  [ -n "$zpid" ] && kill -TERM "$zpid" 2>/dev/null && wait "$zpid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-# GET URL: the body (fails on an HTTP error).
-get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$1"; }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-"$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$dir/port" --metrics_listen=127.0.0.1:0 \
-  --metrics_port_file="$dir/mport" 2>"$dir/zenflowd.log" &
-zpid=$!
-for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
-[ -s "$dir/port" ] || { echo "zenflowd did not start"; cat "$dir/zenflowd.log"; exit 1; }
-T="127.0.0.1:$(cat "$dir/port")"
-M="127.0.0.1:$(cat "$dir/mport")"
-
-P="127.0.0.1:$(free_port)"
-cat > "$dir/prometheus.yml" <<YML
-global: {scrape_interval: 1s, evaluation_interval: 1s}
-rule_files: ["$RULES"]
-scrape_configs:
-  - job_name: zenflowd   # the name the rules and the dashboard expect
-    honor_labels: true   # the daemon's job label (the training job) wins
-    static_configs: [{targets: ["$M"]}]
-YML
-prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
-  --web.listen-address="$P" >"$dir/prometheus.log" 2>&1 &
-ppid=$!
-for _ in $(seq 1 600); do get "http://$P/-/ready" >/dev/null 2>&1 && break; sleep 0.1; done
-get "http://$P/-/ready" >/dev/null || { echo "Prometheus did not start"; tail "$dir/prometheus.log"; exit 1; }
-
-# Prometheus takes a few seconds to hand new targets to its scraper: the
-# run starts once the daemon has been scraped.
-up_ts() {
-  get "http://$P/api/v1/query?query=timestamp(up%7Bjob%3D%22zenflowd%22%7D%20%3D%3D%201)" |
-    python3 -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)'
-}
-for _ in $(seq 1 600); do [ "$(up_ts)" != 0 ] && break; sleep 0.1; done
-[ "$(up_ts)" != 0 ] || { echo "Prometheus never scraped zenflowd"; tail "$dir/prometheus.log"; exit 1; }
+# zenflowd and Prometheus on loopback (tests/testing/live_prometheus.sh).
+source "$R/tests/testing/live_prometheus.sh"
+trap 'live_stop; rm -rf "$dir"' EXIT
+live_start_zenflowd
+LIVE_RULES="$RULES" live_start_prometheus
 
 # A refused request, so that the rejections panel has a series to show.
 if "$STATS" --target="$T" --job='not an id!' >/dev/null 2>"$dir/refused.err"; then
@@ -100,11 +63,8 @@ wait "$r0" || { cat "$dir/r0.err"; exit 1; }
 
 # Let Prometheus take at least two more scrapes, so that every rate() has
 # the final figures and two samples.
-end=$(python3 -c 'import time; print(time.time())')
-for _ in $(seq 1 300); do
-  python3 -c "import sys; sys.exit(0 if float('$(up_ts)') > $end + 2.5 else 1)" && break
-  sleep 0.2
-done
+end=$(date +%s)
+for _ in $(seq 1 300); do [ "$(live_scraped)" -ge $((end + 3)) ] && break; sleep 0.2; done
 
 get "http://$M/metrics" >"$dir/metrics.txt"
 lint=$(promtool check metrics <"$dir/metrics.txt" 2>&1 || true)

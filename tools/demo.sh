@@ -314,6 +314,7 @@ if [ -n "$killer" ]; then
   killer=""
 fi
 two_ranks zero_offload "demo-zo-$run" "${wire_flag[@]}"
+offloaded_end=$(date +%s)  # the end of the runs zenflowd saw (--dashboard's range)
 echo "== local: 1 rank, in-process AdamW, batch $((2 * batch)) (the same tokens per step)"
 "$TRAIN" --mode=local --batch=$((2 * batch)) --log="$out/local.csv" "${ft[@]}" | tee "$out/local.out" | grep -v '^ZF_SUMMARY' || true
 
@@ -363,14 +364,14 @@ python3 "$ROOT/tools/demo_plot.py" --out="$out/demo.svg" ${start_val:+--start_va
 echo "per-step logs: $out/{zenflow,zero_offload,local}.csv; plot: $out/demo.svg"
 if [ "$dashboard" = 1 ]; then
   # Two more scrapes, so that the graphs hold the runs' last figures; then
-  # the overview console over the whole run.
+  # the consoles over the offloaded runs (local mode does not use zenflowd).
   done_at=$(date +%s)
   for _ in $(seq 1 100); do [ "$(scraped_at)" -ge $((done_at + 2)) ] && break; sleep 0.2; done
   rc=0
-  python3 "$ROOT/tools/console_shot.py" --base="http://$prom" --range="$((run - 5)),$((done_at + 5))" \
+  python3 "$ROOT/tools/console_shot.py" --base="http://$prom" --range="$((run - 5)),$((offloaded_end + 10))" \
     --page="/consoles/zenflow.html?window=10s" --out="$out/dashboard.png" \
     --page="/consoles/zenflow-job.html?job=demo-zf-$run&window=10s" --out="$out/dashboard-job.png" \
-    --require=zf_stall_per_step,zf_stall_fraction,zf_rank_stall,zf_interval >"$out/dashboard.log" 2>&1 || rc=$?
+    --require=zf_stall_per_step,zf_stall_fraction,zf_rank_stall,zf_interval,zf_apply_delay >"$out/dashboard.log" 2>&1 || rc=$?
   grep -v '^CONSOLE_SHOT ' "$out/dashboard.log" | sed 's/^/  /'
   # How many jobs the stall graph drew: both offloaded modes'.
   drawn=$(sed -n 's/^CONSOLE_SHOT //p' "$out/dashboard.log" | python3 -c 'import json, sys
