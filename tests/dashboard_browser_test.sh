@@ -86,12 +86,12 @@ for page in (overview, job_page):
     assert len(page["graphs"]) >= 6, [g["id"] for g in page["graphs"]]
     for g in page["graphs"]:
         assert g["series"] >= 1 and not g["error"], (page["url"], g)
-# One series per rank in the per-rank graphs; S; the apply delay and the
-# staleness; both transports' bytes, up and down.
+# One series per rank in the per-rank graphs; S; the apply delay; both
+# transports' bytes, up and down.
 j = graphs(job_page)
 for gid in ("zf_rank_stall", "zf_rank_stall_fraction", "zf_rank_send_blocked"):
     assert j[gid]["series"] == 2, (gid, j[gid])
-assert j["zf_interval"]["series"] == 1 and j["zf_apply_delay"]["series"] == 2, (j["zf_interval"], j["zf_apply_delay"])
+assert j["zf_interval"]["series"] == 1 and j["zf_apply_delay"]["series"] == 1, (j["zf_interval"], j["zf_apply_delay"])
 assert j["zf_job_bytes"]["series"] == 4, j["zf_job_bytes"]
 assert graphs(overview)["zf_stall_per_step"]["series"] == 1, graphs(overview)["zf_stall_per_step"]
 assert graph["graphs"] and graph["graphs"][0]["series"] >= 2, graph["graphs"]
