@@ -66,11 +66,13 @@ echo "run: $((end - start)) s of training (job $job); opening the consoles"
 stall='sum by (job, rank) (zenflow_worker_stall_seconds_total) / sum by (job, rank) (zenflow_worker_step_seconds_total)'
 graph="/graph?g0.expr=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$stall")&g0.tab=0&g0.range_input=2m"
 rc=0
+shot_start=$(now)
 python3 "$SHOT" --base="http://$P" --range="$((start - 5)),$((end + 5))" \
   --page="/consoles/zenflow.html?window=10s" --out="$shots/overview.png" \
   --page="/consoles/zenflow-job.html?job=$job&window=10s" --out="$shots/job.png" \
   --page="$graph" --out="$shots/prometheus-graph.png" >"$dir/shot.out" 2>&1 || rc=$?
 grep -v '^CONSOLE_SHOT ' "$dir/shot.out"
+echo "browser: $(($(now) - shot_start)) s for chromium and the three pages"
 [ "$rc" -eq 0 ] || { echo "FAIL: console_shot.py exited $rc"; exit 1; }
 
 grep '^CONSOLE_SHOT ' "$dir/shot.out" | sed 's/^CONSOLE_SHOT //' >"$dir/shot.json"
