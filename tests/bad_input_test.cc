@@ -563,8 +563,9 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
                // fp32 deltas with bf16 m and v (the default update_interval
                // auto may send the predicted step's state), and the update
                // divergence's side buffers (docs/design.md rule 14: about
-               // 1% of the columns x 4 steps x 2 rounds, and their state).
-               "needs 313711203456 bytes (292.17 GiB) (8589934592 parameters");
+               // 1% of the columns x 4 steps x 2 rounds, and their state);
+               // per column 21 B of bookkeeping, per rank 664 B.
+               "needs 313710679836 bytes (292.17 GiB) (8589934592 parameters");
   ExpectStatus(c.CreateJob(SquareJob("huge", {{1, big}})).status(),
                StatusCode::kResourceExhausted, "of its memory budget of 268435456 bytes");
   EXPECT_EQ(Reserved(c), before);
@@ -610,7 +611,7 @@ TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   // 2^27 parameters: 4.90 GB as allocated, within the budget, not the limit.
   ExpectStatus((*c)->CreateJob(SquareJob("big", {{1 << 14, 1 << 13}})).status(),
                StatusCode::kResourceExhausted,
-               "job 'big': allocating 4902003344 bytes for 134217728 parameters failed (out of "
+               "job 'big': allocating 4901938476 bytes for 134217728 parameters failed (out of "
                "memory); nothing was kept");
   EXPECT_EQ(Reserved(**c), 0);
   JobOptions o;
