@@ -250,6 +250,21 @@ TEST(JobTest, RankOrderedSumsMakeTheStateIndependentOfArrivalOrder) {
   EXPECT_EQ(StateAfterUpdates(copy.get()), want);
 }
 
+// The sections of `snap` by name, and a job of its spec in `registry`
+// with them loaded (null when that fails).
+std::map<std::string, const std::string*> SectionsOf(const JobSnapshot& snap) {
+  std::map<std::string, const std::string*> sections;
+  for (const auto& [name, bytes] : snap.sections) sections[name] = &bytes;
+  return sections;
+}
+std::shared_ptr<Job> LoadedCopy(JobRegistry* registry,
+                                const std::map<std::string, const std::string*>& sections) {
+  v1::JobSpec spec;
+  if (!spec.ParseFromString(*sections.at("spec")) || !registry->CreateJob(spec).ok()) return nullptr;
+  std::shared_ptr<Job> copy = *registry->Find(spec.job_id());
+  return copy->LoadSnapshot(sections).ok() ? copy : nullptr;
+}
+
 // Rank-ordered sums are folded as ranks close (rank r once ranks 0..r
 // have): whatever order four ranks' shards and closes arrive in, and with
 // a snapshot taken and restored between closes, the state after the
@@ -280,14 +295,8 @@ TEST(JobTest, RankOrderedSumsFoldedAtClosesDoNotDependOnCloseOrder) {
       if (restore && i == 1) {
         absl::StatusOr<JobSnapshot> snap = job->Snapshot();
         ASSERT_TRUE(snap.ok()) << snap.status();
-        std::map<std::string, const std::string*> sections;
-        for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
-        v1::JobSpec spec;
-        ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));
-        ASSERT_TRUE(second.CreateJob(spec).ok());
-        std::shared_ptr<Job> copy = *second.Find("unit");
-        ASSERT_TRUE(copy->LoadSnapshot(sections).ok());
-        job = copy;
+        job = LoadedCopy(&second, SectionsOf(*snap));
+        ASSERT_NE(job, nullptr);
       }
     }
     const std::string got = StateAfterUpdates(job.get());
@@ -320,8 +329,7 @@ TEST(JobCheckpointTest, PerColumnArrivalSectionsOfOlderCheckpointsLoad) {
   ASSERT_TRUE(whole->HandleUp(0, AllColumns(0, {1, 2, 3, 4, 5, 6}), Wire::kGrpc).ok());
   absl::StatusOr<JobSnapshot> snap = whole->Snapshot();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  std::map<std::string, const std::string*> sections;
-  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  std::map<std::string, const std::string*> sections = SectionsOf(*snap);
   ASSERT_EQ(sections.count("arrivals"), 1u);
   sections.erase("arrivals");
   const std::vector<int64_t> last = {0, 0, 0};
@@ -331,11 +339,8 @@ TEST(JobCheckpointTest, PerColumnArrivalSectionsOfOlderCheckpointsLoad) {
   sections["t0.last"] = &last_bytes;
   sections["t0.hits"] = &hits_bytes;
   JobRegistry second(RegistryOptions{});
-  v1::JobSpec spec;
-  ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));
-  ASSERT_TRUE(second.CreateJob(spec).ok());
-  std::shared_ptr<Job> copy = *second.Find("unit");
-  ASSERT_TRUE(copy->LoadSnapshot(sections).ok());
+  std::shared_ptr<Job> copy = LoadedCopy(&second, sections);
+  ASSERT_NE(copy, nullptr);
   EXPECT_EQ(copy->HandleUp(0, AllColumns(0, {1, 2, 3, 4, 5, 6}), Wire::kGrpc).code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(copy->HandleUp(0, Close(0, 2, 0.1), Wire::kGrpc).code(),
