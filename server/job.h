@@ -306,6 +306,12 @@ class Job : public std::enable_shared_from_this<Job> {
     double max_stall_seconds = 0;  // the largest stall a rank's close reported
     bool first_shard_seen = false;
     std::chrono::steady_clock::time_point first_shard;
+    // Rank-ordered sums: ranks [0, folded) are in rank 0's sum
+    // (FoldClosedRanksLocked), a fold is running outside the lock, the
+    // update is scheduled.
+    int32_t folded = 0;
+    bool folding = false;
+    bool scheduled = false;
   };
 
 
@@ -360,6 +366,10 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status CheckWorkerReport(const v1::RoundClose& close, int64_t steps) const;
   void AddWorkerReport(const v1::RoundClose& close, RankState* rs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After rank's close of round r: the ranks' sums that can be folded now
+  // (rank-ordered sums), then, once every rank closed the round and all are
+  // folded, its update scheduled. May let go of mu_ while it folds.
+  void FoldClosedRanksLocked(int32_t rank, int64_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs on the job's strand, holding the round's lease.
   void RunUpdate(UpdateLease lease);
   // After the update of a round that divergence_->Start took (its lr and

@@ -108,8 +108,6 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
       big.push_back({p + n, std::string(elements * sizeof(float), '\0')});
     }
     big.push_back({p + "count", std::string(cols * sizeof(int64_t), '\0')});
-    big.push_back({p + "last", std::string(world_ * cols * sizeof(int64_t), '\0')});
-    big.push_back({p + "hits", std::string(world_ * cols * sizeof(int32_t), '\0')});
   }
   MutexLock lock(&mu_);
   ZF_RETURN_IF_ERROR(CheckLive());
@@ -156,6 +154,11 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     meta.PutAll(t.prev_important_cols);
   }
   snap.sections.push_back({"meta", meta.Take()});
+  // Which rank sent which column of its open round (RankArrivals: per rank
+  // and step, runs of columns). Checkpoints before it held t<i>.last and
+  // t<i>.hits (per rank and column) instead, and no rank's sum folded
+  // before the round's update.
+  snap.sections.push_back({"arrivals", acc_->arrivals().Save()});
   // The newest round's RoundDone: a rank that never got that round's deltas
   // (the daemon went between this file and them) gets them again after a
   // restore (MissedRound).
@@ -178,15 +181,6 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
       copy(acc_->sum_buffer(t, r, 1).data());
     }
     copy(raw.count);
-    const size_t cols = raw.cols;
-    Big& last = big[at++];
-    Big& hits = big[at++];
-    for (int r = 0; r < world_; ++r) {
-      std::memcpy(last.bytes.data() + r * cols * sizeof(int64_t), acc_->last_steps(t, r).data(),
-                  cols * sizeof(int64_t));
-      std::memcpy(hits.bytes.data() + r * cols * sizeof(int32_t), acc_->hits_of(t, r).data(),
-                  cols * sizeof(int32_t));
-    }
   }
   snap.pause_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -252,6 +246,9 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     t.prev_important_cols = meta.All<int32_t>(t.cols);
   }
   if (!meta.ok()) return bad("meta section malformed");
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    acc_->arrivals().SetImportant(static_cast<int>(ti), tensors_[ti].important);
+  }
   // What Snapshot writes holds all of the below. A file that does not (one
   // whose checksums are right but whose meta is not this daemon's) would
   // make a job that waits forever for an update (its next checkpoint, a
@@ -350,19 +347,45 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
             load(p + SumSectionName(r, parity), sum.data(), sum.size() * sizeof(float)));
       }
     }
-    const std::string* last = section(p + "last");
-    const std::string* hits = section(p + "hits");
-    const size_t cols = raw.cols;
-    if (last == nullptr || hits == nullptr ||
-        last->size() != static_cast<size_t>(world_) * cols * sizeof(int64_t) ||
-        hits->size() != static_cast<size_t>(world_) * cols * sizeof(int32_t)) {
-      return bad(absl::StrCat("arrival sections of tensor ", ti, " do not fit the job"));
+  }
+  const std::string* arrivals = section("arrivals");
+  if (arrivals != nullptr) {
+    const absl::Status loaded = acc_->arrivals().Load(*arrivals);
+    if (!loaded.ok()) return bad(std::string(loaded.message()));
+  } else {
+    // A checkpoint of before RankArrivals: per rank and column the last
+    // step received and the open round's count.
+    for (int r = 0; r < world_; ++r) acc_->ResetRank(r);
+    for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+      const std::string p = absl::StrCat("t", ti, ".");
+      const std::string* last = section(p + "last");
+      const std::string* hits = section(p + "hits");
+      const size_t cols = static_cast<size_t>(tensors_[ti].cols);
+      if (last == nullptr || hits == nullptr ||
+          last->size() != static_cast<size_t>(world_) * cols * sizeof(int64_t) ||
+          hits->size() != static_cast<size_t>(world_) * cols * sizeof(int32_t)) {
+        return bad(absl::StrCat("arrival sections of tensor ", ti, " do not fit the job"));
+      }
+      std::vector<int64_t> l(cols);
+      std::vector<int32_t> h(cols);
+      for (int r = 0; r < world_; ++r) {
+        std::memcpy(l.data(), last->data() + r * cols * sizeof(int64_t), cols * sizeof(int64_t));
+        std::memcpy(h.data(), hits->data() + r * cols * sizeof(int32_t), cols * sizeof(int32_t));
+        acc_->arrivals().LoadPerColumn(static_cast<int>(ti), r, l.data(), h.data());
+      }
     }
-    for (int r = 0; r < world_; ++r) {
-      std::memcpy(acc_->last_steps(t, r).data(), last->data() + r * cols * sizeof(int64_t),
-                  cols * sizeof(int64_t));
-      std::memcpy(acc_->hits_of(t, r).data(), hits->data() + r * cols * sizeof(int32_t),
-                  cols * sizeof(int32_t));
+  }
+  // Rank-ordered sums: the ranks that closed an open round, and every rank
+  // before them, are folded (FoldClosedRanksLocked; a Snapshot waits for the
+  // folds in flight). A checkpoint of before that folded none: fold them now.
+  for (auto& [round, rs] : rounds_) {
+    int closed = 0;
+    while (closed < world_ && ranks_[closed].next_round > round) ++closed;
+    if (acc_->sum_ranks() == 1) {
+      rs.folded = world_;
+    } else {
+      if (arrivals == nullptr) acc_->FoldRanks(round, 1, closed);
+      rs.folded = closed;
     }
   }
   restored_rounds_ = rounds_updated_;

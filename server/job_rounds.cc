@@ -419,16 +419,12 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
         "round ", close.round(), ": lr ", close.lr(), " differs from the lr ", it->second.lr,
         " other ranks closed it with"));
   }
-  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    const TensorState& t = tensors_[ti];
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const int32_t hits = acc_->hits(static_cast<int>(ti), rank, static_cast<int32_t>(c));
-      if (!t.important[c] && hits != steps) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank, " cannot close round ", close.round(), ": tensor '", t.name,
-            "' column ", c, " has gradients from ", hits, " of ", steps, " steps"));
-      }
-    }
+  RankArrivals::Miss miss;
+  if (acc_->arrivals().FirstIncomplete(rank, steps, &miss)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " cannot close round ", close.round(), ": tensor '",
+        tensors_[miss.tensor].name, "' column ", miss.column, " has gradients from ", miss.hits,
+        " of ", steps, " steps"));
   }
   // Apply.
   acc_->ResetRank(rank);
@@ -454,14 +450,48 @@ absl::Status Job::HandleClose(int32_t rank, const v1::RoundClose& close, bool re
     // Rounds close fully in order from 0, so only round 0 has no predecessor.
     if (close.round() > 0) round.interval_seconds = Seconds(round.last_close - last_full_close_);
     last_full_close_ = round.last_close;
+  }
+  FoldClosedRanksLocked(rank, close.round());
+  return absl::OkStatus();
+}
+
+void Job::FoldClosedRanksLocked(int32_t rank, int64_t r) {
+  RoundState& round = rounds_[r];  // (a map: stays put while the lock is let go)
+  if (acc_->sum_ranks() == 1) {
+    round.folded = world_;  // one buffer: nothing to fold
+  } else {
+    // Rank-ordered sums: the ranks' sums go into rank 0's as soon as they
+    // and every rank before them have closed the round, in rank order (the
+    // same adds as one fold of them all at the end), on this rank's thread
+    // and outside the job's lock, as a shard's add. One fold of a round at
+    // a time; a close meanwhile is picked up by the fold in flight.
+    RankState& me = ranks_[rank];
+    while (!round.folding) {
+      const int from = round.folded;
+      int to = from;
+      while (to < world_ && ranks_[to].next_round > r) ++to;
+      if (to == from) break;
+      round.folding = true;
+      me.adding = true;
+      ++adds_in_flight_;
+      mu_.Unlock();
+      acc_->FoldRanks(r, from, to);
+      mu_.Lock();
+      me.adding = false;
+      --adds_in_flight_;
+      round.folding = false;
+      round.folded = to;
+    }
+  }
+  if (round.closed == world_ && round.folded == world_ && !round.folding && !round.scheduled) {
+    round.scheduled = true;
     std::shared_ptr<Job> self = shared_from_this();
     // The update's right to the round's buffers; HandleShard and HandOff
     // keep off them until rounds_updated_ passes the round.
-    auto lease = std::make_shared<UpdateLease>(
-        UpdateLease::Grant(close.round(), store_.get(), acc_.get()));
+    auto lease =
+        std::make_shared<UpdateLease>(UpdateLease::Grant(r, store_.get(), acc_.get()));
     strand_->Schedule([self, lease] { self->RunUpdate(std::move(*lease)); });
   }
-  return absl::OkStatus();
 }
 
 // ---- Update -----------------------------------------------------------------
@@ -499,6 +529,7 @@ void Job::RunUpdate(UpdateLease lease) {
   in.steps_sum = rs.steps_sum;
   in.lr = RoundStepLr(spec_, rs.lr, rs.steps);  // docs/design.md rule 12
   in.nonfinite = rs.nonfinite;
+  in.folded_ranks = rs.folded;  // the rest (none) is folded by the update
   in.tensors = &update_tensors_;
   in.remote = &remote;
   const v1::AdamWConfig& cfg = spec_.adamw();

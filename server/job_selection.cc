@@ -172,6 +172,7 @@ std::vector<std::function<void()>> Job::MaybeFinishSelectionLocked() {
     }
     std::fill(t.important.begin(), t.important.end(), 0);
     for (int32_t c : chosen) t.important[c] = 1;
+    acc_->arrivals().SetImportant(static_cast<int>(ti), t.important);
     t.important_cols = std::move(chosen);
   }
   ++selection_version_;

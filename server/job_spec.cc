@@ -14,6 +14,7 @@
 #include "common/geometry.h"
 #include "common/status_macros.h"
 #include "server/divergence.h"
+#include "server/rank_arrivals.h"
 #include "server/factored_moment.h"
 #include "server/quote.h"
 
@@ -400,8 +401,8 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     const int64_t sums = spec.rank_ordered_sums() ? spec.world_size() : 1;
     add(&f.state_bytes, mul(n, mul(3 + 2 * sums, sizeof(float))));
     add(&f.bookkeeping_bytes, mul(cols, sizeof(int64_t) + 1 + 2 * sizeof(int32_t)));
-    add(&f.bookkeeping_bytes,
-        mul(mul(cols, spec.world_size()), sizeof(int64_t) + sizeof(int32_t)));
+    // Which rank sent which column (RankArrivals): per column its number.
+    add(&f.bookkeeping_bytes, mul(cols + 1, RankArrivals::kBytesPerColumn));
     // The update divergence's side buffers (docs/design.md rule 14): two
     // rounds of ~1% of the columns' per-step values (per rank when
     // rank-ordered), their received flags, a slot per column, and the
@@ -434,6 +435,13 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     }
   }
   add(&f.delta_bytes, mul(delta_round, 2));
+  // And per rank the steps of its open round (at most update_interval),
+  // each with RankArrivals::kChargedRunsPerStep runs of columns.
+  add(&f.bookkeeping_bytes,
+      mul(spec.world_size(),
+          RankArrivals::kBytesPerRank +
+              mul(std::max<int64_t>(spec.zenflow().update_interval(), 1),
+                  RankArrivals::kBytesPerStep)));
   int64_t total = f.state_bytes;
   add(&total, f.bookkeeping_bytes);
   add(&total, f.delta_bytes);

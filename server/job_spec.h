@@ -43,8 +43,10 @@ struct JobFootprint {
   // (the upload is staged in an accumulation buffer: nothing extra); with
   // rank_ordered_sums, two accumulation buffers per rank: 12 + 8 * world B.
   int64_t state_bytes = 0;
-  // Per column: update count, selection flag and lists (17 B); per rank and
-  // column: last step received and hits in the open round (12 B); the
+  // Per column: update count, selection flag and lists (17 B) and its
+  // number among the daemon's columns (4 B); per rank and step of its open
+  // round, the runs of columns it sent (RankArrivals: never per rank and
+  // column); the
   // update divergence's side buffers (server/divergence.h: about 1% of the
   // columns x min(S, 16) steps, per rank when rank-ordered, two rounds).
   int64_t bookkeeping_bytes = 0;

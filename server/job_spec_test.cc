@@ -203,12 +203,15 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->params, 6);
   EXPECT_EQ(f->state_bytes, 6 * 20);
-  // Per column; per rank x column; the update divergence's side buffers
-  // (one sampled column of 2 rows, one step: two rounds of fp32 values and
-  // of 4 ranks' flags, an int32 slot per column and round, and the
-  // update's 5 floats per sampled value).
+  // Per column (and its number among the daemon's: cols + 1 of 4 B); per
+  // rank and step of its open round (S = 1: one), never per rank x column;
+  // the update divergence's side buffers (one sampled column of 2 rows,
+  // one step: two rounds of fp32 values and of 4 ranks' flags, an int32
+  // slot per column and round, and the update's 5 floats per sampled
+  // value).
   const int64_t divergence = 2 * (2 * 4) + 2 * 4 + 2 * 3 * 4 + 2 * 5 * 4;
-  EXPECT_EQ(f->bookkeeping_bytes, 3 * 17 + 4 * 3 * 12 + divergence);
+  EXPECT_EQ(f->bookkeeping_bytes,
+            3 * 17 + (3 + 1) * 4 + 4 * (24 + 1 * (32 + 16 * 8)) + divergence);
   // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
   // carry the predicted step's state); the local step, which would add its
   // factored moment (CountsTheFactoredMoment), is off by default.

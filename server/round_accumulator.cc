@@ -131,9 +131,21 @@ BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int
   return out;
 }
 
+namespace {
+
+std::vector<int64_t> ColumnsOf(const std::vector<TensorStore::Shape>& shapes) {
+  std::vector<int64_t> cols;
+  for (const TensorStore::Shape& s : shapes) cols.push_back(s.cols);
+  return cols;
+}
+
+}  // namespace
+
 RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world,
                                    bool rank_ordered)
-    : sum_ranks_(rank_ordered ? world : 1), tensors_(shapes.size()) {
+    : sum_ranks_(rank_ordered ? world : 1),
+      tensors_(shapes.size()),
+      arrivals_(ColumnsOf(shapes), world) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     Tensor& x = tensors_[i];
     x.shape = shapes[i];
@@ -143,8 +155,6 @@ RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes
       parities[0].assign(n, 0.0f);
       parities[1].assign(n, 0.0f);
     }
-    x.last_step.assign(world, std::vector<int64_t>(x.shape.cols, -1));
-    x.hits.assign(world, std::vector<int32_t>(x.shape.cols, 0));
   }
 }
 
@@ -159,8 +169,31 @@ void RoundAccumulator::Fold(int t, int64_t round, int64_t first, int64_t n) {
   }
 }
 
+void RoundAccumulator::FoldRanks(int64_t round, int first_rank, int end_rank) {
+  first_rank = std::max(first_rank, 1);
+  end_rank = std::min(end_rank, sum_ranks_);
+  if (first_rank >= end_rank) return;
+  // A chunk of the total stays in L1 while every rank's part is added to it
+  // (in rank order, so each value gets the same adds as a fold of them all).
+  constexpr size_t kChunk = 2048;
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const int t = static_cast<int>(ti);
+    const size_t len = static_cast<size_t>(tensors_[ti].shape.rows * tensors_[ti].shape.cols);
+    float* const total = sum(t, round, 0);
+    for (size_t at = 0; at < len; at += kChunk) {
+      const size_t n = std::min(kChunk, len - at);
+      float* const x = total + at;
+      for (int r = first_rank; r < end_rank; ++r) {
+        float* const part = sum_of(t, r, round, 0) + at;
+        for (size_t i = 0; i < n; ++i) x[i] += part[i];
+        std::memset(part, 0, n * sizeof(float));
+      }
+    }
+  }
+}
+
 BlockSquares RoundAccumulator::FoldNorm(SimdLevel level, int t, int64_t round, int64_t first,
-                                        int64_t n) {
+                                        int64_t n, int first_rank) {
   // At most a few ranks' pointers: a small fixed array, no allocation.
   constexpr int kMaxParts = 64;
   float* parts[kMaxParts];
@@ -168,7 +201,7 @@ BlockSquares RoundAccumulator::FoldNorm(SimdLevel level, int t, int64_t round, i
   const size_t len = static_cast<size_t>(n * tensors_[t].shape.rows);
   // The ranks beyond kMaxParts + 1 (a world that large) are folded first,
   // in rank order, in groups; the result is the same sequence of adds.
-  int r = 1;
+  int r = std::max(first_rank, 1);
   while (sum_ranks_ - r > kMaxParts) {
     for (int k = 0; k < kMaxParts; ++k) parts[k] = sum_of(t, r + k, round, first);
     float* const* p = parts;
@@ -192,10 +225,6 @@ void RoundAccumulator::Clear(int t, int64_t round, int64_t first, int64_t n) {
     std::memset(sum_of(t, r, round, first), 0,
                 static_cast<size_t>(n * tensors_[t].shape.rows) * sizeof(float));
   }
-}
-
-void RoundAccumulator::ResetRank(int rank) {
-  for (Tensor& x : tensors_) std::fill(x.hits[rank].begin(), x.hits[rank].end(), 0);
 }
 
 void RoundAccumulator::ClearStaging(int t, int64_t elements) {

@@ -1,22 +1,23 @@
 // The rounds of one job as they arrive: per-round fp32 sums of the shards of
 // every rank and step (two buffers, by round parity, so that round r+1
 // accumulates while round r is updated), and which rank has sent which
-// column for which step of its open round.
+// column for which step of its open round (RankArrivals).
 //
 //   RoundAccumulator acc({{rows, cols}}, /*world=*/2, /*rank_ordered=*/true);
 //   if (!acc.Received(t, rank, step, c)) {
 //     DecodeAdd(dtype, payload, rows, acc.sum_of(t, rank, round, c));
 //     acc.MarkReceived(t, rank, step, c);
 //   }
-//   ...  // every rank closed the round
-//   acc.Fold(t, round, first, n);  // acc.sum(t, round, first) is the total
+//   ...  // ranks 0..r closed the round: theirs folded, in rank order
+//   acc.FoldRanks(round, 1, r + 1);  // once all are: acc.sum(t, round, c) is the total
 //
 // Floating-point addition is not associative: one buffer that every rank
 // adds into holds a sum that depends on the order the ranks' shards arrived
 // in. Rank-ordered sums give each rank beyond the first its own buffers and
-// add them to rank 0's in rank order (Fold), so the total depends only on
-// what each rank sent: reruns, and runs that ride through a daemon restart,
-// are bit-identical. A rank's own steps always arrive in order.
+// add them to rank 0's in rank order (FoldRanks, as the ranks close: rank r
+// once ranks 0..r have all closed), so the total depends only on what each
+// rank sent: reruns, and runs that ride through a daemon restart, are
+// bit-identical. A rank's own steps always arrive in order.
 //
 // Not thread-safe: its owner (Job) serializes access, under its mutex, or by
 // the ownership a round's update has of that round's buffer.
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "common/adamw.h"
+#include "server/rank_arrivals.h"
 #include "server/tensor_store.h"
 
 namespace zenflow {
@@ -53,9 +55,10 @@ BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int
 
 class RoundAccumulator {
  public:
-  // Zeroed sums; per rank and column, nothing received. Allocates 8 B per
-  // element (times `world` when rank_ordered) and 12 B per rank and column;
-  // throws std::bad_alloc when it cannot.
+  // Zeroed sums; nothing received. Allocates 8 B per element (times
+  // `world` when rank_ordered) and RankArrivals' bookkeeping (per column and
+  // per rank, never per rank and column); throws std::bad_alloc when it
+  // cannot.
   RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world, bool rank_ordered);
   RoundAccumulator(const RoundAccumulator&) = delete;
   RoundAccumulator& operator=(const RoundAccumulator&) = delete;
@@ -71,34 +74,41 @@ class RoundAccumulator {
     Tensor& x = tensors_[t];
     return x.sum[rank < sum_ranks_ ? rank : 0][round & 1].data() + c * x.shape.rows;
   }
+  // Adds the sums of ranks [first_rank, end_rank) (first_rank >= 1) of
+  // every tensor to rank 0's, in rank order, and zeroes them: the same adds,
+  // in the same order, as folding them all at once. Nothing to do unless
+  // rank-ordered.
+  void FoldRanks(int64_t round, int first_rank, int end_rank);
   // Adds the other ranks' sums of columns [first, first + n) to rank 0's, in
   // rank order, and zeroes them. Nothing to do unless rank-ordered.
   void Fold(int t, int64_t round, int64_t first, int64_t n);
-  // Fold in the same pass as the squares of the total (FoldSquares).
-  BlockSquares FoldNorm(SimdLevel level, int t, int64_t round, int64_t first, int64_t n);
+  // The squares of the total (FoldSquares) in the same pass as the fold of
+  // ranks [first_rank, sum_ranks()) (those before it already folded: with
+  // first_rank == sum_ranks(), the squares alone).
+  BlockSquares FoldNorm(SimdLevel level, int t, int64_t round, int64_t first, int64_t n,
+                        int first_rank = 1);
   // Zeroes columns [first, first + n) of round `round`'s sums.
   void Clear(int t, int64_t round, int64_t first, int64_t n);
 
   // Whether `rank` already sent column c of tensor t for `step`.
   bool Received(int t, int rank, int64_t step, int32_t c) const {
-    return tensors_[t].last_step[rank][c] == step;
+    return arrivals_.Received(t, rank, step, c);
   }
   // Records it: one more step of the rank's open round for that column.
   void MarkReceived(int t, int rank, int64_t step, int32_t c) {
-    tensors_[t].last_step[rank][c] = step;
-    tensors_[t].hits[rank][c] += 1;
+    arrivals_.MarkReceived(t, rank, step, c);
   }
   // Steps of the rank's open round received for column c of tensor t.
-  int32_t hits(int t, int rank, int32_t c) const { return tensors_[t].hits[rank][c]; }
+  int32_t hits(int t, int rank, int32_t c) const { return arrivals_.hits(t, rank, c); }
   // The rank closed its round: its counts start again from zero.
-  void ResetRank(int rank);
+  void ResetRank(int rank) { arrivals_.ResetRank(rank); }
+  // Which rank sent which column (the selection set on it, checkpoints).
+  RankArrivals& arrivals() { return arrivals_; }
+  const RankArrivals& arrivals() const { return arrivals_; }
 
   // For checkpoints: tensor t's sum buffer `r` (< sum_ranks()) of the
-  // rounds of `parity` (rows * cols floats), and per rank its last step and
-  // hits per column.
+  // rounds of `parity` (rows * cols floats).
   std::vector<float>& sum_buffer(int t, int r, int parity) { return tensors_[t].sum[r][parity & 1]; }
-  std::vector<int64_t>& last_steps(int t, int rank) { return tensors_[t].last_step[rank]; }
-  std::vector<int32_t>& hits_of(int t, int rank) { return tensors_[t].hits[rank]; }
 
   // Before the parameters are uploaded the odd rounds' sum is idle: an
   // upload stages tensor t there (row-major), then clears it.
@@ -109,11 +119,10 @@ class RoundAccumulator {
   struct Tensor {
     TensorStore::Shape shape;
     std::vector<std::array<std::vector<float>, 2>> sum;  // [rank][parity]
-    std::vector<std::vector<int64_t>> last_step;  // [rank][col]; -1: none
-    std::vector<std::vector<int32_t>> hits;       // [rank][col]
   };
   int sum_ranks_ = 1;
   std::vector<Tensor> tensors_;
+  RankArrivals arrivals_;
 };
 
 }  // namespace zenflow

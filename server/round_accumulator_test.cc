@@ -102,6 +102,48 @@ TEST(RoundAccumulatorTest, RankOrderedSumsDoNotDependOnArrivalOrder) {
   EXPECT_NE(shared[0], shared[1]);
 }
 
+// Folding ranks as they close, in pieces of the rank order (as
+// Job::FoldClosedRanksLocked does), gives the bits of one fold of them all,
+// touches only that round, and zeroes what it folded.
+TEST(RoundAccumulatorTest, FoldRanksInPiecesIsOneFold) {
+  constexpr int kWorld = 5;
+  const std::vector<TensorStore::Shape> shapes = {{3, 700}, {1, 9}};
+  auto fill = [&](RoundAccumulator* acc) {
+    for (int t = 0; t < 2; ++t) {
+      for (int r = 0; r < kWorld; ++r) {
+        for (int parity = 0; parity < 2; ++parity) {
+          std::vector<float>& b = acc->sum_buffer(t, r, parity);
+          for (size_t i = 0; i < b.size(); ++i) {
+            b[i] = (r % 2 == 0 ? 1e8f : 1.0f) * static_cast<float>((i * 7 + r * 3 + parity) % 11) -
+                   3e7f * static_cast<float>(r == 3);
+          }
+        }
+      }
+    }
+  };
+  RoundAccumulator whole(shapes, kWorld, true), pieces(shapes, kWorld, true);
+  fill(&whole);
+  fill(&pieces);
+  for (int t = 0; t < 2; ++t) whole.Fold(t, /*round=*/3, 0, shapes[t].cols);
+  pieces.FoldRanks(3, 0, 2);  // ranks 0 and 1 closed
+  pieces.FoldRanks(3, 2, 3);
+  pieces.FoldRanks(3, 3, kWorld);  // 4 closed before 3: both at 3's close
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(pieces.sum_buffer(t, 0, 1), whole.sum_buffer(t, 0, 1));
+    for (int r = 1; r < kWorld; ++r) {
+      for (float x : pieces.sum_buffer(t, r, 1)) ASSERT_EQ(x, 0.0f);
+    }
+    EXPECT_EQ(pieces.sum_buffer(t, 2, 0), whole.sum_buffer(t, 2, 0)) << "the other round";
+  }
+  // The update's pass over folded sums: the squares alone, as FoldNorm's.
+  RoundAccumulator again(shapes, kWorld, true);
+  fill(&again);
+  const BlockSquares a = again.FoldNorm(SimdLevel::kScalar, 0, 3, 10, 50);
+  const BlockSquares b = pieces.FoldNorm(SimdLevel::kScalar, 0, 3, 10, 50, /*first_rank=*/kWorld);
+  EXPECT_EQ(a.sum, b.sum);
+  EXPECT_EQ(a.largest, b.largest);
+}
+
 TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
   RoundAccumulator acc({{2, 3}}, /*world=*/2, /*rank_ordered=*/true);
   EXPECT_EQ(acc.sum_ranks(), 2);

@@ -268,7 +268,8 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
         return;
       }
       const Block& b = blocks[k - plan.size()];
-      squares[k - plan.size()] = acc->FoldNorm(in.simd, b.tensor, round, b.first_col, b.ncols);
+      squares[k - plan.size()] =
+          acc->FoldNorm(in.simd, b.tensor, round, b.first_col, b.ncols, in.folded_ranks);
     });
     // The barrier: the norm of the round's mean gradient (the blocks' sums
     // in block order) and the largest magnitude, to see whether the update

@@ -19,10 +19,12 @@
 // go (ThreadPool::ForEach: no thread idles while blocks are left), with one
 // barrier between them, which the norm makes inherent (the clip factor and
 // whether the round can update finitely must be known before any AdamW):
-//   1. per block, the fold of the ranks' sums into rank 0's (rank order)
-//      and the squares and largest magnitude of the total, in one read
-//      (FoldSquares); beside the blocks, the delta messages are made and
-//      sized (their fields, columns and counts set, payloads allocated);
+//   1. per block, the squares and largest magnitude of the total (with
+//      rank-ordered sums the daemon folded the ranks' sums into rank 0's as
+//      they closed: folded_ranks; any rank not yet folded is folded here,
+//      in rank order, in the same read: FoldSquares); beside the blocks,
+//      the delta messages are made and sized (their fields, columns and
+//      counts set, payloads allocated);
 //   2. per block, while it is in cache: AdamW, the values (or fp32 new -
 //      old) and with moments m and v encoded straight into their message's
 //      payload, the sum zeroed, the counts advanced.
@@ -93,6 +95,10 @@ struct RoundUpdateInput {
   int64_t steps_sum = 0;   // rank-steps summed into the round (the mean's divisor)
   float lr = 0;            // the round's learning rate
   bool nonfinite = false;  // a shard carried NaN/Inf (skip_nonfinite_rounds)
+  // Rank-ordered sums: ranks [0, folded_ranks) are already in rank 0's sum
+  // (the owner folds them as they close: RoundAccumulator::FoldRanks); the
+  // update folds the rest, in its first pass.
+  int folded_ranks = 1;
   const std::vector<RoundUpdateTensor>* tensors = nullptr;
   // Per tensor: the daemon's columns this round, ascending.
   const std::vector<std::vector<int32_t>>* remote = nullptr;

@@ -4,12 +4,17 @@
 // AdamW and the delta encode over as many values, on the same pool), in
 // the same process, alternating. Prints one line per configuration:
 //
-//   bazel run -c opt //server:round_update_bench -- [threads] [reps] [world]
+//   bazel run -c opt //server:round_update_bench -- [threads] [reps] [world] [rows]
 //
-// (a world given: only that many ranks' runs, for a profile of one case).
-// round_update_fraction = kernels / update (medians). Sums are refilled
-// before every update (outside the timing), so each update folds and
-// clears real sums.
+// (a world given, not 0: only that many ranks' runs, for a profile of one
+// case; rows: of each tensor, 4096 unless given: server:round_update_bench_smoke
+// runs it tiny). round_update_fraction = kernels / update (medians). Sums
+// are refilled before every update (outside the timing), so each update
+// reads and clears real sums. With rank-ordered sums the daemon folds each
+// rank's sums into rank 0's as the ranks close (Job::FoldClosedRanksLocked,
+// on the ingest threads, before the round's update): the bench does the
+// same before each update, timed apart and printed as `close-path fold`
+// (it counts against ingest, not the update).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,7 +29,8 @@
 namespace zenflow {
 namespace {
 
-constexpr int64_t kRows = 4096, kCols = 512, kTensors = 4;
+constexpr int64_t kCols = 512, kTensors = 4;
+int64_t kRows = 4096;  // (main: the fourth argument)
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -63,7 +69,7 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
   std::vector<char> kout(values * vbytes), kmo(moments ? values * 2 : 0), kvo(moments ? values * 2 : 0);
   for (size_t i = 0; i < kg.size(); ++i) kg[i] = pattern[i % pattern.size()];
 
-  std::vector<double> upd, ker;
+  std::vector<double> upd, ker, fold;
   for (int rep = 0; rep < reps; ++rep) {
     const int64_t round = 2 * rep + 1;
     for (int t = 0; t < kTensors; ++t) {
@@ -80,7 +86,21 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     in.moments = moments;
     in.simd = BestSimdLevel();
     in.pool = pool;
+    // The close path: rank r folded once ranks 0..r closed (here in order).
     double t0 = Now();
+    for (int r = 1; r < sums; ++r) acc.FoldRanks(round, r, r + 1);
+    fold.push_back(Now() - t0);
+    in.folded_ranks = sums;
+    for (int t = 0; t < kTensors; ++t) {
+      for (int r = 1; r < sums; ++r) {
+        const std::vector<float>& part = acc.sum_buffer(t, r, round & 1);
+        if (std::any_of(part.begin(), part.end(), [](float x) { return x != 0.0f; })) {
+          std::fprintf(stderr, "round_update_bench: rank %d's sum was not folded\n", r);
+          std::exit(1);
+        }
+      }
+    }
+    t0 = Now();
     RoundUpdateResult res = UpdateRound(in, UpdateLease::Grant(round, &store, &acc));
     upd.push_back(Now() - t0);
     if (res.skipped || res.deltas.empty()) {
@@ -106,13 +126,14 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     RunRoundUpdateKernels(o, b, pool);
     ker.push_back(Now() - t0);
   }
-  const double u = Median(upd), k = Median(ker);
+  const double u = Median(upd), k = Median(ker), f = Median(fold);
   std::printf(
       "world=%d sums=%s moments=%d dtype=%s threads=%d values=%lld: update %.2f ms (%.2f ns/value), "
-      "kernels %.2f ms (%.2f ns/value), round_update_fraction %.3f\n",
+      "kernels %.2f ms (%.2f ns/value), round_update_fraction %.3f; close-path fold %.2f ms "
+      "(%.2f ns/value, one thread, not in the update)\n",
       world, rank_ordered ? "rank_ordered" : "shared", moments ? 1 : 0, DTypeName(param_dtype),
       pool->num_threads(), static_cast<long long>(values), u * 1e3, u * 1e9 / values, k * 1e3,
-      k * 1e9 / values, k / u);
+      k * 1e9 / values, k / u, f * 1e3, f * 1e9 / values);
 }
 
 }  // namespace
@@ -123,6 +144,7 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 9;
   const int only = argc > 3 ? std::atoi(argv[3]) : 0;
+  if (argc > 4) zenflow::kRows = std::max(1, std::atoi(argv[4]));
   zenflow::ThreadPool pool(threads, "zf-update");
   for (int world : {1, 8, 16}) {
     if (only > 0 && world != only) continue;

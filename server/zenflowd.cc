@@ -81,7 +81,7 @@ ABSL_FLAG(int64_t, max_params, int64_t{1} << 34,
           "most parameters held over all jobs; larger CreateJob calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "bytes all jobs together may hold: state (20 B/param), bookkeeping (per column, and "
-          "12 B per rank x column) and two rounds of deltas; see docs/operating.md#memory-of-a-job. A CreateJob "
+          "per rank and step of its open round) and two rounds of deltas; see docs/operating.md#memory-of-a-job. A CreateJob "
           "over it gets RESOURCE_EXHAUSTED before anything is allocated. 0: 3/4 of physical "
           "memory (or of the cgroup's memory.max)");
 ABSL_FLAG(int64_t, max_outbox_bytes, int64_t{256} << 20,

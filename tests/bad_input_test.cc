@@ -563,8 +563,9 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
                // fp32 deltas with bf16 m and v (the default update_interval
                // auto may send the predicted step's state), and the update
                // divergence's side buffers (docs/design.md rule 14: about
-               // 1% of the columns x 4 steps x 2 rounds, and their state).
-               "needs 313711203456 bytes (292.17 GiB) (8589934592 parameters");
+               // 1% of the columns x 4 steps x 2 rounds, and their state);
+               // per column 21 B of bookkeeping, per rank 664 B.
+               "needs 313710679836 bytes (292.17 GiB) (8589934592 parameters");
   ExpectStatus(c.CreateJob(SquareJob("huge", {{1, big}})).status(),
                StatusCode::kResourceExhausted, "of its memory budget of 268435456 bytes");
   EXPECT_EQ(Reserved(c), before);
@@ -576,7 +577,10 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
   // ... + the update divergence's side buffers (one sampled column of 4
   // rows: 4 steps x 2 rounds of fp32 values, a flag per step and round, a
   // slot per column, the sample's copied state of 5 floats per value).
-  EXPECT_EQ(st->jobs(0).memory_bytes(), 16 * 20 + 4 * 17 + 4 * 12 + 2 * 16 * (4 + 4) +
+  // (Bookkeeping: 17 B per column and its number, 4 B per column + 1; per
+  // rank 24 B and 4 steps of 160 B.)
+  EXPECT_EQ(st->jobs(0).memory_bytes(), 16 * 20 + 4 * 17 + (4 + 1) * 4 + (24 + 4 * 160) +
+                                            2 * 16 * (4 + 4) +
                                             (4 * 4 * 2 * 4 + 4 * 2 + 4 * 8 + 4 * 5 * 4));
   EXPECT_EQ(Reserved(c), before + st->jobs(0).memory_bytes());
   ASSERT_OK(c.DeleteJob("huge"));
@@ -607,7 +611,7 @@ TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   // 2^27 parameters: 4.90 GB as allocated, within the budget, not the limit.
   ExpectStatus((*c)->CreateJob(SquareJob("big", {{1 << 14, 1 << 13}})).status(),
                StatusCode::kResourceExhausted,
-               "job 'big': allocating 4902003344 bytes for 134217728 parameters failed (out of "
+               "job 'big': allocating 4901938476 bytes for 134217728 parameters failed (out of "
                "memory); nothing was kept");
   EXPECT_EQ(Reserved(**c), 0);
   JobOptions o;
@@ -620,25 +624,29 @@ TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   EXPECT_TRUE(small.Stop().ok());
 }
 
-// 2. Per-rank bookkeeping (12 B per rank x column) is part of the size.
+// 2. Per-rank bookkeeping is part of the size, and does not multiply ranks
+// by columns (issue 32): a world-4096 job of 32,768 parameters in one
+// [1, 32768] tensor is charged under 64 MiB (it was 1.6 GB, and refused).
 TEST_F(BadInputTest, PerRankBookkeepingCountsAgainstTheBudget) {
   auto h = MakeJob();
   Client& c = h->client(0);
-  ExpectStatus(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, 4096)).status(),
-               StatusCode::kResourceExhausted,
-               // + the update divergence's (docs/design.md rule 14): 328
-               // sampled columns x 4 steps of fp32 values for 2 rounds, their
-               // flags per rank, a slot per column, the sample's state.
-               "per-column and per-rank bookkeeping 1622196896");
-  ASSERT_OK(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, 2)).status());
-  absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("wide");
-  ASSERT_OK(st.status());
-  // ... + the update divergence's side buffers (328 sampled columns of 1
-  // row, 4 steps, 2 rounds, 2 ranks' flags; docs/design.md rule 14).
-  EXPECT_EQ(st->jobs(0).bookkeeping_bytes(), (1 << 15) * 17 + (1 << 15) * 2 * 12 +
-                                                 (328 * 4 * 2 * 4 + 328 * 4 * 2 * 2 +
-                                                  (1 << 15) * 8 + 328 * 5 * 4));
-  ASSERT_OK(c.DeleteJob("wide"));
+  const int64_t before = Reserved(c);
+  for (int world : {2, 4096}) {
+    ASSERT_OK(c.CreateJob(SquareJob("wide", {{1, 1 << 15}}, world)).status());
+    absl::StatusOr<v1::GetStatsResponse> st = c.GetStats("wide");
+    ASSERT_OK(st.status());
+    // Per column 17 B and its number among the daemon's (4 B, cols + 1);
+    // per rank 24 B and 4 steps of 160 B (RankArrivals); the update
+    // divergence's side buffers (328 sampled columns of 1 row, 4 steps, 2
+    // rounds, the ranks' flags; docs/design.md rule 14).
+    EXPECT_EQ(st->jobs(0).bookkeeping_bytes(),
+              (1 << 15) * 17 + ((1 << 15) + 1) * 4 + world * (24 + 4 * 160) +
+                  (328 * 4 * 2 * 4 + 328 * 4 * 2 * world + (1 << 15) * 8 + 328 * 5 * 4))
+        << world;
+    EXPECT_LT(st->jobs(0).memory_bytes(), int64_t{64} << 20) << world;
+    EXPECT_EQ(Reserved(c), before + st->jobs(0).memory_bytes());
+    ASSERT_OK(c.DeleteJob("wide"));
+  }
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
