@@ -29,6 +29,11 @@ void RoundAssembler::Reset() {
   refused_.clear();
 }
 
+void RoundAssembler::CloseQueued(int64_t round) {
+  MutexLock lock(&mu_);
+  refused_.erase(round);
+}
+
 void RoundAssembler::NoteClose(uint64_t seq, int64_t round) {
   MutexLock lock(&mu_);
   refused_.erase(round);

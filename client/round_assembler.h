@@ -66,9 +66,12 @@ class RoundAssembler {
 
   // The stream's writer sends a close of `round` as message `seq`: an
   // in-band error for `seq` refuses the round, and Wait(round) returns it
-  // instead of waiting for a round that will not come. A later close of
-  // the same round (sent again, corrected) clears an earlier refusal.
+  // instead of waiting for a round that will not come.
   void NoteClose(uint64_t seq, int64_t round);
+  // A close of `round` is queued (sent again, corrected, or replayed): an
+  // earlier refusal of the round no longer counts. (NoteClose does the
+  // same, when the close goes out.)
+  void CloseQueued(int64_t round);
   std::optional<RoundUpdate> Poll();
 
   // The errors reported so far, oldest first; clears them.
