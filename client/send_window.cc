@@ -100,7 +100,6 @@ std::optional<Outgoing> SendWindow::Next() {
   if (queue_.empty() || state_ == State::kBroken || state_ == State::kClosed) return std::nullopt;
   Outgoing out = std::move(queue_.front());
   queue_.pop_front();
-  out.more = !queue_.empty();
   ++sending_;
   return out;
 }

@@ -36,9 +36,6 @@ struct Outgoing {
   std::shared_ptr<void> hold;
   int64_t size = 0;
   int64_t payload_bytes = 0;  // a shard's gradient payload (counted once sent)
-  // Set by Next(): another message was queued behind this one when it was
-  // taken (the writer's next Next() returns at once).
-  bool more = false;
 };
 
 // Thread-safe. States: closed (the start) -> open (Open) -> broken (Break:

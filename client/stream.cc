@@ -29,11 +29,6 @@ grpc::ByteBuffer UpBytes(const v1::UpMessage& msg) {
 }
 
 bool GrpcDataStream::Send(Outgoing out, DoneFn done) {
-  // With a message queued behind this one, gRPC may hold this one's bytes
-  // back (buffer_hint) and send both in one write; the last message of a
-  // burst goes without the hint and sends what was held.
-  grpc::WriteOptions options;
-  if (out.more) options.set_buffer_hint();
   grpc::ByteBuffer bytes;
   if (out.msg.kind_case() != v1::UpMessage::kShard) {
     bytes = UpBytes(out.msg);
@@ -57,7 +52,7 @@ bool GrpcDataStream::Send(Outgoing out, DoneFn done) {
     }
     bytes = grpc::ByteBuffer(slices, n);
   }
-  const bool ok = stream_->Write(bytes, options);
+  const bool ok = stream_->Write(bytes);
   done(ok);
   return ok;  // false: the stream broke; the reader learns why
 }
