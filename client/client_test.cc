@@ -228,6 +228,41 @@ TEST_P(ClientTest, RejectedShardsComeBackInBandAndTheStreamGoesOn) {
   EXPECT_TRUE(c->stream_status().ok());
 }
 
+// A close the daemon refuses in band (here: more steps than the round has)
+// ends the wait for its round at once with the daemon's code and message,
+// instead of a silent wait to the timeout; the corrected close then brings
+// the round, exact, and the next round is exact too.
+TEST_P(ClientTest, ARefusedCloseEndsTheRoundWaitWithTheDaemonsError) {
+  std::unique_ptr<Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  CreateAndUpload(c.get(), "refused");
+  ASSERT_TRUE(c->JoinJob("refused", 0).ok());
+  ASSERT_TRUE(PushStep(c.get(), 0).ok());
+  ASSERT_TRUE(c->CloseRound(0, kLr, /*steps=*/2).ok());  // S = 1: the daemon refuses it
+  // Ten minutes: without the refusal's early return the test runs into
+  // its own timeout instead.
+  absl::StatusOr<RoundUpdate> u = c->WaitRound(0, absl::Minutes(10));
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), absl::StatusCode::kInvalidArgument) << u.status();
+  EXPECT_NE(u.status().message().find("refused the close of round 0"), absl::string_view::npos)
+      << u.status();
+  EXPECT_NE(u.status().message().find("steps 2 must be in [1, 1]"), absl::string_view::npos)
+      << u.status();
+  // Asked again, the same answer, at once.
+  EXPECT_EQ(c->WaitRound(0, absl::Minutes(10)).status(), u.status());
+  std::vector<absl::Status> errors = c->TakeErrors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), absl::StatusCode::kInvalidArgument) << errors[0];
+  EXPECT_TRUE(c->stream_status().ok());
+  // The corrected close clears the refusal: round 0 comes, exact.
+  ASSERT_TRUE(c->CloseRound(0, kLr).ok());
+  u = c->WaitRound(0, absl::Seconds(60));
+  ASSERT_TRUE(u.ok()) << u.status();
+  ExpectRound(*u, 0);
+  GoodRound(c.get(), 1);
+  EXPECT_EQ(c->stats().stream_errors, 1);
+}
+
 TEST_P(ClientTest, ADeletedJobEndsTheStreamWithTheDaemonsReasonAndTheClientCanReattach) {
   std::unique_ptr<Client> c = NewClient();
   std::unique_ptr<Client> admin = NewClient();

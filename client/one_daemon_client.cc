@@ -629,6 +629,7 @@ absl::Status OneDaemonClient::CloseRound(int64_t round, float lr, int32_t steps,
   close->mutable_step_reports()->Add(report.steps.begin(), report.steps.end());
   close->set_apply_delay_steps(report.apply_delay_steps);
   close->set_staleness_steps(report.staleness_steps);
+  rounds_.CloseQueued(round);  // a wait from now on is for this close's answer
   const absl::Status s = Enqueue(std::move(msg));
   open_round_.store(round + 1);  // the close is in the log even if the send failed
   return s;

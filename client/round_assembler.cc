@@ -15,6 +15,7 @@ void RoundAssembler::Open() {
   open_ = true;
   partial_.clear();
   done_seen_ = -1;
+  close_seqs_.clear();  // a new stream numbers its messages anew
 }
 
 void RoundAssembler::Reset() {
@@ -24,6 +25,20 @@ void RoundAssembler::Reset() {
   delivered_.clear();
   floor_ = -1;
   durable_rounds_ = 0;
+  close_seqs_.clear();
+  refused_.clear();
+}
+
+void RoundAssembler::CloseQueued(int64_t round) {
+  MutexLock lock(&mu_);
+  refused_.erase(round);
+}
+
+void RoundAssembler::NoteClose(uint64_t seq, int64_t round) {
+  MutexLock lock(&mu_);
+  refused_.erase(round);
+  close_seqs_[seq] = round;
+  while (close_seqs_.size() > 64) close_seqs_.erase(close_seqs_.begin());
 }
 
 bool RoundAssembler::DeliveredLocked(int64_t round) const {
@@ -110,6 +125,15 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
         if (msg.error().fatal()) fatal = err;
         errors_.push_back(absl::Status(
             err.code(), absl::StrCat(err.message(), " (message #", msg.error().seq(), ")")));
+        auto close = close_seqs_.find(msg.error().seq());
+        if (close != close_seqs_.end()) {
+          // A refused close: the round will not come (for this close).
+          refused_[close->second] = absl::Status(
+              err.code(), absl::StrCat("the daemon refused the close of round ", close->second,
+                                       ": ", err.message(), " (message #", close->first, ")"));
+          close_seqs_.erase(close);
+          while (refused_.size() > 64) refused_.erase(refused_.begin());
+        }
         break;
       }
       default:
@@ -146,7 +170,10 @@ absl::StatusOr<RoundUpdate> RoundAssembler::Wait(int64_t round, absl::Duration t
     return ready_.end();
   };
   mu_.AwaitWithTimeout(
-      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return find() != ready_.end() || !open_; }, timeout);
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return find() != ready_.end() || refused_.count(round) > 0 || !open_;
+      },
+      timeout);
   stats_.wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto it = find();
@@ -155,6 +182,7 @@ absl::StatusOr<RoundUpdate> RoundAssembler::Wait(int64_t round, absl::Duration t
     ready_.erase(it);
     return u;
   }
+  if (auto refused = refused_.find(round); refused != refused_.end()) return refused->second;
   if (!open_) return absl::CancelledError("stream closed");
   return absl::DeadlineExceededError(absl::StrCat(
       "round ", round, "'s update did not arrive within ", absl::FormatDuration(timeout)));

@@ -60,8 +60,18 @@ class RoundAssembler {
   // null: they queue again.
   void SetCallback(std::function<void(RoundUpdate)> cb);
   // The round, once complete; DEADLINE_EXCEEDED after `timeout`; CANCELLED
-  // when the stream closed first (the stream knows why).
+  // when the stream closed first (the stream knows why); the daemon's error
+  // (its code, its message) as soon as it refused the round's close.
   absl::StatusOr<RoundUpdate> Wait(int64_t round, absl::Duration timeout);
+
+  // The stream's writer sends a close of `round` as message `seq`: an
+  // in-band error for `seq` refuses the round, and Wait(round) returns it
+  // instead of waiting for a round that will not come.
+  void NoteClose(uint64_t seq, int64_t round);
+  // A close of `round` is queued (sent again, corrected, or replayed): an
+  // earlier refusal of the round no longer counts. (NoteClose does the
+  // same, when the close goes out.)
+  void CloseQueued(int64_t round);
   std::optional<RoundUpdate> Poll();
 
   // The errors reported so far, oldest first; clears them.
@@ -95,6 +105,10 @@ class RoundAssembler {
   int64_t floor_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t durable_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t done_seen_ ABSL_GUARDED_BY(mu_) = -1;  // newest RoundDone on this stream
+  // The closes sent on this stream (seq -> round) and the rounds whose
+  // close the daemon refused (round -> its error); the newest 64 of each.
+  std::map<uint64_t, int64_t> close_seqs_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -212,6 +212,8 @@ void AttachedStream::WriterLoop() {
   SendWindow* window = deps_.window;
   while (std::optional<Outgoing> out = window->Next()) {
     const int64_t size = out->size, payload = out->payload_bytes;
+    // Before it goes: the daemon's answer to it may come at once.
+    if (out->msg.has_close()) deps_.rounds->NoteClose(out->msg.seq(), out->msg.close().round());
     if (!data_->Send(std::move(*out), [window, size, payload](bool sent) {
           window->Complete(size, sent, payload);
         })) {

@@ -221,6 +221,31 @@ ZF_TARGET_AVX2 void DecodeAddAvx2(DType dtype, const void* src, size_t n,
   DecodeAddScalar(dtype, in + 2 * i, n - i, acc + i);
 }
 
+// The finiteness checks' fast loops test 128 bytes per branch: four
+// vectors' compares ORed, one test. A group with a bad value is left to the
+// loops after them, which find its first bad value.
+ZF_TARGET_AVX2 inline __m256i NonFinite32Avx2(const char* p, __m256i mask) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_cmpeq_epi32(_mm256_and_si256(x, mask), mask);
+}
+
+ZF_TARGET_AVX2 inline __m256i NonFinite16Avx2(const char* p, __m256i mask) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_cmpeq_epi16(_mm256_and_si256(x, mask), mask);
+}
+
+// True when none of the 128 bytes at p is part of a non-finite value.
+ZF_TARGET_AVX2 inline bool Finite128Avx2(const char* p, __m256i mask, bool f32) {
+  const __m256i any =
+      f32 ? _mm256_or_si256(_mm256_or_si256(NonFinite32Avx2(p, mask), NonFinite32Avx2(p + 32, mask)),
+                            _mm256_or_si256(NonFinite32Avx2(p + 64, mask),
+                                            NonFinite32Avx2(p + 96, mask)))
+          : _mm256_or_si256(_mm256_or_si256(NonFinite16Avx2(p, mask), NonFinite16Avx2(p + 32, mask)),
+                            _mm256_or_si256(NonFinite16Avx2(p + 64, mask),
+                                            NonFinite16Avx2(p + 96, mask)));
+  return _mm256_testz_si256(any, any) != 0;
+}
+
 ZF_TARGET_AVX2 bool AllFiniteAvx2(DType dtype, const void* src, size_t n,
                                   size_t* first_bad) {
   const auto* in = static_cast<const char*>(src);
@@ -229,6 +254,7 @@ ZF_TARGET_AVX2 bool AllFiniteAvx2(DType dtype, const void* src, size_t n,
   bool tail_ok = true;
   if (dtype == DType::kF32) {
     const __m256i mask = _mm256_set1_epi32(static_cast<int>(kF32ExpMask));
+    while (i + 32 <= n && Finite128Avx2(in + 4 * i, mask, /*f32=*/true)) i += 32;
     for (; i + 16 <= n; i += 16) {
       const __m256i a =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 4 * i));
@@ -250,6 +276,7 @@ ZF_TARGET_AVX2 bool AllFiniteAvx2(DType dtype, const void* src, size_t n,
   } else {
     const __m256i mask =
         _mm256_set1_epi16(static_cast<short>(ExpMask16(dtype)));
+    while (i + 64 <= n && Finite128Avx2(in + 2 * i, mask, /*f32=*/false)) i += 64;
     for (; i + 16 <= n; i += 16) {
       const __m256i x =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
@@ -400,12 +427,25 @@ ZF_TARGET_AVX512 void DecodeAddAvx512(DType dtype, const void* src, size_t n,
   }
 }
 
+ZF_TARGET_AVX512 inline uint64_t NonFiniteMask512(const char* p, __m512i mask, bool f32) {
+  const __m512i x = _mm512_and_si512(_mm512_loadu_si512(p), mask);
+  return f32 ? static_cast<uint64_t>(_mm512_cmpeq_epi32_mask(x, mask))
+             : static_cast<uint64_t>(_mm512_cmpeq_epi16_mask(x, mask));
+}
+
+// As Finite128Avx2: 256 bytes per branch.
+ZF_TARGET_AVX512 inline bool Finite256Avx512(const char* p, __m512i mask, bool f32) {
+  return (NonFiniteMask512(p, mask, f32) | NonFiniteMask512(p + 64, mask, f32) |
+          NonFiniteMask512(p + 128, mask, f32) | NonFiniteMask512(p + 192, mask, f32)) == 0;
+}
+
 ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
                                       size_t* first_bad) {
   const auto* in = static_cast<const char*>(src);
   size_t i = 0;
   if (dtype == DType::kF32) {
     const __m512i mask = _mm512_set1_epi32(static_cast<int>(kF32ExpMask));
+    while (i + 64 <= n && Finite256Avx512(in + 4 * i, mask, /*f32=*/true)) i += 64;
     for (; i + 32 <= n; i += 32) {
       const __m512i a = _mm512_loadu_si512(in + 4 * i);
       const __m512i b = _mm512_loadu_si512(in + 4 * i + 64);
@@ -433,6 +473,7 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
     return true;
   }
   const __m512i mask = _mm512_set1_epi16(static_cast<short>(ExpMask16(dtype)));
+  while (i + 128 <= n && Finite256Avx512(in + 2 * i, mask, /*f32=*/false)) i += 128;
   for (; i + 64 <= n; i += 64) {
     const __m512i a = _mm512_loadu_si512(in + 2 * i);
     const __m512i b = _mm512_loadu_si512(in + 2 * i + 64);

@@ -258,20 +258,31 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
   // values are all checked before any is added. (Int8: only the columns
   // whose scale can overflow are read; see Int8AllFinite.) The check reads
   // the shard a first time, the add a second; a shard that fits in the
-  // core's L2 comes from memory once.
+  // core's L2 comes from memory once. (Undoing instead was measured slower:
+  // an exact undo must keep the sums' old values, 4 bytes written per
+  // value against the check's 2 read; docs/benchmarks.md.) The check runs
+  // over the payload's pieces whole, not column by column: one call per
+  // gRPC slice (or one for a UCX buffer), whatever the columns' length.
   if (!skip) {
-    bool any = !plan.int8;
-    for (size_t i = 0; i < ncols && !any; ++i) any = !std::isfinite(128.0f * scale(i));
-    const bool finite =
-        !any || ForEachStretch(payload, rows, plan.esize, 0, ncols,
-                               [&](size_t i, size_t row, const char* v, size_t n) {
-                                 size_t at = 0;
-                                 const bool ok =
-                                     plan.int8 ? Int8AllFinite(reinterpret_cast<const int8_t*>(v),
-                                                               n, scale(i), &at)
-                                               : AllFinite(plan.dt, v, n, &at);
-                                 return ok || record_bad(i, row + at);
-                               });
+    bool finite = true;
+    if (!plan.int8) {
+      finite = ForEachStretch(payload, ncols * rows, plan.esize, 0, 1,
+                              [&](size_t, size_t from, const char* v, size_t n) {
+                                size_t at = 0;
+                                return AllFinite(plan.dt, v, n, &at) ||
+                                       record_bad((from + at) / rows, (from + at) % rows);
+                              });
+    } else {
+      bool any = false;
+      for (size_t i = 0; i < ncols && !any; ++i) any = !std::isfinite(128.0f * scale(i));
+      finite = !any || ForEachStretch(payload, rows, plan.esize, 0, ncols,
+                                      [&](size_t i, size_t row, const char* v, size_t n) {
+                                        size_t at = 0;
+                                        return Int8AllFinite(reinterpret_cast<const int8_t*>(v),
+                                                             n, scale(i), &at) ||
+                                               record_bad(i, row + at);
+                                      });
+    }
     if (!finite) return NonFiniteShardError(shard, payload, plan, bad_col, bad_row);
   }
   // Shared sums: every rank adds into the same columns, so a run of columns
