@@ -51,7 +51,7 @@ void RankArrivals::SetImportant(int t, const std::vector<uint8_t>& important) {
         }
       }
     }
-    ranks_[r].clear();
+    Release(&ranks_[r]);
   }
   std::vector<int32_t>& b = before_[t];
   for (size_t c = 0; c + 1 < b.size(); ++c) b[c + 1] = b[c] + (important[c] != 0 ? 0 : 1);
@@ -108,7 +108,21 @@ void RankArrivals::MarkReceived(int t, int rank, int64_t step, int32_t c) {
       return;
     }
   }
-  steps.push_back(Step{step, {Run{k, k + 1}}});
+  std::vector<Run> runs;
+  if (!spare_.empty()) {
+    runs = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  runs.push_back(Run{k, k + 1});
+  steps.push_back(Step{step, std::move(runs)});
+}
+
+void RankArrivals::Release(std::vector<Step>* steps) {
+  for (Step& s : *steps) {
+    s.runs.clear();
+    spare_.push_back(std::move(s.runs));
+  }
+  steps->clear();
 }
 
 int32_t RankArrivals::hits(int t, int rank, int32_t c) const {
@@ -148,7 +162,7 @@ bool RankArrivals::FirstIncomplete(int rank, int64_t steps, Miss* miss) const {
   return at < total && count != steps && bad(at);
 }
 
-void RankArrivals::ResetRank(int rank) { ranks_[rank].clear(); }
+void RankArrivals::ResetRank(int rank) { Release(&ranks_[rank]); }
 
 int64_t RankArrivals::bytes() const {
   int64_t n = static_cast<int64_t>(ranks_.capacity() * sizeof(ranks_[0]) +
@@ -158,6 +172,8 @@ int64_t RankArrivals::bytes() const {
     n += static_cast<int64_t>(r.capacity() * sizeof(Step));
     for (const Step& s : r) n += static_cast<int64_t>(s.runs.capacity() * sizeof(Run));
   }
+  n += static_cast<int64_t>(spare_.capacity() * sizeof(spare_[0]));
+  for (const std::vector<Run>& runs : spare_) n += static_cast<int64_t>(runs.capacity() * sizeof(Run));
   return n;
 }
 
