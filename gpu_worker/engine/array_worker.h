@@ -75,7 +75,7 @@ class ArrayWorker {
   int device() const { return device_; }
   // Live only (closed() false).
   const ZenFlowOptimizer& optimizer() const { return *opt_; }
-  const Client& client() const { return *client_; }
+  Client& client() const { return *client_; }
 
  private:
   ArrayWorker() = default;
