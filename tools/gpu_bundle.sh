@@ -33,6 +33,11 @@ done
 cp bazel-bin/python/_zenflow.so python/device_check.py "$B/python/"
 cp -r python/zenflow "$B/python/"
 find "$B/python" -name __pycache__ -prune -exec rm -rf {} +
+# Symbols out (the linked-in code's symbol tables are most of each file;
+# stack traces then show addresses): what travels stays under 60 MiB.
+chmod u+w "$B"/bin/* "$B/python/_zenflow.so"
+strip "$B"/bin/*
+strip --strip-unneeded "$B/python/_zenflow.so"
 skip='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libdl\.so|/libpthread\.so|/librt\.so|/libgcc_s\.so|/libstdc\+\+\.so|libcuda|libcublas|libcudart|libnvidia'
 for f in "$B"/bin/* "$B/python/_zenflow.so" /usr/lib/x86_64-linux-gnu/ucx/*.so*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'

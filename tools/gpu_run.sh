@@ -34,9 +34,16 @@ run() {  # name cmd...
   [ $rc -eq 0 ] || status=1
   return $rc
 }
+skip() {  # name why
+  step "$1: SKIPPED ($2)"; skipped+=("$1")
+}
 # A --device=cuda run: without a GPU, an UNAVAILABLE answer is a skip.
+# --init=FILE of a run that did not happen (pretrain_cuda) skips it too.
 run_cuda() {  # name cmd...
-  local name=$1
+  local name=$1 a
+  for a in "$@"; do
+    case $a in --init=*) [ -s "${a#--init=}" ] || { skip "$name" "no ${a#--init=}: pretrain_cuda did not run"; return; } ;; esac
+  done
   if [ $gpu -eq 1 ]; then run "$@"; return; fi
   step "$name: $*"
   shift
@@ -60,7 +67,7 @@ if [ $gpu -eq 1 ]; then
     echo "--- CUDA cases skipped although a GPU is present"; status=1
   fi
 else
-  for t in $(grep -ho '^\[  SKIPPED \] [A-Za-z0-9_/.]*' "$OUT/kernels_test.log" \
+  for t in $(grep -ho '^\[  SKIPPED \] [A-Za-z0-9_/]*\.[A-Za-z0-9_/.]*' "$OUT/kernels_test.log" \
              "$OUT/transformer_cuda_test.log" | awk '{print $4}' | sort -u); do
     skipped+=("gtest:$t")
   done
@@ -84,8 +91,7 @@ if [ -n "$py" ] && "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_avai
     >/dev/null 2>&1; then
   run torch_cuda_check env PYTHONPATH="$B/python" "$py" "$B/python/device_check.py" --target="$T"
 else
-  step "torch_cuda_check: SKIPPED (no python3.11 with a CUDA-enabled torch here)"
-  skipped+=(torch_cuda_check)
+  skip torch_cuda_check "no python3.11 with a CUDA-enabled torch here"
 fi
 model=(--width=256 --layers=4 --heads=8 --context=128 --batch=16 --threads=8 --progress=false)
 run_cuda pretrain_cuda "$B/bin/zf_train" --device=cuda --mode=local --steps=200 \
@@ -94,7 +100,7 @@ ft=(--steps=200 --init="$dir/pre.params" --data="$B/data/Apache-2.0" "${model[@]
 if [ -s "$dir/pre.params" ]; then
   run local_cpu "$B/bin/zf_train" --device=cpu --mode=local "${ft[@]}" --steps=20
 else
-  step "local_cpu: SKIPPED (it fine-tunes pretrain_cuda's parameters)"; skipped+=(local_cpu)
+  skip local_cpu "it fine-tunes pretrain_cuda's parameters"
 fi
 run_cuda local_cuda "$B/bin/zf_train" --device=cuda --mode=local "${ft[@]}"
 run_cuda zero_offload_cuda_ucx "$B/bin/zf_train" --device=cuda --mode=zero_offload --transport=ucx \
