@@ -27,12 +27,6 @@ int64_t ElemBytes(ElemType t) {
   return 0;
 }
 
-int64_t Elements(const ArrayRef& a) {
-  int64_t n = 1;
-  for (int64_t d : a.shape) n *= d;
-  return n;
-}
-
 // Strides that describe C-contiguous memory (size-1 dimensions' strides do
 // not matter, as NumPy and torch agree).
 bool Contiguous(const ArrayRef& a) {
@@ -81,13 +75,19 @@ absl::Status CheckArray(const std::string& name, const char* what, const ArrayRe
         who, " is read-only: the engine writes parameters and reads gradients in place; pass a "
                 "writable array"));
   }
-  if (a.data == 0 && Elements(a) > 0) {
+  if (a.data == 0 && ArrayElements(a) > 0) {
     return absl::InvalidArgumentError(absl::StrCat(who, " has a null data pointer"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+int64_t ArrayElements(const ArrayRef& a) {
+  int64_t n = 1;
+  for (int64_t d : a.shape) n *= d;
+  return n;
+}
 
 ElemType ElemTypeOf(const std::string& typestr, const std::string& descr_name) {
   // "<" little-endian or "|" (not applicable); '=' is native, little here.
@@ -150,10 +150,10 @@ absl::StatusOr<Placement> CheckPlacement(const std::vector<ArrayParam>& arrays) 
           ": the engine reads float32 gradients (convert a 16-bit gradient into a float32 "
           "buffer before each step, as zenflow.torch does)"));
     }
-    if (Elements(p.grad) != Elements(p.param)) {
+    if (ArrayElements(p.grad) != ArrayElements(p.param)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the gradient of parameter '", p.name, "' has ", Elements(p.grad),
-          " elements and the parameter ", Elements(p.param), ": they must match"));
+          "the gradient of parameter '", p.name, "' has ", ArrayElements(p.grad),
+          " elements and the parameter ", ArrayElements(p.param), ": they must match"));
     }
     ParamSpec s;
     s.name = p.name;

@@ -41,6 +41,9 @@ struct ArrayRef {
   bool readonly = false;
 };
 
+// The number of elements (the product of the shape; 1 for a scalar).
+int64_t ArrayElements(const ArrayRef& a);
+
 struct ArrayParam {
   std::string name;
   ArrayRef param, grad;

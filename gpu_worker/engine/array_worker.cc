@@ -13,19 +13,13 @@
 namespace zenflow {
 namespace {
 
-int64_t Elements(const ArrayRef& a) {
-  int64_t n = 1;
-  for (int64_t d : a.shape) n *= d;
-  return n;
-}
-
 // The one device that holds every array (INVALID_ARGUMENT for two).
 absl::StatusOr<int> DeviceOfAll(const std::vector<ArrayParam>& arrays) {
   int device = -1;
   std::string first;
   for (const ArrayParam& p : arrays) {
     for (const ArrayRef* a : {&p.param, &p.grad}) {
-      if (Elements(*a) == 0) continue;
+      if (ArrayElements(*a) == 0) continue;
       ZF_ASSIGN_OR_RETURN(int d, worker::CudaPointerDevice(reinterpret_cast<void*>(a->data)));
       if (device < 0) {
         device = d;
