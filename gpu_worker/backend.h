@@ -56,6 +56,19 @@ class Backend {
   virtual absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Synchronize() = 0;
 
+  // ---- Ordering with a caller's stream (a framework's, e.g. torch's) ----
+  // `stream` is a cudaStream_t of this backend's device as an integer (0:
+  // the legacy default stream, 1: cudaStreamLegacy, 2: cudaStreamPerThread,
+  // as __cuda_array_interface__ numbers them). WaitForStream: the backend's
+  // next work starts after the work queued on `stream` so far. SignalStream:
+  // work queued on `stream` from now on starts after the backend's work so
+  // far. Both are asynchronous (an event recorded on one stream, waited for
+  // on the other); neither waits on the host nor synchronizes the device.
+  // The CPU backend has no streams: stream 0 is OK (nothing to order),
+  // anything else INVALID_ARGUMENT.
+  virtual absl::Status WaitForStream(uintptr_t stream);
+  virtual absl::Status SignalStream(uintptr_t stream);
+
   // ---- Kernels ----
   // out[j] = sum_i |g[i][j]| (kL1) or sum_i g[i][j]^2 (kL2Squared), j < cols.
   virtual absl::Status ColumnImportance(const float* grad, int64_t rows, int64_t cols,
@@ -153,6 +166,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device = 0);
 bool CudaCompiled();
 // Number of CUDA devices visible (0 without CUDA or without a device).
 int CudaDeviceCount();
+// The ordinal of the CUDA device that holds `p` (device or managed memory):
+// UNAVAILABLE without CUDA or without a device, INVALID_ARGUMENT when `p`
+// is not device memory (host memory handed over as device memory).
+absl::StatusOr<int> CudaPointerDevice(const void* p);
 
 }  // namespace zenflow::worker
 

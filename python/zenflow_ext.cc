@@ -1,23 +1,30 @@
-// The Python extension module `_zenflow`: the worker engine
-// (gpu_worker/engine/zenflow_optimizer.h) and the client library, for the `zenflow`
-// package (python/zenflow). The worker-side rules live in the engine; this
-// file only converts: Python values in, absl::Status out as
-// zenflow.ZenFlowError(code, message).
+// The Python extension module `_zenflow`: the framework-neutral worker
+// (gpu_worker/engine/array_worker.h: the engine, its backend and the client
+// library), for the `zenflow` package (python/zenflow). The worker-side
+// rules live in the engine; this file only converts: Python values in,
+// absl::Status out as zenflow.ZenFlowError(code, message). No framework is
+// linked: parameters and gradients are any objects that expose
+// `__cuda_array_interface__` (device memory: the CUDA backend) or
+// `__array_interface__` (host memory: the CPU backend), and `stream` is the
+// producer's CUDA stream as an integer (torch.cuda.current_stream().cuda_stream).
 //
 //   w = _zenflow.Worker(spec_json, rank, target, transport, daemon_wait_s,
 //                       connect_timeout_s, threads,
-//                       [(name, shape, param_ptr, grad_ptr), ...], token="",
+//                       [(name, param_array, grad_array), ...], stream=0, token="",
 //                       tls_ca="", tls_cert="", tls_key="", tls_server_name="")
-//   w.step(step, lr); w.finish(); w.last_step(); w.totals()
+//   w.step(step, lr, stream=None); w.finish(stream=None); w.last_step(); w.totals()
 //   w.end_job(keep=False); w.close()                    # the run's end
-//   w.drain(); w.local_state(); w.get_state(tensor)     # state_dict
+//   w.drain(stream=None); w.local_state(stream=None); w.get_state(tensor)   # state_dict
 //   w.set_state(state)                                  # load_state_dict
+//   w.backend(), w.device()                             # "cpu" / "cuda", its device
+// (stream=None: the stream given when the worker was made.)
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -27,8 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "gpu_worker/backend.h"
-#include "gpu_worker/engine/zenflow_optimizer.h"
+#include "gpu_worker/engine/array_worker.h"
 #include "google/protobuf/util/json_util.h"
 #include "zenflow/v1/zenflow.pb.h"
 
@@ -53,90 +59,129 @@ T Take(absl::StatusOr<T> v) {
   return std::move(*v);
 }
 
-// (name, shape, param data pointer, grad data pointer, param dtype "fp32",
-// "bf16" or "fp16"): contiguous, in host memory, the gradient fp32; the
-// zenflow package checks that before it gets here.
-using PyParam = std::tuple<std::string, std::vector<int64_t>, uintptr_t, uintptr_t, std::string>;
+// (name, parameter array, gradient array): objects with an array interface.
+using PyParam = std::tuple<std::string, py::object, py::object>;
+
+// The first field's name of an interface's descr ("bfloat16" marks bf16).
+std::string DescrName(const py::dict& d) {
+  if (!d.contains("descr") || d["descr"].is_none()) return "";
+  py::list descr = d["descr"].cast<py::list>();
+  if (descr.size() == 0) return "";
+  py::tuple field = descr[0].cast<py::tuple>();
+  return field.size() > 0 ? field[0].cast<std::string>() : "";
+}
+
+// One array from its __cuda_array_interface__ (device) or
+// __array_interface__ (host), as NumPy's and Numba's protocols define them.
+ArrayRef FromInterface(const std::string& name, const char* what, const py::handle& obj) {
+  const std::string who = absl::StrCat(what, " of parameter '", name, "'");
+  auto bad = [&](const std::string& why) {
+    return StatusError{"INVALID_ARGUMENT", absl::StrCat(who, ": ", why)};
+  };
+  ArrayRef a;
+  py::object iface;
+  if (py::hasattr(obj, "__cuda_array_interface__")) {
+    iface = obj.attr("__cuda_array_interface__");
+    a.device = true;
+  } else if (py::hasattr(obj, "__array_interface__")) {
+    iface = obj.attr("__array_interface__");
+  } else {
+    throw bad(absl::StrCat("a ", std::string(py::str(py::type::of(obj).attr("__name__"))),
+                           " exposes neither __cuda_array_interface__ nor __array_interface__ "
+                           "(pass a torch tensor's data, a CuPy or NumPy array)"));
+  }
+  if (!py::isinstance<py::dict>(iface)) throw bad("its array interface is not a dict");
+  const py::dict d = iface.cast<py::dict>();
+  try {
+    if (d.contains("mask") && !d["mask"].is_none()) throw bad("masked arrays are not supported");
+    if (!d.contains("data") || !py::isinstance<py::tuple>(d["data"])) {
+      throw bad("the interface's data must be a (pointer, read-only) pair");
+    }
+    const py::tuple data = d["data"].cast<py::tuple>();
+    if (data.size() != 2) throw bad("the interface's data must be a (pointer, read-only) pair");
+    a.data = data[0].is_none() ? 0 : data[0].cast<uintptr_t>();
+    a.readonly = data[1].cast<bool>();
+    a.shape = d["shape"].cast<std::vector<int64_t>>();
+    a.typestr = d["typestr"].cast<std::string>();
+    if (d.contains("strides") && !d["strides"].is_none()) {
+      a.strides = d["strides"].cast<std::vector<int64_t>>();
+    }
+    a.elem = ElemTypeOf(a.typestr, DescrName(d));
+  } catch (const py::error_already_set& e) {
+    throw bad(absl::StrCat("its array interface cannot be read: ", e.what()));
+  } catch (const py::cast_error& e) {
+    throw bad(absl::StrCat("its array interface cannot be read: ", e.what()));
+  }
+  return a;
+}
 
 class Worker {
  public:
   Worker(const std::string& spec_json, int rank, const std::string& target,
          const std::string& transport, double daemon_wait_s, double connect_timeout_s,
-         int threads, const std::vector<PyParam>& params, const std::string& token,
-         const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key,
-         const std::string& tls_server_name) {
-    v1::JobSpec want;
+         int threads, const std::vector<PyParam>& params, uintptr_t stream,
+         const std::string& token, const std::string& tls_ca, const std::string& tls_cert,
+         const std::string& tls_key, const std::string& tls_server_name)
+      : stream_(stream) {
+    ArrayWorkerOptions o;
     google::protobuf::util::JsonParseOptions json;
     json.ignore_unknown_fields = false;
-    const auto parsed = google::protobuf::util::JsonStringToMessage(spec_json, &want, json);
+    const auto parsed = google::protobuf::util::JsonStringToMessage(spec_json, &o.want, json);
     if (!parsed.ok()) {
       Check(absl::InvalidArgumentError(
           absl::StrCat("the job settings do not make a JobSpec: ",
                        std::string(parsed.message().data(), parsed.message().size()))));
     }
+    std::vector<ArrayParam> arrays;
     for (const PyParam& p : params) {
-      ParamSpec s;
-      s.name = std::get<0>(p);
-      s.shape = std::get<1>(p);
-      s.param = reinterpret_cast<void*>(std::get<2>(p));
-      s.grad = reinterpret_cast<float*>(std::get<3>(p));
-      const std::string& dt = std::get<4>(p);
-      if (dt == "fp32") {
-        s.dtype = DType::kF32;
-      } else if (dt == "bf16") {
-        s.dtype = DType::kBF16;
-      } else if (dt == "fp16") {
-        s.dtype = DType::kF16;
-      } else {
-        Check(absl::InvalidArgumentError(absl::StrCat("parameter '", s.name, "' has dtype '", dt,
-                                                      "'; fp32, bf16 or fp16")));
-      }
-      specs_.push_back(std::move(s));
+      ArrayParam a;
+      a.name = std::get<0>(p);
+      a.param = FromInterface(a.name, "parameter", std::get<1>(p));
+      a.grad = FromInterface(a.name, "the gradient", std::get<2>(p));
+      arrays.push_back(std::move(a));
     }
-    ClientOptions co;
-    co.target = target;
-    co.token = token;
-    co.tls_ca = tls_ca;
-    co.tls_cert = tls_cert;
-    co.tls_key = tls_key;
-    co.tls_server_name = tls_server_name;
-    co.transport = Take(ParseTransport(transport));
-    co.daemon_wait = absl::Seconds(daemon_wait_s);
-    co.connect_timeout = absl::Seconds(connect_timeout_s);
-    rank_ = rank;
+    o.rank = rank;
+    o.threads = threads;
+    o.stream = stream;
+    o.client.target = target;
+    o.client.token = token;
+    o.client.tls_ca = tls_ca;
+    o.client.tls_cert = tls_cert;
+    o.client.tls_key = tls_key;
+    o.client.tls_server_name = tls_server_name;
+    o.client.transport = Take(ParseTransport(transport));
+    o.client.daemon_wait = absl::Seconds(daemon_wait_s);
+    o.client.connect_timeout = absl::Seconds(connect_timeout_s);
     py::gil_scoped_release unlocked;
-    backend_ = worker::MakeCpuBackend(threads);
-    client_ = Take(Client::Connect(co));
-    spec_ = Take(JoinOrCreateJob(client_.get(), want, rank, backend_.get(), specs_));
-    opt_ = Take(ZenFlowOptimizer::Create(backend_.get(), client_.get(), spec_, rank, specs_));
+    w_ = Take(ArrayWorker::Create(o, arrays));
   }
 
-  void Step(int64_t step, float lr) {
+  void Step(int64_t step, float lr, std::optional<uintptr_t> stream) {
     Live();
     py::gil_scoped_release unlocked;
-    Check(opt_->Step(step, lr));
+    Check(w_->Step(step, lr, stream.value_or(stream_)));
   }
 
-  void Finish() {
+  void Finish(std::optional<uintptr_t> stream) {
     Live();
     py::gil_scoped_release unlocked;
-    Check(opt_->Finish());
+    Check(w_->Finish(stream.value_or(stream_)));
   }
 
-  void Drain() {
+  void Drain(std::optional<uintptr_t> stream) {
     Live();
     py::gil_scoped_release unlocked;
-    Check(opt_->Drain());
+    Check(w_->Drain(stream.value_or(stream_)));
   }
 
   // The engine's columns: [{tensor, columns, values, m, v, update_counts}],
   // arrays as bytes (int32, float32, int64).
-  py::list LocalState() {
+  py::list LocalState(std::optional<uintptr_t> stream) {
     Live();
     std::vector<v1::ColumnState> states;
     {
       py::gil_scoped_release unlocked;
-      states = Take(opt_->LocalState());
+      states = Take(w_->LocalState(stream.value_or(stream_)));
     }
     py::list out;
     for (const v1::ColumnState& cs : states) out.append(ToDict(cs));
@@ -150,7 +195,7 @@ class Worker {
     int64_t version = 0;
     {
       py::gil_scoped_release unlocked;
-      cs = Take(client_->GetState(spec_.job_id(), tensor, &version));
+      cs = Take(w_->GetState(tensor, &version));
     }
     py::dict d = ToDict(cs);
     d["selection_version"] = version;
@@ -161,7 +206,7 @@ class Worker {
     Live();
     const v1::ColumnState cs = FromDict(state);
     py::gil_scoped_release unlocked;
-    Check(client_->SetState(spec_.job_id(), cs));
+    Check(w_->SetState(cs));
   }
 
   // This rank is done with the job: the daemon deletes it once every rank
@@ -172,7 +217,7 @@ class Worker {
     v1::DeleteJobResponse r;
     {
       py::gil_scoped_release unlocked;
-      r = Take(client_->FinishJob(spec_.job_id(), rank_, keep));
+      r = Take(w_->EndJob(keep));
     }
     py::dict d;
     d["ranks_finished"] = r.ranks_finished();
@@ -184,22 +229,24 @@ class Worker {
   // Ends the engine and the connection (the job's end is EndJob's).
   void Close() {
     py::gil_scoped_release unlocked;
-    opt_.reset();
-    client_.reset();
-    backend_.reset();
+    if (w_ != nullptr) w_->Close();
   }
+
+  // "cpu" (host arrays) or "cuda" (device arrays), and the CUDA device (-1: none).
+  std::string Backend() const { return w_->backend_name(); }
+  int Device() const { return w_->device(); }
 
   std::string SpecJson() const {
     std::string out;
     google::protobuf::util::JsonPrintOptions o;
     o.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(spec_, &out, o);
+    (void)google::protobuf::util::MessageToJsonString(w_->spec(), &out, o);
     return out;
   }
 
   py::dict LastStep() const {
     Live();
-    const StepStats& s = opt_->last_step();
+    const StepStats& s = w_->optimizer().last_step();
     py::dict d = Times(s);
     d["step"] = s.step;
     d["max_staleness_steps"] = s.max_staleness_steps;
@@ -210,7 +257,7 @@ class Worker {
 
   py::dict Totals() const {
     Live();
-    const OptimizerTotals& t = opt_->totals();
+    const OptimizerTotals& t = w_->optimizer().totals();
     py::dict d = Times(t);
     d["steps"] = t.steps;
     d["reselections"] = t.reselections;
@@ -223,14 +270,14 @@ class Worker {
     } else {
       d["divergence"] = py::none();
     }
-    d["reconnects"] = client_->stats().reconnects;
-    d["selection_version"] = opt_->selection_version();
+    d["reconnects"] = w_->client().stats().reconnects;
+    d["selection_version"] = w_->optimizer().selection_version();
     return d;
   }
 
  private:
   void Live() const {
-    if (opt_ == nullptr) {
+    if (w_ == nullptr || w_->closed()) {
       throw StatusError{"FAILED_PRECONDITION", "the optimizer was closed"};
     }
   }
@@ -291,11 +338,8 @@ class Worker {
   }
 
   std::vector<ParamSpec> specs_;
-  int rank_ = 0;
-  std::unique_ptr<worker::Backend> backend_;
-  std::unique_ptr<Client> client_;
-  v1::JobSpec spec_;
-  std::unique_ptr<ZenFlowOptimizer> opt_;
+  const uintptr_t stream_;
+  std::unique_ptr<ArrayWorker> w_;
 };
 
 }  // namespace
@@ -316,22 +360,24 @@ PYBIND11_MODULE(_zenflow, m) {
   });
   py::class_<Worker>(m, "Worker")
       .def(py::init<const std::string&, int, const std::string&, const std::string&, double,
-                    double, int, const std::vector<zenflow::PyParam>&, const std::string&,
+                    double, int, const std::vector<zenflow::PyParam>&, uintptr_t,
                     const std::string&, const std::string&, const std::string&,
-                    const std::string&>(),
+                    const std::string&, const std::string&>(),
            py::arg("spec_json"), py::arg("rank"), py::arg("target"), py::arg("transport"),
            py::arg("daemon_wait_s"), py::arg("connect_timeout_s"), py::arg("threads"),
-           py::arg("params"), py::arg("token") = "", py::arg("tls_ca") = "",
-           py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_server_name") = "")
-      .def("step", &Worker::Step, py::arg("step"), py::arg("lr"))
-      .def("finish", &Worker::Finish)
-      .def("drain", &Worker::Drain)
-      .def("local_state", &Worker::LocalState)
+           py::arg("params"), py::arg("stream") = 0, py::arg("token") = "",
+           py::arg("tls_ca") = "", py::arg("tls_cert") = "", py::arg("tls_key") = "",
+           py::arg("tls_server_name") = "")
+      .def("step", &Worker::Step, py::arg("step"), py::arg("lr"), py::arg("stream") = py::none())
+      .def("finish", &Worker::Finish, py::arg("stream") = py::none())
+      .def("drain", &Worker::Drain, py::arg("stream") = py::none())
+      .def("local_state", &Worker::LocalState, py::arg("stream") = py::none())
       .def("get_state", &Worker::GetState, py::arg("tensor"))
       .def("set_state", &Worker::SetState, py::arg("state"))
-
       .def("end_job", &Worker::EndJob, py::arg("keep") = false)
       .def("close", &Worker::Close)
+      .def("backend", &Worker::Backend)
+      .def("device", &Worker::Device)
       .def("spec_json", &Worker::SpecJson)
       .def("last_step", &Worker::LastStep)
       .def("totals", &Worker::Totals);

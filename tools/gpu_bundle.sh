@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepares .gpu_bundle/ (ignored by git) for a session that is lent a GPU
-# machine: optimized CUDA-enabled builds of the device-side programs, the
+# machine: optimized CUDA-enabled builds of the device-side programs (the
+# CUDA path check zf_cuda_path_check and the zenflow package with its
+# CUDA-enabled _zenflow for CPython 3.11 among them), the
 # shared libraries they need that a non-Debian image lacks (gRPC, protobuf,
 # Abseil, UCX...; not libc, libstdc++ or CUDA's own), the two default texts,
 # and run.sh (tools/gpu_run.sh), which runs every device check in one go.
@@ -16,18 +18,28 @@ cd "$(dirname "$0")/.."
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu_bundle: needs /usr/local/cuda/bin/nvcc" >&2; exit 1; }
 targets=(//gpu_worker/kernels:kernels_test //gpu_worker/model:transformer_cuda_test
          //tools/bench:worker_bench //gpu_worker:zf_train //tools/bench:stall_bench
-         //server:zenflowd)
+         //server:zenflowd //gpu_worker:zf_cuda_path_check)
 # Tests link their libraries dynamically by default: link everything in.
-bazel build -c opt --dynamic_mode=off "${targets[@]}"
+bazel build -c opt --dynamic_mode=off "${targets[@]}" //python:_zenflow.so
 B=.gpu_bundle
 rm -rf "$B"
-mkdir -p "$B/bin" "$B/lib/ucx" "$B/data"
+mkdir -p "$B/bin" "$B/lib/ucx" "$B/data" "$B/python"
 for t in "${targets[@]}"; do
   p=${t#//}; p=${p/://}
   cp "bazel-bin/$p" "$B/bin/"
 done
+# zenflow.torch's device check (python/device_check.py), for a python3.11
+# with a CUDA torch on the device machine.
+cp bazel-bin/python/_zenflow.so python/device_check.py "$B/python/"
+cp -r python/zenflow "$B/python/"
+find "$B/python" -name __pycache__ -prune -exec rm -rf {} +
+# Symbols out (the linked-in code's symbol tables are most of each file;
+# stack traces then show addresses): what travels stays under 60 MiB.
+chmod u+w "$B"/bin/* "$B/python/_zenflow.so"
+strip "$B"/bin/*
+strip --strip-unneeded "$B/python/_zenflow.so"
 skip='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libdl\.so|/libpthread\.so|/librt\.so|/libgcc_s\.so|/libstdc\+\+\.so|libcuda|libcublas|libcudart|libnvidia'
-for f in "$B"/bin/* /usr/lib/x86_64-linux-gnu/ucx/*.so*; do
+for f in "$B"/bin/* "$B/python/_zenflow.so" /usr/lib/x86_64-linux-gnu/ucx/*.so*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | grep -Ev "$skip" | sort -u | while read -r lib; do cp -L "$lib" "$B/lib/"; done
 cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$B/lib/ucx/"

@@ -15,6 +15,24 @@
 
 namespace zenflow::worker {
 
+// A backend without streams (the CPU one) has nothing to order.
+namespace {
+absl::Status NoStreams(const Backend& b, uintptr_t stream, const char* op) {
+  if (stream == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": the ", b.name(), " backend has no streams to order with, but was given stream ",
+      stream, "; pass 0 with host memory (a CUDA stream goes with device memory)"));
+}
+}  // namespace
+
+absl::Status Backend::WaitForStream(uintptr_t stream) {
+  return NoStreams(*this, stream, "WaitForStream");
+}
+
+absl::Status Backend::SignalStream(uintptr_t stream) {
+  return NoStreams(*this, stream, "SignalStream");
+}
+
 size_t PackDTypeSize(PackDType d) {
   switch (d) {
     case PackDType::kF32:

@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
     return Copy(dst, src, bytes, cudaMemcpyDeviceToDevice, "CopyDeviceToDevice");
   }
   absl::Status Synchronize() override;
+  absl::Status WaitForStream(uintptr_t stream) override;
+  absl::Status SignalStream(uintptr_t stream) override;
 
   absl::Status ColumnImportance(const float* grad, int64_t rows, int64_t cols, Importance kind,
                                 float* out) override;
@@ -191,6 +193,10 @@ class CudaBackend final : public Backend {
   static constexpr int kNormSlots = 256;
   double* norm_slots_ = nullptr;
   std::vector<double*> pending_norms_;
+  // WaitForStream / SignalStream: one event each, reused (a wait takes the
+  // event's state when it is enqueued, so recording it again is safe).
+  cudaEvent_t from_caller_ = nullptr;
+  cudaEvent_t to_caller_ = nullptr;
 };
 
 CudaBackend::~CudaBackend() {
@@ -200,6 +206,8 @@ CudaBackend::~CudaBackend() {
     cudaFree(errors_);
     cudaFreeHost(host_errors_);
     cudaFreeHost(norm_slots_);
+    if (from_caller_ != nullptr) cudaEventDestroy(from_caller_);
+    if (to_caller_ != nullptr) cudaEventDestroy(to_caller_);
     stream_.Reset();
   }
 }
@@ -291,6 +299,35 @@ absl::Status CudaBackend::Synchronize() {
         DescribeErrors(bits), " (detected on the device; the affected elements were skipped)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::WaitForStream(uintptr_t stream) {
+  ZF_RETURN_IF_ERROR(Activate());
+  if (from_caller_ == nullptr) {
+    ZF_RETURN_IF_ERROR(CudaStatus(kWho, cudaEventCreateWithFlags(&from_caller_,
+                                                                 cudaEventDisableTiming),
+                                  "cudaEventCreateWithFlags"));
+  }
+  const cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
+  ZF_RETURN_IF_ERROR(CudaStatus(kWho, cudaEventRecord(from_caller_, caller),
+                                absl::StrCat("cudaEventRecord on the caller's stream ", stream)));
+  return CudaStatus(kWho, cudaStreamWaitEvent(stream_.get(), from_caller_, 0),
+                    "cudaStreamWaitEvent (the backend's stream after the caller's)");
+}
+
+absl::Status CudaBackend::SignalStream(uintptr_t stream) {
+  ZF_RETURN_IF_ERROR(Activate());
+  if (to_caller_ == nullptr) {
+    ZF_RETURN_IF_ERROR(CudaStatus(kWho, cudaEventCreateWithFlags(&to_caller_,
+                                                                 cudaEventDisableTiming),
+                                  "cudaEventCreateWithFlags"));
+  }
+  const cudaStream_t caller = reinterpret_cast<cudaStream_t>(stream);
+  ZF_RETURN_IF_ERROR(CudaStatus(kWho, cudaEventRecord(to_caller_, stream_.get()),
+                                "cudaEventRecord on the backend's stream"));
+  return CudaStatus(kWho, cudaStreamWaitEvent(caller, to_caller_, 0),
+                    absl::StrCat("cudaStreamWaitEvent (the caller's stream ", stream,
+                                 " after the backend's)"));
 }
 
 absl::StatusOr<char*> CudaBackend::Scratch(size_t bytes) {
@@ -669,5 +706,27 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
 bool CudaCompiled() { return true; }
 
 int CudaDeviceCount() { return VisibleCudaDevices(); }
+
+absl::StatusOr<int> CudaPointerDevice(const void* p) {
+  if (VisibleCudaDevices() == 0) {
+    return absl::UnavailableError(
+        "no CUDA device is visible, so device memory cannot be used; check the driver and "
+        "CUDA_VISIBLE_DEVICES, or keep the tensors in host memory (the CPU backend)");
+  }
+  cudaPointerAttributes a{};
+  const cudaError_t err = cudaPointerGetAttributes(&a, p);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cudaPointerGetAttributes: ", cudaGetErrorString(err), " for a pointer given as device "
+        "memory"));
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(
+        "a pointer given as device memory (__cuda_array_interface__) is host memory to the CUDA "
+        "runtime; hand host arrays over with __array_interface__ instead");
+  }
+  return a.device;
+}
 
 }  // namespace zenflow::worker

@@ -18,4 +18,10 @@ bool CudaCompiled() { return false; }
 
 int CudaDeviceCount() { return 0; }
 
+absl::StatusOr<int> CudaPointerDevice(const void* p) {
+  return absl::UnavailableError(
+      "built without CUDA: nvcc was not found when this binary was built, so device memory "
+      "cannot be used (rebuild with the CUDA toolkit, or keep the tensors in host memory)");
+}
+
 }  // namespace zenflow::worker

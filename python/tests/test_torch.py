@@ -17,29 +17,7 @@ import torch
 import zenflow
 import zenflow.config
 import zenflow.torch
-
-
-def _serve():
-    """Starts a zenflowd on a free loopback port; yields its target."""
-    binary = os.environ.get("ZENFLOWD")
-    assert binary and os.path.exists(binary), "set ZENFLOWD to the zenflowd binary"
-    d = tempfile.mkdtemp()
-    port_file = os.path.join(d, "port")
-    log = open(os.path.join(d, "zenflowd.log"), "w")
-    # The tests' jobs share one token ($ZENFLOW_TOKEN): let it hold them all.
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                             "--max_jobs_per_credential=256"],
-                            stderr=log)
-    for _ in range(300):
-        if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
-            break
-        assert proc.poll() is None, "zenflowd exited"
-        time.sleep(0.05)
-    with open(port_file) as f:
-        target = f"127.0.0.1:{f.read().strip()}"
-    yield target
-    proc.terminate()
-    proc.wait(timeout=30)
+from array_helpers import serve as _serve
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,12 @@ The worker engine (C++, the same one zf_train runs) updates the important
 columns in place every step, streams the other columns' gradients to zenflowd
 and applies the columns it sends back. Rank 0 creates the job and uploads the
 parameters' initial values; other ranks join it.
+
+A model on a CUDA device runs the engine's CUDA backend on that device: the
+extension takes the tensors through their array interfaces
+(`__cuda_array_interface__`, or `__array_interface__` for host memory) and
+orders its work with torch's current stream by events (docs/python.md,
+"CUDA tensors").
 """
 
 import json
@@ -56,6 +62,45 @@ def _env_int(*names):
 
 def _first(*values):
     return next(v for v in values if v is not None)
+
+
+_TYPESTRS = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<V2",
+             torch.float64: "<f8"}
+
+
+class _Array:
+    """A tensor's memory as an array interface, for what torch does not export
+    itself: host tensors (torch has no __array_interface__) and bfloat16 ones
+    (no typestr: "<V2" with the descr name "bfloat16"). Holds the tensor."""
+
+    def __init__(self, t):
+        self.tensor = t
+        typestr = _TYPESTRS.get(t.dtype, "|V%d" % t.element_size())
+        name = "bfloat16" if t.dtype == torch.bfloat16 else ""
+        size = t.element_size()
+        iface = {"shape": tuple(t.shape), "typestr": typestr, "descr": [(name, typestr)],
+                 "data": (t.data_ptr(), False),
+                 "strides": None if t.is_contiguous() else tuple(s * size for s in t.stride()),
+                 "version": 3}
+        if t.is_cuda:
+            iface["stream"] = None  # the stream goes to the extension on its own
+            self.__cuda_array_interface__ = iface
+        else:
+            self.__array_interface__ = iface
+
+
+def _array(t):
+    """What the extension reads: torch's own __cuda_array_interface__ where it
+    has one (a CUDA tensor of a dtype with a typestr), else an _Array."""
+    if t.is_cuda and t.dtype != torch.bfloat16:
+        return t
+    return _Array(t)
+
+
+def _stream(t):
+    """torch's current stream on t's device, as the integer the extension takes
+    (0 for host tensors)."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
 def _job_shape(p):
@@ -167,21 +212,20 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             if p.dtype not in _PARAM_DTYPES:
                 raise TypeError(f"parameter {i} is {p.dtype}: the engine updates float32, "
                                 "bfloat16 and float16 parameters (16-bit ones with fp32 "
-                                "masters)")
-            if p.device.type != "cpu":
-                raise TypeError(f"parameter {i} is on {p.device}: this build runs the CPU "
-                                "backend only (CUDA tensors need the CUDA backend binding)")
-            if not p.is_contiguous():
-                raise TypeError(f"parameter {i} is not contiguous")
+                                "masters); convert the model first (model.float())")
+            # Placement (host or one CUDA device), contiguity and the rest are
+            # the extension's to check, the same for every framework.
             g = torch.zeros_like(p, memory_format=torch.contiguous_format)
             if p.grad is not None:
                 g.copy_(p.grad)
             p.grad = g
             self._grads.append(g)
-            g32 = g if p.dtype == torch.float32 else torch.zeros(p.shape, dtype=torch.float32)
+            g32 = g if p.dtype == torch.float32 else torch.zeros(p.shape, dtype=torch.float32,
+                                                                 device=p.device)
             self._grads32.append(g32)
-            tensors.append((f"p{i}", _job_shape(p), p.data_ptr(), g32.data_ptr(),
+            tensors.append((f"p{i}", _job_shape(p), _array(p.data), _array(g32),
                             _PARAM_DTYPES[p.dtype]))
+        self._device = self._params[0].device if self._params else torch.device("cpu")
 
         delay = s.get("apply_delay", "adaptive")
         if delay == "sync":
@@ -244,7 +288,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         self._worker = _zenflow.Worker(
             json.dumps(spec), self._rank, target, s.get("transport", "grpc"),
             float(daemon_wait), float(connect_timeout),
-            int(s.get("threads", 2)), tensors, token=token, tls_ca=s.get("tls_ca", ""),
+            int(s.get("threads", 2)), [(n, p, g) for n, _, p, g, _ in tensors],
+            stream=self._stream(), token=token, tls_ca=s.get("tls_ca", ""),
             tls_cert=s.get("tls_cert", ""), tls_key=s.get("tls_key", ""),
             tls_server_name=s.get("tls_server_name", ""))
         self._step = 0
@@ -273,9 +318,13 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         for g, g32 in zip(self._grads, self._grads32):
             if g32 is not g:
                 g32.copy_(g)
-        self._live().step(self._step, float(lrs.pop()))
+        self._live().step(self._step, float(lrs.pop()), stream=self._stream())
         self._step += 1
         return loss
+
+    def _stream(self):
+        # The stream the caller's work on the parameters is queued on now.
+        return _stream(self._params[0]) if self._params else 0
 
     def _live(self):
         if self._worker is None:
@@ -298,7 +347,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
 
     def finish(self):
         """Waits for and applies every update still in flight."""
-        self._live().finish()
+        self._live().finish(stream=self._stream())
 
     def close(self, keep_job=None):
         """Finishes the outstanding rounds, ends this rank's part in the job, disconnects.
@@ -316,7 +365,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         if not isinstance(keep, bool):
             raise ValueError(f"keep_job must be True or False, not {keep!r}")
         try:
-            self._worker.finish()
+            self._worker.finish(stream=self._stream())
             self.job_end = self._worker.end_job(keep)
         finally:
             self._worker.close()
@@ -344,8 +393,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         update_interval) or after finish(); training may go on.
         """
         w = self._live()
-        w.drain()
-        local = {d["tensor"]: d for d in w.local_state()}
+        w.drain(stream=self._stream())
+        local = {d["tensor"]: d for d in w.local_state(stream=self._stream())}
         state = {}
         version = None
         for i, p in enumerate(self._params):
@@ -370,8 +419,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             if (counts < 0).any():
                 missing = (counts < 0).nonzero().flatten()[:5].tolist()
                 raise ZenFlowError("INTERNAL", f"no state for columns {missing} of parameter {i}")
-            state[i] = {"exp_avg": m.t().contiguous().reshape(p.shape),
-                        "exp_avg_sq": v.t().contiguous().reshape(p.shape),
+            state[i] = {"exp_avg": m.t().contiguous().reshape(p.shape).to(p.device),
+                        "exp_avg_sq": v.t().contiguous().reshape(p.shape).to(p.device),
                         "update_counts": counts}
         groups = [{k: g[k] for k in ("lr", "betas", "eps", "weight_decay")}
                   for g in self.param_groups]
@@ -405,7 +454,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
         if not isinstance(state, dict) or len(state) != len(self._params):
             raise ValueError(f"the state_dict has state for {len(state or {})} parameters; this "
                              f"optimizer has {len(self._params)}")
-        if w.local_state():  # before the first selection every column is the daemon's
+        if w.local_state(stream=self._stream()):  # before the first selection every column is the daemon's
             raise ZenFlowError("INTERNAL", "the engine updates columns before its first step")
         for i, p in enumerate(self._params):
             s = state.get(i)
@@ -416,7 +465,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             if s["exp_avg"].shape != p.shape or s["exp_avg_sq"].shape != p.shape or \
                     s["update_counts"].shape != (cols,):
                 raise ValueError(f"parameter {i}: the state's shapes do not fit {tuple(p.shape)}")
-            colmajor = lambda x: x.detach().to(torch.float32).reshape(rows, cols).t().contiguous()
+            colmajor = lambda x: (x.detach().to("cpu", torch.float32).reshape(rows, cols).t()
+                                  .contiguous())
             part = {"tensor": f"p{i}",
                     "columns": torch.arange(cols, dtype=torch.int32).numpy().tobytes(),
                     "values": colmajor(p).numpy().tobytes(),
