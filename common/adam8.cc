@@ -323,6 +323,155 @@ void ForEachBlock(int64_t rows, int64_t ncols, Fn fn) {
   }
 }
 
+
+// ---- Fused blocks -----------------------------------------------------------
+//
+// One block (n <= 256 values) in one pass over its memory: dequantize,
+// AdamW with the same operations as adamw.cc's vector step (so the same
+// bits as AdamWUpdateWith at that level), the new m and v kept in the
+// scratch with their largest magnitudes, then the codes. Masked-off lanes
+// load as zeros (m, v, g and p 0): they leave the maxima alone.
+
+ZF_A8_AVX512 void BlockAvx512(const AdamWConsts& c, const float* grad, float* p, uint8_t* mq,
+                              float* ms, uint8_t* vq, float* vs, size_t n, BlockScratch* x) {
+  const __m512 beta1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
+  const __m512 beta2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 decay = _mm512_set1_ps(c.decay), step_size = _mm512_set1_ps(c.step_size);
+  const __m512 inv_bc2 = _mm512_set1_ps(c.inv_bc2_sqrt), eps = _mm512_set1_ps(c.eps);
+  const __m512 gs = _mm512_set1_ps(c.grad_scale);
+  const __m512 sm = _mm512_set1_ps(*ms), sv = _mm512_set1_ps(*vs);
+  const __m512i mag = _mm512_set1_epi32(127), sign = _mm512_set1_epi32(128);
+  const __m512i offm = _mm512_set1_epi32(static_cast<int>(kOffsetM));
+  const __m512i offv = _mm512_set1_epi32(static_cast<int>(kOffsetV));
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  __m512 mmax = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t cnt = n - i < 16 ? n - i : 16;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cnt) - 1u);
+    __m128i cm8, cv8;
+    if (cnt == 16) {
+      cm8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mq + i));
+      cv8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vq + i));
+    } else {
+      alignas(16) uint8_t tm[16] = {}, tv[16] = {};
+      std::memcpy(tm, mq + i, cnt);
+      std::memcpy(tv, vq + i, cnt);
+      cm8 = _mm_load_si128(reinterpret_cast<const __m128i*>(tm));
+      cv8 = _mm_load_si128(reinterpret_cast<const __m128i*>(tv));
+    }
+    const __m512i cm = _mm512_cvtepu8_epi32(cm8), cv = _mm512_cvtepu8_epi32(cv8);
+    const __m512i km = _mm512_and_si512(cm, mag);
+    const __m512i bm = _mm512_maskz_slli_epi32(_mm512_test_epi32_mask(km, km),
+                                               _mm512_add_epi32(km, offm), 20);
+    const __m512 m0 = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(bm), sm)),
+                         _mm512_slli_epi32(_mm512_and_si512(cm, sign), 24)));
+    const __m512 v0 = _mm512_maskz_mul_ps(
+        mask, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(cv, offv), 20)), sv);
+    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, grad + i), gs);
+    const __m512 mi = _mm512_fmadd_ps(beta1, m0, _mm512_mul_ps(omb1, g));
+    const __m512 vi = _mm512_fmadd_ps(beta2, v0, _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    const __m512 pi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, p + i), decay);
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), inv_bc2, eps);
+    const __m512 upd = _mm512_div_ps(_mm512_mul_ps(step_size, mi), denom);
+    _mm512_mask_storeu_ps(p + i, mask, _mm512_sub_ps(pi, upd));
+    _mm512_store_ps(x->m + i, mi);
+    _mm512_store_ps(x->v + i, vi);
+    mmax = _mm512_max_ps(mmax, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(mi), abs_mask)));
+    vmax = _mm512_max_ps(vmax, vi);
+  }
+  alignas(64) float lm[16], lv[16];
+  _mm512_store_ps(lm, mmax);
+  _mm512_store_ps(lv, vmax);
+  float inv_m, inv_v;
+  ScaleOf(*std::max_element(lm, lm + 16), ms, &inv_m);
+  ScaleOf(*std::max_element(lv, lv + 16), vs, &inv_v);
+  const size_t full = n & ~size_t{15};
+  QMAvx512(x->m, inv_m, mq, full);
+  QVAvx512(x->v, inv_v, vq, full);
+  if (full < n) {
+    QMAvx512(x->m + full, inv_m, x->code, 16);
+    std::memcpy(mq + full, x->code, n - full);
+    QVAvx512(x->v + full, inv_v, x->code, 16);
+    std::memcpy(vq + full, x->code, n - full);
+  }
+}
+
+ZF_A8_AVX2 void BlockAvx2(const AdamWConsts& c, const float* grad, float* p, uint8_t* mq,
+                          float* ms, uint8_t* vq, float* vs, size_t n, BlockScratch* x) {
+  const __m256 beta1 = _mm256_set1_ps(c.beta1), omb1 = _mm256_set1_ps(c.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_beta2);
+  const __m256 decay = _mm256_set1_ps(c.decay), step_size = _mm256_set1_ps(c.step_size);
+  const __m256 inv_bc2 = _mm256_set1_ps(c.inv_bc2_sqrt), eps = _mm256_set1_ps(c.eps);
+  const __m256 gs = _mm256_set1_ps(c.grad_scale);
+  const __m256 sm = _mm256_set1_ps(*ms), sv = _mm256_set1_ps(*vs);
+  const __m256i mag = _mm256_set1_epi32(127), sign = _mm256_set1_epi32(128);
+  const __m256i offm = _mm256_set1_epi32(static_cast<int>(kOffsetM));
+  const __m256i offv = _mm256_set1_epi32(static_cast<int>(kOffsetV));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i ones = _mm256_set1_epi32(-1), zero = _mm256_setzero_si256();
+  __m256 mmax = _mm256_setzero_ps(), vmax = _mm256_setzero_ps();
+  // A short tail through padded copies (zeros beyond n).
+  alignas(32) float tg[8] = {}, tp[8] = {};
+  for (size_t i = 0; i < n; i += 8) {
+    const size_t cnt = n - i < 8 ? n - i : 8;
+    const float* gi = grad + i;
+    float* pi_ptr = p + i;
+    uint64_t bm8 = 0, bv8 = 0;
+    if (cnt == 8) {
+      std::memcpy(&bm8, mq + i, 8);
+      std::memcpy(&bv8, vq + i, 8);
+    } else {
+      std::memcpy(&bm8, mq + i, cnt);
+      std::memcpy(&bv8, vq + i, cnt);
+      std::memcpy(tg, gi, cnt * sizeof(float));
+      std::memcpy(tp, pi_ptr, cnt * sizeof(float));
+      gi = tg;
+      pi_ptr = tp;
+    }
+    const __m256i cm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bm8)));
+    const __m256i cv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bv8)));
+    const __m256i km = _mm256_and_si256(cm, mag);
+    const __m256i nz = _mm256_xor_si256(_mm256_cmpeq_epi32(km, zero), ones);
+    const __m256i bm = _mm256_and_si256(_mm256_slli_epi32(_mm256_add_epi32(km, offm), 20), nz);
+    const __m256 m0 = _mm256_xor_ps(_mm256_mul_ps(_mm256_castsi256_ps(bm), sm),
+                                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(cm, sign), 24)));
+    __m256 v0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(cv, offv), 20)), sv);
+    if (cnt < 8) {
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cnt)), lane);
+      v0 = _mm256_and_ps(v0, _mm256_castsi256_ps(live));
+    }
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(gi), gs);
+    const __m256 mi = _mm256_fmadd_ps(beta1, m0, _mm256_mul_ps(omb1, g));
+    const __m256 vi = _mm256_fmadd_ps(beta2, v0, _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+    const __m256 pv = _mm256_mul_ps(_mm256_loadu_ps(pi_ptr), decay);
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), inv_bc2, eps);
+    const __m256 upd = _mm256_div_ps(_mm256_mul_ps(step_size, mi), denom);
+    _mm256_storeu_ps(pi_ptr, _mm256_sub_ps(pv, upd));
+    if (cnt < 8) std::memcpy(p + i, tp, cnt * sizeof(float));
+    _mm256_store_ps(x->m + i, mi);
+    _mm256_store_ps(x->v + i, vi);
+    mmax = _mm256_max_ps(mmax, _mm256_and_ps(mi, abs_mask));
+    vmax = _mm256_max_ps(vmax, vi);
+  }
+  alignas(32) float lm[8], lv[8];
+  _mm256_store_ps(lm, mmax);
+  _mm256_store_ps(lv, vmax);
+  float inv_m, inv_v;
+  ScaleOf(*std::max_element(lm, lm + 8), ms, &inv_m);
+  ScaleOf(*std::max_element(lv, lv + 8), vs, &inv_v);
+  const size_t full = n & ~size_t{7};
+  QMAvx2(x->m, inv_m, mq, full);
+  QVAvx2(x->v, inv_v, vq, full);
+  if (full < n) {
+    QMAvx2(x->m + full, inv_m, x->code, 8);
+    std::memcpy(mq + full, x->code, n - full);
+    QVAvx2(x->v + full, inv_v, x->code, 8);
+    std::memcpy(vq + full, x->code, n - full);
+  }
+}
+
 SimdLevel Usable(SimdLevel level) {
   return SimdLevelSupported(level) ? level : BestSimdLevel();
 }
@@ -400,11 +549,17 @@ void Adam8Update(SimdLevel level, const AdamWHyper& h, int64_t step, float grad_
   const AdamWConsts c = MakeAdamWConsts(h, step, grad_scale);
   BlockScratch x;
   ForEachBlock(rows, ncols, [&](size_t at, size_t n, size_t b) {
-    LoadBlock(k, true, s.m + at, s.m_scale[b], n, &x, x.m);
-    LoadBlock(k, false, s.v + at, s.v_scale[b], n, &x, x.v);
-    AdamWUpdateWith(level, c, grad + at, p + at, x.m, x.v, n);
-    StoreBlock(k, true, x.m, n, &x, s.m + at, s.m_scale + b);
-    StoreBlock(k, false, x.v, n, &x, s.v + at, s.v_scale + b);
+    if (level == SimdLevel::kAvx512) {
+      BlockAvx512(c, grad + at, p + at, s.m + at, s.m_scale + b, s.v + at, s.v_scale + b, n, &x);
+    } else if (level == SimdLevel::kAvx2) {
+      BlockAvx2(c, grad + at, p + at, s.m + at, s.m_scale + b, s.v + at, s.v_scale + b, n, &x);
+    } else {
+      LoadBlock(k, true, s.m + at, s.m_scale[b], n, &x, x.m);
+      LoadBlock(k, false, s.v + at, s.v_scale[b], n, &x, x.v);
+      AdamWUpdateWith(level, c, grad + at, p + at, x.m, x.v, n);
+      StoreBlock(k, true, x.m, n, &x, s.m + at, s.m_scale + b);
+      StoreBlock(k, false, x.v, n, &x, s.v + at, s.v_scale + b);
+    }
     if (m_out != nullptr) {
       LoadBlock(k, true, s.m + at, s.m_scale[b], n, &x, x.m);
       std::memcpy(m_out + at, x.m, n * sizeof(float));
