@@ -17,19 +17,7 @@ namespace {
 #define ZF_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define ZF_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-// Per-call constants shared by all kernels.
-struct Consts {
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float decay;         // 1 - lr * weight_decay.
-  float step_size;     // lr / (1 - beta1^t).
-  float bc2_sqrt;      // sqrt(1 - beta2^t).
-  float inv_bc2_sqrt;  // 1 / bc2_sqrt (vector kernels only).
-  float eps;
-  float grad_scale;
-};
+using Consts = AdamWConsts;
 
 Consts MakeConsts(const AdamWHyper& h, int64_t step, float grad_scale) {
   const double t = static_cast<double>(step < 1 ? 1 : step);
@@ -212,10 +200,18 @@ void AdamWReference(const AdamWHyper& h, int64_t step, float grad_scale,
   ScalarLoop(MakeConsts(h, step, grad_scale), grad, p, m, v, n);
 }
 
+AdamWConsts MakeAdamWConsts(const AdamWHyper& h, int64_t step, float grad_scale) {
+  return MakeConsts(h, step, grad_scale);
+}
+
 void AdamWUpdate(SimdLevel level, const AdamWHyper& h, int64_t step,
                  float grad_scale, const float* grad, float* p, float* m,
                  float* v, size_t n) {
-  const Consts c = MakeConsts(h, step, grad_scale);
+  AdamWUpdateWith(level, MakeConsts(h, step, grad_scale), grad, p, m, v, n);
+}
+
+void AdamWUpdateWith(SimdLevel level, const AdamWConsts& c, const float* grad, float* p,
+                     float* m, float* v, size_t n) {
   switch (level) {
     case SimdLevel::kAvx512:
       UpdateAvx512(c, grad, p, m, v, n);

@@ -59,6 +59,27 @@ void AdamWUpdate(SimdLevel level, const AdamWHyper& h, int64_t step,
                  float grad_scale, const float* grad, float* p, float* m,
                  float* v, size_t n);
 
+// AdamWUpdate's per-call constants (the bias corrections: two pow() in
+// double), made once for callers that update many small runs with one
+// step and scale (common/adam8.h, block by block).
+struct AdamWConsts {
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float decay;         // 1 - lr * weight_decay.
+  float step_size;     // lr / (1 - beta1^t).
+  float bc2_sqrt;      // sqrt(1 - beta2^t).
+  float inv_bc2_sqrt;  // 1 / bc2_sqrt (vector kernels only).
+  float eps;
+  float grad_scale;
+};
+AdamWConsts MakeAdamWConsts(const AdamWHyper& h, int64_t step, float grad_scale);
+// AdamWUpdate(level, h, step, grad_scale, ...) with c = MakeAdamWConsts(h,
+// step, grad_scale): the same bits.
+void AdamWUpdateWith(SimdLevel level, const AdamWConsts& c, const float* grad, float* p,
+                     float* m, float* v, size_t n);
+
 }  // namespace zenflow
 
 #endif  // ZENFLOW_COMMON_ADAMW_H_

@@ -125,6 +125,9 @@ ABSL_FLAG(bool, rank_ordered_sums, false,
           "zenflow, zero_offload: the daemon sums each rank's gradients apart and adds the "
           "ranks in rank order (JobSpec.rank_ordered_sums), so multi-rank reruns and runs "
           "through a daemon restart are bit-identical; 8 B per parameter per extra rank");
+ABSL_FLAG(std::string, optimizer_state, "fp32",
+          "how the daemon keeps Adam's m and v (JobSpec.optimizer_state): fp32, or 8bit "
+          "(one byte each, block-wise quantized, the fp32 master kept; docs/design.md)");
 ABSL_FLAG(int, emulate_device_ms, 0,
           "adds this much emulated device time per step (sleep), to study stalls on a CPU machine");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -378,6 +381,7 @@ absl::Status Run() {
       want.set_wire_dtype(*wire_dtype);
     }
     want.set_rank_ordered_sums(absl::GetFlag(FLAGS_rank_ordered_sums));
+    want.set_optimizer_state(absl::GetFlag(FLAGS_optimizer_state));
     want.mutable_adamw()->set_lr(lr);
     want.mutable_adamw()->set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
     v1::ZenFlowConfig* z = want.mutable_zenflow();

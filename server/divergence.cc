@@ -106,8 +106,7 @@ bool UpdateDivergence::Start(int64_t round, int32_t steps, TensorStore* store) {
     const Sampled& x = p.slots[s];
     const size_t bytes = static_cast<size_t>(x.rows) * sizeof(float);
     std::memcpy(old_master_.data() + at, store->master(x.tensor, x.col), bytes);
-    std::memcpy(shadow_m_.data() + at, store->m(x.tensor, x.col), bytes);
-    std::memcpy(shadow_v_.data() + at, store->v(x.tensor, x.col), bytes);
+    store->CopyMoments(x.tensor, x.col, 1, shadow_m_.data() + at, shadow_v_.data() + at);
     old_count_[s] = store->count(x.tensor, x.col);
     at += static_cast<size_t>(x.rows);
   }

@@ -79,7 +79,8 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
   }
   std::vector<TensorStore::Shape> shapes;
   for (const TensorState& t : tensors_) shapes.push_back({t.rows, t.cols});
-  store_ = std::make_unique<TensorStore>(shapes);
+  store_ = std::make_unique<TensorStore>(
+      shapes, spec_.optimizer_state() == "8bit" ? StateFormat::k8bit : StateFormat::kFp32);
   acc_ = std::make_unique<RoundAccumulator>(shapes, world_, spec.rank_ordered_sums());
   divergence_ = std::make_unique<UpdateDivergence>(shapes, world_, spec.rank_ordered_sums(),
                                                    interval_,

@@ -88,6 +88,11 @@ std::vector<std::string> SectionNamesOfFloats(int sum_ranks) {
   return names;
 }
 
+// A tensor with 8-bit m and v (TensorStore::quantized) stores them in their
+// 8-bit form instead of the fp32 "m" and "v": codes and block scales, in
+// this order (the sections' sizes: elements bytes, scales floats).
+const char* const kMoment8Sections[] = {"m8", "m8.scale", "v8", "v8.scale"};
+
 }  // namespace
 
 absl::StatusOr<JobSnapshot> Job::Snapshot() {
@@ -104,8 +109,17 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     const size_t elements = static_cast<size_t>(tensors_[ti].rows * tensors_[ti].cols);
     const size_t cols = static_cast<size_t>(tensors_[ti].cols);
     const std::string p = absl::StrCat("t", ti, ".");
+    const bool eight = store_->quantized(static_cast<int>(ti));  // fixed for the job's life
     for (const std::string& n : SectionNamesOfFloats(acc_->sum_ranks())) {
+      if (eight && (n == "m" || n == "v")) continue;
       big.push_back({p + n, std::string(elements * sizeof(float), '\0')});
+    }
+    if (eight) {
+      const size_t scales = cols * static_cast<size_t>(Adam8BlocksPerColumn(tensors_[ti].rows));
+      for (int k = 0; k < 4; ++k) {
+        big.push_back({p + kMoment8Sections[k],
+                       std::string(k % 2 == 0 ? elements : scales * sizeof(float), '\0')});
+      }
     }
     big.push_back({p + "count", std::string(cols * sizeof(int64_t), '\0')});
   }
@@ -174,11 +188,19 @@ absl::StatusOr<JobSnapshot> Job::Snapshot() {
     const int t = static_cast<int>(ti);
     const TensorStore::Raw raw = store_->raw(t);
     copy(raw.master);
-    copy(raw.m);
-    copy(raw.v);
+    if (raw.m8 == nullptr) {
+      copy(raw.m);
+      copy(raw.v);
+    }
     for (int r = 0; r < acc_->sum_ranks(); ++r) {
       copy(acc_->sum_buffer(t, r, 0).data());
       copy(acc_->sum_buffer(t, r, 1).data());
+    }
+    if (raw.m8 != nullptr) {
+      copy(raw.m8);
+      copy(raw.m_scale);
+      copy(raw.v8);
+      copy(raw.v_scale);
     }
     copy(raw.count);
   }
@@ -334,8 +356,31 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     const std::string p = absl::StrCat("t", ti, ".");
     const TensorStore::Raw raw = store_->raw(t);
     ZF_RETURN_IF_ERROR(load(p + "master", raw.master, raw.elements * sizeof(float)));
-    ZF_RETURN_IF_ERROR(load(p + "m", raw.m, raw.elements * sizeof(float)));
-    ZF_RETURN_IF_ERROR(load(p + "v", raw.v, raw.elements * sizeof(float)));
+    if (raw.m8 == nullptr) {
+      ZF_RETURN_IF_ERROR(load(p + "m", raw.m, raw.elements * sizeof(float)));
+      ZF_RETURN_IF_ERROR(load(p + "v", raw.v, raw.elements * sizeof(float)));
+    } else if (section(p + "m8") != nullptr) {
+      const size_t sb = raw.scales * sizeof(float);
+      ZF_RETURN_IF_ERROR(load(p + "m8", raw.m8, raw.elements));
+      ZF_RETURN_IF_ERROR(load(p + "m8.scale", raw.m_scale, sb));
+      ZF_RETURN_IF_ERROR(load(p + "v8", raw.v8, raw.elements));
+      ZF_RETURN_IF_ERROR(load(p + "v8.scale", raw.v_scale, sb));
+      for (size_t i = 0; i < raw.scales; ++i) {
+        if (!(raw.m_scale[i] >= 0 && std::isfinite(raw.m_scale[i]) && raw.v_scale[i] >= 0 &&
+              std::isfinite(raw.v_scale[i]))) {
+          return bad(absl::StrCat("tensor ", ti, " has a block scale that is negative or not "
+                                  "finite"));
+        }
+      }
+    } else {
+      // The fp32 form in an 8-bit job (a file written before 8-bit state
+      // existed, its spec edited): quantized as it loads.
+      std::vector<float> m(raw.elements), v(raw.elements);
+      ZF_RETURN_IF_ERROR(load(p + "m", m.data(), raw.elements * sizeof(float)));
+      ZF_RETURN_IF_ERROR(load(p + "v", v.data(), raw.elements * sizeof(float)));
+      Adam8Quantize(BestSimdLevel(), tensors_[ti].rows, tensors_[ti].cols, m.data(), v.data(),
+                    store_->q8(t, 0));
+    }
     ZF_RETURN_IF_ERROR(load(p + "count", raw.count, raw.cols * sizeof(int64_t)));
     for (size_t c = 0; c < raw.cols; ++c) {
       if (raw.count[c] < 0) return bad(absl::StrCat("tensor ", ti, " has a negative update count"));

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/adam8.h"
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
@@ -236,6 +237,12 @@ absl::Status NormalizeJobSpec(v1::JobSpec* spec, int64_t max_message_bytes) {
   if (d.kind_case() == v1::ApplyDelay::kOverlapStep) {
     z->mutable_apply_delay()->set_steps(z->update_interval());
   }
+  if (spec->optimizer_state().empty()) spec->set_optimizer_state("fp32");
+  if (spec->optimizer_state() != "fp32" && spec->optimizer_state() != "8bit") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer_state ", Quote(spec->optimizer_state()),
+        " is unknown: \"fp32\" (the default) or \"8bit\" (m and v in 8 bits)"));
+  }
   if (spec->has_partition()) ZF_RETURN_IF_ERROR(CheckPartition(*spec));
   return absl::OkStatus();
 }
@@ -399,7 +406,11 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     add(&f.params, n);
     // Rank-ordered sums: two accumulation buffers per rank.
     const int64_t sums = spec.rank_ordered_sums() ? spec.world_size() : 1;
-    add(&f.state_bytes, mul(n, mul(3 + 2 * sums, sizeof(float))));
+    // fp32 master; m and v in fp32, or 8-bit (codes and block scales,
+    // common/adam8.h) for the tensors an 8bit job quantizes.
+    const bool eight = spec.optimizer_state() == "8bit" && rows >= kAdam8MinRows;
+    add(&f.state_bytes, mul(n, mul(1 + 2 * sums, sizeof(float))));
+    add(&f.state_bytes, eight ? Adam8StateBytes(rows, cols) : mul(n, 2 * sizeof(float)));
     add(&f.bookkeeping_bytes, mul(cols, sizeof(int64_t) + 1 + 2 * sizeof(int32_t)));
     // Which rank sent which column (RankArrivals): per column its number.
     add(&f.bookkeeping_bytes, mul(cols + 1, RankArrivals::kBytesPerColumn));

@@ -42,6 +42,8 @@ struct JobFootprint {
   // fp32 master, m, v and two accumulation buffers: 20 B per parameter
   // (the upload is staged in an accumulation buffer: nothing extra); with
   // rank_ordered_sums, two accumulation buffers per rank: 12 + 8 * world B.
+  // With optimizer_state "8bit", m and v take 1 B each plus a 4 B scale
+  // each per block of 256 (tensors of at least 16 rows): about 14 B.
   int64_t state_bytes = 0;
   // Per column: update count, selection flag and lists (17 B) and its
   // number among the daemon's columns (4 B); per rank and step of its open

@@ -93,7 +93,13 @@ void AddFactoredMoments(const std::vector<RoundUpdateTensor>& tensors,
     const int t = static_cast<int>(ti);
     in[ti].rows = tensors[ti].rows;
     in[ti].columns = &remote[ti];
-    in[ti].v = [store, t](int32_t c) -> const float* { return store->v(t, c); };
+    in[ti].v = [store, t](int32_t c) -> const float* {
+      if (!store->quantized(t)) return store->v(t, c);
+      thread_local std::vector<float> column;  // 8-bit v: the column dequantized
+      column.resize(static_cast<size_t>(store->shape(t).rows));
+      store->CopyMoments(t, c, 1, nullptr, column.data());
+      return column.data();
+    };
     in[ti].count = [store, t](int32_t c) { return store->count(t, c); };
   }
   const std::vector<FactoredMoment> fm = ComputeFactoredMoments(
@@ -116,15 +122,27 @@ void AddFactoredMoments(const std::vector<RoundUpdateTensor>& tensors,
 }
 
 // The kernels of one block: AdamW, then the values (fp32 new - old with
-// arithmetic: `old` holds n floats of scratch) and m, v encoded.
+// arithmetic: `old` holds n floats of scratch) and m, v encoded. With q8
+// (a tensor with 8-bit m and v: common/adam8.h, n / rows whole columns) the
+// update is Adam8Update's, and the m, v encoded are the stored ones.
 void UpdateAndEncode(const RoundKernelOptions& o, const AdamWHyper& h, int64_t step,
                      const float* grad, float* p, float* m, float* v, size_t n, char* values_out,
-                     char* m_out, char* v_out, std::vector<float>* old) {
+                     char* m_out, char* v_out, std::vector<float>* old,
+                     const Adam8Columns* q8 = nullptr, int64_t rows = 0) {
   if (o.arithmetic) {
     old->resize(n);
     std::memcpy(old->data(), p, n * sizeof(float));
   }
-  AdamWUpdate(o.simd, h, step, o.grad_scale, grad, p, m, v, n);
+  if (q8 != nullptr) {
+    thread_local std::vector<float> moments;
+    if (o.moments) moments.resize(2 * n);
+    m = o.moments ? moments.data() : nullptr;
+    v = o.moments ? moments.data() + n : nullptr;
+    Adam8Update(o.simd, h, step, o.grad_scale, grad, p, *q8, rows,
+                static_cast<int64_t>(n) / rows, m, v);
+  } else {
+    AdamWUpdate(o.simd, h, step, o.grad_scale, grad, p, m, v, n);
+  }
   if (o.arithmetic) {
     float* diff = old->data();
     for (size_t i = 0; i < n; ++i) diff[i] = p[i] - diff[i];
@@ -167,14 +185,16 @@ std::vector<v1::DownMessage> ValueDeltas(int64_t round, const std::vector<RoundU
                    [&](int32_t c) { return store->count(mp.tensor, c); }, d);
     const size_t col_values = static_cast<size_t>(t.rows) * DTypeSize(t.param_dtype);
     const size_t col_state = static_cast<size_t>(t.rows) * 2;
+    std::vector<float> mv(moments ? 2 * static_cast<size_t>(t.rows) : 0);
     for (size_t i = mp.begin; i < mp.end; ++i) {
       const int32_t c = cols[i];
       Encode(t.param_dtype, store->master(mp.tensor, c), t.rows,
              d->mutable_payload()->data() + (i - mp.begin) * col_values);
       if (moments) {
-        Encode(DType::kBF16, store->m(mp.tensor, c), t.rows,
+        store->CopyMoments(mp.tensor, c, 1, mv.data(), mv.data() + t.rows);
+        Encode(DType::kBF16, mv.data(), t.rows,
                d->mutable_m()->data() + (i - mp.begin) * col_state);
-        Encode(DType::kBF16, store->v(mp.tensor, c), t.rows,
+        Encode(DType::kBF16, mv.data() + t.rows, t.rows,
                d->mutable_v()->data() + (i - mp.begin) * col_state);
       }
     }
@@ -327,10 +347,13 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
       ok.values = t.param_dtype;
       const size_t vsize = arithmetic ? sizeof(float) : DTypeSize(t.param_dtype);
       float* g = acc->sum(b.tensor, round, b.first_col);
+      const bool q = store->quantized(b.tensor);
+      const Adam8Columns q8 = q ? store->q8(b.tensor, b.first_col) : Adam8Columns{};
       UpdateAndEncode(ok, h, b.step, g, store->master(b.tensor, b.first_col),
-                      store->m(b.tensor, b.first_col), store->v(b.tensor, b.first_col), n,
+                      q ? nullptr : store->m(b.tensor, b.first_col),
+                      q ? nullptr : store->v(b.tensor, b.first_col), n,
                       dst.values + at * vsize, moments ? dst.m + at * 2 : nullptr,
-                      moments ? dst.v + at * 2 : nullptr, &old);
+                      moments ? dst.v + at * 2 : nullptr, &old, q ? &q8 : nullptr, t.rows);
       std::memset(g, 0, n * sizeof(float));
       for (int64_t c = 0; c < b.ncols; ++c) store->set_count(b.tensor, b.first_col + c, b.step);
     });

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -403,6 +404,79 @@ TEST(RoundUpdateTest, RoundKernelsAreAdamWAndTheEncode) {
       EXPECT_TRUE(vo == want_v);
     }
   }
+}
+
+// 8-bit m and v (design rule 15): the round update equals Adam8Update
+// column by column with each column's own count, on a pool as on one
+// thread; the deltas' m and v (the predicted step's) are the stored state
+// dequantized; ValueDeltas makes the same messages again.
+TEST(RoundUpdateTest, EightBitStateUpdatesAsAdam8Update) {
+  constexpr int64_t kR = 300, kC = 40;
+  auto run = [&](int threads, std::string* bytes) {
+    auto store = std::make_unique<TensorStore>(std::vector<TensorStore::Shape>{{kR, kC}},
+                                               StateFormat::k8bit);
+    TensorStore ref({{kR, kC}}, StateFormat::k8bit);
+    RoundAccumulator acc({{kR, kC}}, 1, false);
+    std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kF32}};
+    std::vector<std::vector<int32_t>> remote(1);
+    std::vector<float> g(kR);
+    for (int32_t c = 0; c < kC; ++c) {
+      if (c % 9 != 4) remote[0].push_back(c);
+      for (TensorStore* s : {store.get(), &ref}) {
+        s->set_count(0, c, c % 5 == 0 ? 2 : 0);
+        for (int64_t i = 0; i < kR; ++i) s->master(0, c)[i] = std::sin(0.01f * (i * kC + c));
+      }
+      for (int64_t i = 0; i < kR; ++i) acc.sum(0, 0, c)[i] = std::cos(0.003f * (i * 7 + c));
+    }
+    RoundUpdateInput in;
+    in.round = 0;
+    in.steps_sum = 2;
+    in.lr = 1e-2f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.moments = true;
+    in.max_shard_bytes = 64 << 10;
+    in.simd = BestSimdLevel();
+    ThreadPool pool(threads);
+    in.pool = &pool;
+    for (int32_t c : remote[0]) {
+      std::memcpy(g.data(), acc.sum(0, 0, c), kR * sizeof(float));
+      AdamWHyper h = in.hyper;
+      h.lr = in.lr;
+      Adam8Update(in.simd, h, ref.count(0, c) + 1, 0.5f, g.data(), ref.master(0, c), ref.q8(0, c),
+                  kR, 1, nullptr, nullptr);
+    }
+    RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(0, store.get(), &acc));
+    ASSERT_FALSE(r.skipped);
+    for (const v1::DownMessage& d : r.deltas) *bytes += d.SerializeAsString();
+    std::vector<float> m(kR), v(kR), rm(kR), rv(kR);
+    std::vector<char> m16(kR * 2), v16(kR * 2);
+    for (int32_t c : remote[0]) {
+      ASSERT_EQ(std::memcmp(store->master(0, c), ref.master(0, c), kR * sizeof(float)), 0) << c;
+      store->CopyMoments(0, c, 1, m.data(), v.data());
+      ref.CopyMoments(0, c, 1, rm.data(), rv.data());
+      ASSERT_EQ(m, rm) << c;
+      ASSERT_EQ(v, rv) << c;
+    }
+    // The first message's first column: its m and v are the stored ones in bf16.
+    const v1::ParameterDelta& d = r.deltas[0].delta();
+    store->CopyMoments(0, d.columns(0), 1, m.data(), v.data());
+    Encode(DType::kBF16, m.data(), kR, m16.data());
+    Encode(DType::kBF16, v.data(), kR, v16.data());
+    EXPECT_EQ(std::memcmp(d.m().data(), m16.data(), kR * 2), 0);
+    EXPECT_EQ(std::memcmp(d.v().data(), v16.data(), kR * 2), 0);
+    std::string again;
+    for (const v1::DownMessage& x :
+         ValueDeltas(0, tensors, remote, store.get(), in.max_shard_bytes, true, false, 0.999f)) {
+      again += x.SerializeAsString();
+    }
+    EXPECT_EQ(again, *bytes);
+  };
+  std::string one, two;
+  run(1, &one);
+  run(2, &two);
+  EXPECT_EQ(one, two);
+  EXPECT_FALSE(one.empty());
 }
 
 }  // namespace

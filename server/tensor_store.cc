@@ -6,14 +6,39 @@
 
 namespace zenflow {
 
-TensorStore::TensorStore(const std::vector<Shape>& shapes) : tensors_(shapes.size()) {
+const char* StateFormatName(StateFormat f) { return f == StateFormat::k8bit ? "8bit" : "fp32"; }
+
+bool ParseStateFormat(const std::string& name, StateFormat* out) {
+  if (name.empty() || name == "fp32") {
+    *out = StateFormat::kFp32;
+    return true;
+  }
+  if (name == "8bit") {
+    *out = StateFormat::k8bit;
+    return true;
+  }
+  return false;
+}
+
+TensorStore::TensorStore(const std::vector<Shape>& shapes, StateFormat format)
+    : format_(format), tensors_(shapes.size()) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     Tensor& t = tensors_[i];
     t.shape = shapes[i];
+    t.quantized = Quantizes(t.shape.rows, format);
     const size_t n = static_cast<size_t>(t.shape.rows * t.shape.cols);
     t.master.assign(n, 0.0f);
-    t.m.assign(n, 0.0f);
-    t.v.assign(n, 0.0f);
+    if (t.quantized) {
+      // Zero state: every scale 0 (each code then reads as 0).
+      const size_t scales = static_cast<size_t>(t.shape.cols * Adam8BlocksPerColumn(t.shape.rows));
+      t.m8.assign(n, 0);
+      t.v8.assign(n, 0);
+      t.m_scale.assign(scales, 0.0f);
+      t.v_scale.assign(scales, 0.0f);
+    } else {
+      t.m.assign(n, 0.0f);
+      t.v.assign(n, 0.0f);
+    }
     t.count.assign(static_cast<size_t>(t.shape.cols), 0);
   }
 }
@@ -33,6 +58,22 @@ void TensorStore::LoadRowMajor(int t, const float* src) {
   }
 }
 
+void TensorStore::CopyMoments(int t, int64_t c, int64_t ncols, float* m, float* v) const {
+  const Tensor& x = tensors_[t];
+  const int64_t rows = x.shape.rows;
+  const size_t at = static_cast<size_t>(c * rows), n = static_cast<size_t>(ncols * rows);
+  if (x.quantized) {
+    const size_t s = static_cast<size_t>(c * Adam8BlocksPerColumn(rows));
+    Adam8Dequantize(BestSimdLevel(), rows, ncols,
+                    {x.m8.data() + at, x.m_scale.data() + s, x.v8.data() + at,
+                     x.v_scale.data() + s},
+                    m, v);
+    return;
+  }
+  if (m != nullptr) std::memcpy(m, x.m.data() + at, n * sizeof(float));
+  if (v != nullptr) std::memcpy(v, x.v.data() + at, n * sizeof(float));
+}
+
 void TensorStore::ReadColumns(int t, const std::vector<int32_t>& cols,
                               v1::ColumnState* out) const {
   const Tensor& x = tensors_[t];
@@ -41,8 +82,11 @@ void TensorStore::ReadColumns(int t, const std::vector<int32_t>& cols,
     out->add_columns(c);
     const size_t off = static_cast<size_t>(c) * rows;
     out->mutable_values()->Add(x.master.begin() + off, x.master.begin() + off + rows);
-    out->mutable_m()->Add(x.m.begin() + off, x.m.begin() + off + rows);
-    out->mutable_v()->Add(x.v.begin() + off, x.v.begin() + off + rows);
+    const int at = out->m_size();
+    out->mutable_m()->Resize(at + static_cast<int>(rows), 0.0f);
+    out->mutable_v()->Resize(at + static_cast<int>(rows), 0.0f);
+    CopyMoments(t, c, 1, out->mutable_m()->mutable_data() + at,
+                out->mutable_v()->mutable_data() + at);
     out->add_update_counts(x.count[c]);
   }
 }
@@ -65,14 +109,30 @@ int TensorStore::FirstDifference(int t, const v1::ColumnState& in) const {
   const Tensor& x = tensors_[t];
   const int64_t rows = x.shape.rows;
   const size_t bytes = static_cast<size_t>(rows) * sizeof(float);
+  const int64_t per = Adam8BlocksPerColumn(rows);
+  // A quantized tensor compares what `in` would store: its codes and scales.
+  std::vector<uint8_t> m8(x.quantized ? rows : 0), v8(m8.size());
+  std::vector<float> ms(x.quantized ? per : 0), vs(ms.size());
   for (int i = 0; i < in.columns_size(); ++i) {
     const int32_t c = in.columns(i);
     const size_t off = static_cast<size_t>(c) * rows;
     const size_t src = static_cast<size_t>(i) * rows;
     if (std::memcmp(x.master.data() + off, in.values().data() + src, bytes) != 0 ||
-        std::memcmp(x.m.data() + off, in.m().data() + src, bytes) != 0 ||
-        std::memcmp(x.v.data() + off, in.v().data() + src, bytes) != 0 ||
         x.count[c] != in.update_counts(i)) {
+      return i;
+    }
+    if (x.quantized) {
+      Adam8Quantize(BestSimdLevel(), rows, 1, in.m().data() + src, in.v().data() + src,
+                    {m8.data(), ms.data(), v8.data(), vs.data()});
+      const size_t s = static_cast<size_t>(c) * per;
+      if (std::memcmp(x.m8.data() + off, m8.data(), rows) != 0 ||
+          std::memcmp(x.v8.data() + off, v8.data(), rows) != 0 ||
+          std::memcmp(x.m_scale.data() + s, ms.data(), per * sizeof(float)) != 0 ||
+          std::memcmp(x.v_scale.data() + s, vs.data(), per * sizeof(float)) != 0) {
+        return i;
+      }
+    } else if (std::memcmp(x.m.data() + off, in.m().data() + src, bytes) != 0 ||
+               std::memcmp(x.v.data() + off, in.v().data() + src, bytes) != 0) {
       return i;
     }
   }
@@ -87,8 +147,12 @@ void TensorStore::WriteColumns(int t, const v1::ColumnState& in) {
     const size_t off = static_cast<size_t>(c) * rows;
     const size_t src = static_cast<size_t>(i) * rows;
     std::copy_n(in.values().data() + src, rows, x.master.data() + off);
-    std::copy_n(in.m().data() + src, rows, x.m.data() + off);
-    std::copy_n(in.v().data() + src, rows, x.v.data() + off);
+    if (x.quantized) {
+      Adam8Quantize(BestSimdLevel(), rows, 1, in.m().data() + src, in.v().data() + src, q8(t, c));
+    } else {
+      std::copy_n(in.m().data() + src, rows, x.m.data() + off);
+      std::copy_n(in.v().data() + src, rows, x.v.data() + off);
+    }
     x.count[c] = in.update_counts(i);
   }
 }

@@ -1,5 +1,6 @@
 #include "server/tensor_store.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -91,6 +92,52 @@ TEST(TensorStoreTest, WellFormedChecksSizesAndColumns) {
   v1::ColumnState no_count = state;
   no_count.mutable_update_counts()->RemoveLast();
   EXPECT_FALSE(s.WellFormed(0, no_count));
+}
+
+}  // namespace
+}  // namespace zenflow
+
+namespace zenflow {
+namespace {
+
+// 8-bit state (rule 15): a store with 8-bit m and v hands out the
+// dequantized values, and what it hands out comes back to the same codes:
+// a reselection's round trip keeps the state exactly; tensors under 16 rows
+// stay fp32.
+TEST(TensorStoreTest, EightBitHandOffRoundTripKeepsTheCodes) {
+  TensorStore a({{300, 4}, {8, 3}}, StateFormat::k8bit), b({{300, 4}, {8, 3}}, StateFormat::k8bit);
+  EXPECT_TRUE(a.quantized(0));
+  EXPECT_FALSE(a.quantized(1));
+  v1::ColumnState given;
+  for (int c = 0; c < 4; ++c) {
+    given.add_columns(c);
+    given.add_update_counts(3);
+    for (int r = 0; r < 300; ++r) {
+      given.add_values(0.5f * r - c);
+      given.add_m(std::ldexp(1.0f, -(r % 20)) * (r % 3 == 0 ? -1.0f : 1.0f));
+      given.add_v(std::ldexp(1.0f, -(r % 40)));
+    }
+  }
+  a.WriteColumns(0, given);  // SetState: quantized
+  v1::ColumnState out;
+  a.ReadColumns(0, {0, 1, 2, 3}, &out);
+  for (int i = 0; i < given.m_size(); ++i) {
+    EXPECT_EQ(out.values(i), given.values(i)) << i;
+    EXPECT_NEAR(out.m(i), given.m(i), std::fabs(given.m(i)) / 16 + 1e-5f) << i;
+    EXPECT_GT(out.v(i), 0.0f) << i;
+  }
+  EXPECT_EQ(a.FirstDifference(0, out), -1);
+  b.WriteColumns(0, out);
+  v1::ColumnState back;
+  b.ReadColumns(0, {0, 1, 2, 3}, &back);
+  EXPECT_EQ(back.SerializeAsString(), out.SerializeAsString());
+  std::vector<float> m(300), v(300);
+  b.CopyMoments(0, 2, 1, m.data(), v.data());
+  EXPECT_EQ(std::memcmp(m.data(), out.m().data() + 600, 300 * sizeof(float)), 0);
+  // A value a code step away is a difference.
+  v1::ColumnState off = out;
+  off.set_m(310, off.m(310) * 1.2f);
+  EXPECT_EQ(a.FirstDifference(0, off), 1);
 }
 
 }  // namespace

@@ -353,6 +353,17 @@ for seed in "${SEEDS[@]}"; do
         "$name" "$seed" "$$" "$name" "$S" "$select_interval" "$delay" >> "$tasks"
     done
   fi
+  # 8-bit optimizer state (docs/design.md rule 15; k 0.1, adaptive delay):
+  # the default S auto and the fixed S 4, compared seed by seed with fp32.
+  if printf '%s\n' "${KS[@]}" | grep -qx 0.1; then
+    for S in auto 4; do
+      [ "$S" = auto ] && [ "$auto" != true ] && continue
+      printf '%s\n' "${SS[@]}" | grep -qx "$S" || continue
+      name="zf-s$seed-k0.1-S$S-dadaptive-8bit"
+      printf '%s\t--mode=zenflow --seed=%s --job=fid-%s-%s --topk=0.1 --interval=%s --select_interval=%s --delay=adaptive --optimizer_state=8bit\n' \
+        "$name" "$seed" "$$" "$name" "$S" "$select_interval" >> "$tasks"
+    done
+  fi
 done
 total=$(wc -l < "$tasks")
 log "$total trainings ($steps steps each, seeds ${SEEDS[*]}), $jobs at a time"
@@ -482,9 +493,32 @@ for k, S, delay, predicted in PLAIN + UNPREDICTED:
                 row["S_mean"] = None if None in got else r6(mean(got))
             runs.append(row)
 
+# 8-bit optimizer state: its ratio seed by seed against the fp32 run of the
+# same setting (ratio_vs_fp32: 8-bit ratio / fp32 ratio per seed).
+for S in ("auto", "4"):
+    if "0.1" not in KS or S not in SS or (S == "auto" and not auto):
+        continue
+    sums = [load("zf-s%d-k0.1-S%s-dadaptive-8bit" % (seed, S)) for seed in SEEDS]
+    base = [load("zf-s%d-k0.1-S%s-dadaptive" % (seed, S)) for seed in SEEDS]
+    ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
+    vs = [s["val_loss"] / b["val_loss"] for s, b in zip(sums, base)]
+    row = {"k": 0.1, "S": S if S == "auto" else int(S), "delay": "adaptive",
+           "predicted_step": True, "optimizer_state": "8bit",
+           "ratio": r6(mean(ratios)), "ratio_spread": r6(spread(ratios)),
+           "ratio_min": r6(min(ratios)), "ratio_max": r6(max(ratios)),
+           "ratios": [r6(x) for x in ratios], "val_loss": [r6(s["val_loss"]) for s in sums],
+           "ratio_vs_fp32": [r6(x) for x in vs],
+           "ratio_vs_fp32_max": r6(max(abs(x - 1) for x in vs)),
+           "stall_fraction": r6(mean([stall_fraction(s) for s in sums])),
+           "mean_step_ms": round(mean([s["mean_step_ms"] for s in sums]), 3)}
+    if S == "auto":
+        got = [next((s[key] for key in S_MEAN_KEYS if key in s), None) for s in sums]
+        row["S_mean"] = None if None in got else r6(mean(got))
+    runs.append(row)
+
 def find(k, S, delay, predicted=True):
     return next(r for r in runs if r["k"] == k and str(r["S"]) == S and r["delay"] == delay
-                and r["predicted_step"] == predicted)
+                and r["predicted_step"] == predicted and "optimizer_state" not in r)
 
 # The system's default setting (zenflowd's: k 0.1, update_interval auto
 # with S_max 4, adaptive delay, the predicted step on), with the S that auto

@@ -265,6 +265,27 @@ def test_rule_options_reach_the_job_spec_from_keywords_and_config(daemon):
                                        fidelity_budget=float("nan"))
 
 
+def test_optimizer_state_8bit_from_the_keyword_or_the_config_trains(daemon):
+    # zero_offload: every column's update runs on the daemon, whose 16 x 12
+    # weight keeps 8-bit m and v (the 4 x 16 one, under 16 rows, fp32).
+    m = model()
+    before = loss_of(m, 0).item()
+    with zenflow.torch.ZenFlowOptimizer(m.parameters(), target=daemon, job="zen-8bit", lr=1e-2,
+                                        mode="zero_offload", optimizer_state="8bit") as opt:
+        assert opt.spec["optimizer_state"] == "8bit"
+        train_on_four_batches(m, opt, 8)
+    assert loss_of(m, 0).item() < before
+    with zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-8bit-cfg",
+                                        config={"zenflowd": {"optimizer_state": "8bit"}}) as opt:
+        assert opt.spec["optimizer_state"] == "8bit"
+    with zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon,
+                                        job="zen-8bit-default") as opt:
+        assert opt.spec["optimizer_state"] == "fp32"
+    with pytest.raises(ValueError, match="optimizer_state must be"):
+        zenflow.torch.ZenFlowOptimizer(model().parameters(), target=daemon, job="zen-bad",
+                                       optimizer_state="int8")
+
+
 def test_config_file_and_unknown_keys():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"zenflow": {"topk_ratio": 0.1, "update_interval": "auto"},

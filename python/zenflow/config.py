@@ -21,7 +21,8 @@ DeepSpeed. What this package reads of it:
   ``predicted_step`` (true or false, default true: the predicted step, docs/engine.md),
   ``mode`` ("zenflow" or "zero_offload"), ``daemon_wait_s`` (default 300),
   ``keep_job`` (true or false, default false: the job is deleted when every
-  rank has closed), ``rank_ordered_sums``, ``threads``, ``token_file`` (a file whose first line
+  rank has closed), ``rank_ordered_sums``, ``optimizer_state`` ("fp32", the default, or
+  "8bit": m and v kept in 8 bits on the daemon), ``threads``, ``token_file`` (a file whose first line
   is the job's token; read here into the ``token`` setting), ``tls_ca``,
   ``tls_cert``, ``tls_key``, ``tls_server_name`` (TLS to zenflowd).
 
@@ -62,6 +63,7 @@ ZENFLOWD_KEYS = {
     "daemon_wait_s",
     "keep_job",
     "rank_ordered_sums",
+    "optimizer_state",
     "threads",
     "token_file",
     "tls_ca",
@@ -96,8 +98,8 @@ def load(config):
     update_interval, select_interval, full_warm_up_rounds, apply_delay, lr,
     betas, eps, weight_decay, predicted_step, scale_round_step, local_step,
     fidelity_budget, target, job, transport, wire, mode,
-    daemon_wait, keep_job, rank_ordered_sums, threads, token, tls_ca, tls_cert, tls_key,
-    tls_server_name); only those the config sets.
+    daemon_wait, keep_job, rank_ordered_sums, optimizer_state, threads, token, tls_ca,
+    tls_cert, tls_key, tls_server_name); only those the config sets.
     """
     if config is None:
         return {}

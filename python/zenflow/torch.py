@@ -133,7 +133,9 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
     systemd or Kubernetes restart of zenflowd with --state_dir; 0 fails at
     once), keep_job (bool; default false: close() on every rank deletes the
     job; true keeps it, checkpointed when zenflowd has --state_dir),
-    connect_timeout (seconds), rank_ordered_sums, threads, token (the job's
+    connect_timeout (seconds), rank_ordered_sums, optimizer_state ("fp32",
+    the default, or "8bit": the daemon keeps m and v in 8 bits, block-wise
+    quantized; docs/design.md), threads, token (the job's
     token, sent with every call; default: $ZENFLOW_TOKEN; the ranks of a job
     share it, and one rank alone may leave it out: the daemon then makes one),
     tls_ca (PEM file of the CA that signed zenflowd's certificate: TLS on),
@@ -151,7 +153,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                  select_interval=None, full_warm_up_rounds=None, apply_delay=None,
                  predicted_step=None, scale_round_step=None, local_step=None,
                  fidelity_budget=None, daemon_wait=None, connect_timeout=20.0, rank_ordered_sums=None, threads=None,
-                 keep_job=None, token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
+                 keep_job=None, optimizer_state=None, token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
         given = dict(target=target, job=job, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
                      tls_key=tls_key, tls_server_name=tls_server_name, lr=lr, betas=betas, eps=eps,
                      weight_decay=weight_decay, mode=mode, wire=wire, transport=transport,
@@ -160,7 +162,8 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
                      apply_delay=apply_delay, predicted_step=predicted_step,
                      scale_round_step=scale_round_step, local_step=local_step,
                      fidelity_budget=fidelity_budget, daemon_wait=daemon_wait,
-                     rank_ordered_sums=rank_ordered_sums, threads=threads, keep_job=keep_job)
+                     rank_ordered_sums=rank_ordered_sums, threads=threads, keep_job=keep_job,
+                     optimizer_state=optimizer_state)
         s = _config.load(config)
         s.update({k: v for k, v in given.items() if v is not None})
         lr = s.get("lr", 1e-3)
@@ -171,6 +174,9 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             raise ValueError(f"lr must be a finite number >= 0, not {lr!r}")
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be two numbers in [0, 1), not {betas!r}")
+        optimizer_state = s.get("optimizer_state", "fp32")
+        if optimizer_state not in ("fp32", "8bit"):
+            raise ValueError(f"optimizer_state must be \"fp32\" or \"8bit\", not {optimizer_state!r}")
         mode = s.get("mode", "zenflow")
         if mode not in _MODES:
             raise ValueError(f"mode must be \"zenflow\" or \"zero_offload\", not {mode!r}")
@@ -274,6 +280,7 @@ class ZenFlowOptimizer(torch.optim.Optimizer):
             "worldSize": self._world,
             "wireDtype": _WIRES[wire] if wire is not None else "DTYPE_UNSPECIFIED",
             "rankOrderedSums": bool(s.get("rank_ordered_sums", False)),
+            "optimizerState": optimizer_state,
         }
         target = s.get("target") or os.environ.get("ZENFLOW_TARGET", "127.0.0.1:50051")
         if isinstance(target, (list, tuple)):

@@ -7,7 +7,11 @@
 //               v in place: 28 bytes/param) but trivial arithmetic
 //               (p += g; m += g; v += g*g, keeping v >= 0 for the AdamW runs);
 //   copy        memcpy of a 4*params-byte buffer;
-//   accumulate  DecodeAdd(kBF16) of params bf16 values into fp32.
+//   accumulate  DecodeAdd(kBF16) of params bf16 values into fp32;
+//   adam8       Adam8Update (common/adam8.h: m and v in 8 bits, blocks of
+//               256 with a scale each; 16 bytes/param of traffic) over its
+//               own master and 8-bit state, column by column, same
+//               gradients: adam8_vs_fp32 = adam8 / adam params per second.
 // Each is run --iters times (after one untimed warm-up); the median time is
 // reported. Results go to a JSON file (--out) and a summary on stdout.
 //
@@ -30,6 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "common/adam8.h"
 #include "common/adamw.h"
 #include "common/codec.h"
 #include "common/json_writer.h"
@@ -192,6 +197,9 @@ int Main(int argc, char** argv) {
   Buffer<float> g(params), p(params), m(params), v(params);
   Buffer<float> copy_src(params), copy_dst(params), acc(params);
   Buffer<uint16_t> bf16(params);
+  const size_t scales = cols * static_cast<size_t>(Adam8BlocksPerColumn(static_cast<int64_t>(rows)));
+  Buffer<float> p8(params), m8_scale(scales), v8_scale(scales);
+  Buffer<uint8_t> m8(params), v8(params);
 
   // First touch, with the same column partition as the timed loops.
   pool.ParallelFor(cols, 1, [&](size_t cb, size_t ce) {
@@ -204,7 +212,12 @@ int Main(int argc, char** argv) {
       copy_dst.get()[i] = 0.0f;
       acc.get()[i] = 0.0f;
       bf16.get()[i] = FloatToBf16(Noise(i + 2 * params, 1.0f));
+      p8.get()[i] = p.get()[i];
+      m8.get()[i] = 0;
+      v8.get()[i] = 0;
     }
+    const size_t per = scales / cols;
+    for (size_t k = cb * per; k < ce * per; ++k) m8_scale.get()[k] = v8_scale.get()[k] = 0.0f;
   });
 
   const AdamWHyper hyper{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
@@ -216,6 +229,20 @@ int Main(int argc, char** argv) {
         const size_t off = c * rows;
         AdamWUpdate(level, hyper, step, 1.0f, g.get() + off, p.get() + off,
                     m.get() + off, v.get() + off, rows);
+      }
+    });
+  };
+  int64_t step8 = 0;
+  auto run_adam8 = [&] {
+    ++step8;
+    const size_t per = scales / cols;
+    pool.ParallelFor(cols, 1, [&](size_t cb, size_t ce) {
+      for (size_t c = cb; c < ce; ++c) {
+        const size_t off = c * rows;
+        const Adam8Columns q{m8.get() + off, m8_scale.get() + c * per, v8.get() + off,
+                             v8_scale.get() + c * per};
+        Adam8Update(level, hyper, step8, 1.0f, g.get() + off, p8.get() + off, q,
+                    static_cast<int64_t>(rows), 1, nullptr, nullptr);
       }
     });
   };
@@ -246,9 +273,11 @@ int Main(int argc, char** argv) {
   run_stream();
   run_copy();
   run_accumulate();
-  std::vector<double> t_adam, t_stream, t_copy, t_acc;
+  run_adam8();
+  std::vector<double> t_adam, t_stream, t_copy, t_acc, t_adam8;
   for (int it = 0; it < flags.iters; ++it) {
     t_adam.push_back(Seconds(run_adam));
+    t_adam8.push_back(Seconds(run_adam8));
     t_stream.push_back(Seconds(run_stream));
     t_copy.push_back(Seconds(run_copy));
     t_acc.push_back(Seconds(run_accumulate));
@@ -261,9 +290,11 @@ int Main(int argc, char** argv) {
   const double copy_bps = 4.0 * n / Median(t_copy);
   const double acc_bps = 2.0 * n / Median(t_acc);
   const double adam_ns = 1e9 / adam_pps;
+  const double adam8_pps = n / Median(t_adam8);
   // Keeps the results observable (and sanity-checks for NaNs).
   const double checksum = static_cast<double>(p.get()[params / 3]) +
-                          copy_dst.get()[params - 1] + acc.get()[params / 2];
+                          copy_dst.get()[params - 1] + acc.get()[params / 2] +
+                          p8.get()[params / 5];
 
   JsonWriter json;
   json.BeginObject();
@@ -280,6 +311,8 @@ int Main(int argc, char** argv) {
   json.Key("bandwidth_fraction").Double(fraction);
   json.Key("copy_bytes_per_s").Double(copy_bps);
   json.Key("accumulate_bytes_per_s").Double(acc_bps);
+  json.Key("adam8_params_per_s").Double(adam8_pps);
+  json.Key("adam8_vs_fp32").Double(adam8_pps / adam_pps);
   json.EndObject();
   if (absl::Status s = json.WriteFile(flags.out); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
@@ -293,6 +326,8 @@ int Main(int argc, char** argv) {
       flags.iters);
   std::printf("  adam        %8.3f Gparam/s  %6.3f ns/param  (%.2f GB/s)\n",
               adam_pps / 1e9, adam_ns, 28.0 * adam_pps / 1e9);
+  std::printf("  adam8       %8.3f Gparam/s  (%.2fx fp32)\n", adam8_pps / 1e9,
+              adam8_pps / adam_pps);
   std::printf("  stream      %8.3f Gparam/s  (%.2f GB/s)\n", stream_pps / 1e9,
               28.0 * stream_pps / 1e9);
   std::printf("  adam/stream %8.3f\n", fraction);
