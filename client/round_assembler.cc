@@ -126,7 +126,19 @@ absl::Status RoundAssembler::Deliver(v1::DownMessage msg, int64_t bytes) {
         errors_.push_back(absl::Status(
             err.code(), absl::StrCat(err.message(), " (message #", msg.error().seq(), ")")));
         auto close = close_seqs_.find(msg.error().seq());
+        // An earlier close of the same round still on record had no error
+        // before this one (errors come in the stream's order): it stands,
+        // and the round will come, so this refusal (e.g. "already closed")
+        // does not end a wait for it.
+        bool earlier_stands = false;
         if (close != close_seqs_.end()) {
+          for (auto it = close_seqs_.begin(); it != close; ++it) {
+            if (it->second == close->second) earlier_stands = true;
+          }
+        }
+        if (close != close_seqs_.end() && earlier_stands) {
+          close_seqs_.erase(close);
+        } else if (close != close_seqs_.end()) {
           // A refused close: the round will not come (for this close).
           refused_[close->second] = absl::Status(
               err.code(), absl::StrCat("the daemon refused the close of round ", close->second,

@@ -66,7 +66,9 @@ class RoundAssembler {
 
   // The stream's writer sends a close of `round` as message `seq`: an
   // in-band error for `seq` refuses the round, and Wait(round) returns it
-  // instead of waiting for a round that will not come.
+  // instead of waiting for a round that will not come; unless an earlier
+  // close of the round on this stream was not refused (it stands: a second
+  // close "already closed" does not stop the round).
   void NoteClose(uint64_t seq, int64_t round);
   // A close of `round` is queued (sent again, corrected, or replayed): an
   // earlier refusal of the round no longer counts. (NoteClose does the
