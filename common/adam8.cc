@@ -191,10 +191,9 @@ ZF_A8_AVX2 void QMAvx2(const float* x, float inv_s, uint8_t* q, size_t n) {
     const __m256 y = _mm256_mul_ps(_mm256_and_ps(xi, abs_mask), inv);
     __m256i k = _mm256_sub_epi32(
         _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(y), half), 20), off);
-    const __m256i small = _mm256_cmpgt_epi32(one, k);
-    const __m256i alt =
-        _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, thr, _CMP_GE_OQ)), one);
-    k = _mm256_min_epi32(_mm256_blendv_epi8(k, alt, small), top);
+    // As QMAvx512: 0 below half the smallest code, else at least 1.
+    const __m256i keep = _mm256_castps_si256(_mm256_cmp_ps(y, thr, _CMP_GE_OQ));
+    k = _mm256_min_epi32(_mm256_and_si256(_mm256_max_epi32(k, one), keep), top);
     const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xi), 31), 7);
     StoreBytesAvx2(_mm256_or_si256(k, sign), q + i);
   }
@@ -290,10 +289,10 @@ ZF_A8_AVX512 void QMAvx512(const float* x, float inv_s, uint8_t* q, size_t n) {
     const __m512 y = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(xi, abs_mask)), inv);
     __m512i k = _mm512_sub_epi32(
         _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(y), half), 20), off);
-    const __mmask16 small = _mm512_cmplt_epi32_mask(k, one);
+    // Below half the smallest code: 0; else at least code 1 (a k >= 1
+    // means y >= 1.0625 * 2^-15, so its lane keeps k).
     const __mmask16 keep = _mm512_cmp_ps_mask(y, thr, _CMP_GE_OQ);
-    k = _mm512_mask_blend_epi32(small, k, _mm512_maskz_mov_epi32(keep, one));
-    k = _mm512_min_epi32(k, top);
+    k = _mm512_min_epi32(_mm512_maskz_max_epi32(keep, k, one), top);
     const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(xi, 31), 7);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(_mm512_or_si512(k, sign)));
   }
