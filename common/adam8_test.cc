@@ -203,6 +203,42 @@ TEST(Adam8Test, UpdateEqualsReferenceAtEveryLevel) {
   }
 }
 
+// v's stochastic rounding draws from the value, its row in its column and
+// the step, never from where a call starts: a run of columns updated in one
+// call or column by column gives the same bytes, at every level; and a
+// different step draws differently (some codes change).
+TEST(Adam8Test, StochasticRoundingIgnoresThePartition) {
+  const AdamWHyper h{/*lr=*/1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  const int64_t rows = 513, cols = 5;
+  const size_t n = static_cast<size_t>(rows * cols);
+  const std::vector<float> g = Spread(n, 21), p0 = Spread(n, 22);
+  State8 init(rows, cols);
+  {
+    const std::vector<float> m = Spread(n, 23);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = m[i] * m[i];
+    Adam8Quantize(SimdLevel::kScalar, rows, cols, m.data(), v.data(), init.cols8());
+  }
+  const int64_t per = Adam8BlocksPerColumn(rows);
+  for (SimdLevel l : Levels()) {
+    State8 whole = init, by_col = init, other_step = init;
+    std::vector<float> pw = p0, pc = p0, po = p0;
+    Adam8Update(l, h, 9, 1.0f, g.data(), pw.data(), whole.cols8(), rows, cols, nullptr, nullptr);
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t at = static_cast<size_t>(c * rows), b = static_cast<size_t>(c * per);
+      const Adam8Columns one{by_col.m.data() + at, by_col.ms.data() + b, by_col.v.data() + at,
+                             by_col.vs.data() + b};
+      Adam8Update(l, h, 9, 1.0f, g.data() + at, pc.data() + at, one, rows, 1, nullptr, nullptr);
+    }
+    EXPECT_EQ(whole.v, by_col.v) << SimdLevelName(l);
+    EXPECT_EQ(whole.m, by_col.m) << SimdLevelName(l);
+    EXPECT_EQ(pw, pc) << SimdLevelName(l);
+    Adam8Update(l, h, 10, 1.0f, g.data(), po.data(), other_step.cols8(), rows, cols, nullptr,
+                nullptr);
+    EXPECT_NE(whole.v, other_step.v) << SimdLevelName(l);
+  }
+}
+
 // 8-bit AdamW follows fp32 AdamW. Over 300 steps of noisy gradients with a
 // drift as large as the noise and magnitudes over 2^11 in a block, v must
 // decay by beta2 between large gradients. The update (v stochastically
