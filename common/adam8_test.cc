@@ -1,7 +1,9 @@
 // Tests for common/adam8: the codes (every code round-trips, the rounding
 // error bound, the zero rules), every level's quantize and dequantize bit
 // for bit, the fused update against the scalar reference at every level the
-// CPU has, and 8-bit AdamW tracking fp32 AdamW over many steps.
+// CPU has, v's stochastic rounding independent of the column partition, and
+// 8-bit AdamW tracking fp32 AdamW over many steps (unbiased v, where
+// rounding v to the nearest code is not).
 #include "common/adam8.h"
 
 #include <algorithm>
