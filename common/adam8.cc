@@ -54,6 +54,33 @@ inline void ScaleOf(float amax, float* scale, float* inv) {
   *inv = kTop / amax;
 }
 
+// v's stochastic rounding (the update's requantization): code k's bits plus
+// a uniform 20-bit draw, truncated, round y up with probability equal to
+// its distance past the code below over the code step (within a binade the
+// value is linear in those bits), so a stored v is unbiased and follows
+// beta2's small decay, where rounding to the nearest code would keep it
+// (docs/design.md, rule 15). The draw is a hash of y's bits, the value's
+// row in its column and the step: deterministic (reruns and thread counts
+// give the same bytes) and independent of how columns are partitioned.
+constexpr uint32_t kHashRow = 0x85EBCA77u;
+constexpr uint32_t kHashMul1 = 0x9E3779B1u;
+constexpr uint32_t kHashMul2 = 0x2C1B3C6Du;
+constexpr uint32_t kHashStep = 0xC2B2AE3Du;
+
+inline uint32_t StepSalt(int64_t step) {
+  return static_cast<uint32_t>(static_cast<uint64_t>(step)) * kHashStep;
+}
+
+// The 20-bit draw for scaled value bits yb at row `row` (rowb = row *
+// kHashRow, mod 2^32).
+inline uint32_t Draw(uint32_t yb, uint32_t rowb, uint32_t salt) {
+  uint32_t h = ((yb ^ salt) + rowb) * kHashMul1;
+  h ^= h >> 15;
+  h *= kHashMul2;
+  h ^= h >> 13;
+  return h >> 12;
+}
+
 // ---- Scalar -----------------------------------------------------------------
 
 inline uint8_t QuantM(float x, float inv) {
@@ -67,6 +94,13 @@ inline uint8_t QuantM(float x, float inv) {
 inline uint8_t QuantV(float x, float inv) {
   const float y = x * inv;
   int32_t k = static_cast<int32_t>((Bits(y) + kHalf) >> 20) - static_cast<int32_t>(kOffsetV);
+  return static_cast<uint8_t>(std::min<int32_t>(255, std::max<int32_t>(0, k)));
+}
+
+inline uint8_t QuantVDraw(float x, float inv, uint32_t rowb, uint32_t salt) {
+  const uint32_t yb = Bits(x * inv);
+  int32_t k = static_cast<int32_t>((yb + Draw(yb, rowb, salt)) >> 20) -
+              static_cast<int32_t>(kOffsetV);
   return static_cast<uint8_t>(std::min<int32_t>(255, std::max<int32_t>(0, k)));
 }
 
@@ -91,6 +125,12 @@ void QMScalar(const float* x, float inv, uint8_t* q, size_t n) {
 }
 void QVScalar(const float* x, float inv, uint8_t* q, size_t n) {
   for (size_t i = 0; i < n; ++i) q[i] = QuantV(x[i], inv);
+}
+// v's codes with stochastic rounding; x[0] is row row0 of its column.
+void QVDrawScalar(const float* x, float inv, uint8_t* q, size_t n, uint32_t row0, uint32_t salt) {
+  for (size_t i = 0; i < n; ++i) {
+    q[i] = QuantVDraw(x[i], inv, (row0 + static_cast<uint32_t>(i)) * kHashRow, salt);
+  }
 }
 float MaxAbsScalar(const float* x, size_t n) {
   float r = 0.0f;
@@ -151,10 +191,9 @@ ZF_A8_AVX2 void QMAvx2(const float* x, float inv_s, uint8_t* q, size_t n) {
     const __m256 y = _mm256_mul_ps(_mm256_and_ps(xi, abs_mask), inv);
     __m256i k = _mm256_sub_epi32(
         _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(y), half), 20), off);
-    const __m256i small = _mm256_cmpgt_epi32(one, k);
-    const __m256i alt =
-        _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, thr, _CMP_GE_OQ)), one);
-    k = _mm256_min_epi32(_mm256_blendv_epi8(k, alt, small), top);
+    // As QMAvx512: 0 below half the smallest code, else at least 1.
+    const __m256i keep = _mm256_castps_si256(_mm256_cmp_ps(y, thr, _CMP_GE_OQ));
+    k = _mm256_min_epi32(_mm256_and_si256(_mm256_max_epi32(k, one), keep), top);
     const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xi), 31), 7);
     StoreBytesAvx2(_mm256_or_si256(k, sign), q + i);
   }
@@ -171,6 +210,33 @@ ZF_A8_AVX2 void QVAvx2(const float* x, float inv_s, uint8_t* q, size_t n) {
         _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(y), half), 20), off);
     k = _mm256_min_epi32(_mm256_max_epi32(k, zero), top);
     StoreBytesAvx2(k, q + i);
+  }
+}
+
+ZF_A8_AVX2 void QVDrawAvx2(const float* x, float inv_s, uint8_t* q, size_t n, uint32_t row0,
+                           uint32_t salt) {
+  const __m256 inv = _mm256_set1_ps(inv_s);
+  const __m256i off = _mm256_set1_epi32(static_cast<int>(kOffsetV));
+  const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);
+  const __m256i vsalt = _mm256_set1_epi32(static_cast<int>(salt));
+  const __m256i mul1 = _mm256_set1_epi32(static_cast<int>(kHashMul1));
+  const __m256i mul2 = _mm256_set1_epi32(static_cast<int>(kHashMul2));
+  const __m256i rstep = _mm256_set1_epi32(static_cast<int>(8u * kHashRow));
+  __m256i rowb = _mm256_mullo_epi32(
+      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(row0)),
+                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+      _mm256_set1_epi32(static_cast<int>(kHashRow)));
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256i yb = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    __m256i h = _mm256_mullo_epi32(_mm256_add_epi32(_mm256_xor_si256(yb, vsalt), rowb), mul1);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+    h = _mm256_mullo_epi32(h, mul2);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+    __m256i k = _mm256_sub_epi32(
+        _mm256_srli_epi32(_mm256_add_epi32(yb, _mm256_srli_epi32(h, 12)), 20), off);
+    k = _mm256_min_epi32(_mm256_max_epi32(k, zero), top);
+    StoreBytesAvx2(k, q + i);
+    rowb = _mm256_add_epi32(rowb, rstep);
   }
 }
 
@@ -223,10 +289,10 @@ ZF_A8_AVX512 void QMAvx512(const float* x, float inv_s, uint8_t* q, size_t n) {
     const __m512 y = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(xi, abs_mask)), inv);
     __m512i k = _mm512_sub_epi32(
         _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(y), half), 20), off);
-    const __mmask16 small = _mm512_cmplt_epi32_mask(k, one);
+    // Below half the smallest code: 0; else at least code 1 (a k >= 1
+    // means y >= 1.0625 * 2^-15, so its lane keeps k).
     const __mmask16 keep = _mm512_cmp_ps_mask(y, thr, _CMP_GE_OQ);
-    k = _mm512_mask_blend_epi32(small, k, _mm512_maskz_mov_epi32(keep, one));
-    k = _mm512_min_epi32(k, top);
+    k = _mm512_min_epi32(_mm512_maskz_max_epi32(keep, k, one), top);
     const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(xi, 31), 7);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(_mm512_or_si512(k, sign)));
   }
@@ -243,6 +309,33 @@ ZF_A8_AVX512 void QVAvx512(const float* x, float inv_s, uint8_t* q, size_t n) {
         _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(y), half), 20), off);
     k = _mm512_min_epi32(_mm512_max_epi32(k, zero), top);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(k));
+  }
+}
+
+ZF_A8_AVX512 void QVDrawAvx512(const float* x, float inv_s, uint8_t* q, size_t n, uint32_t row0,
+                               uint32_t salt) {
+  const __m512 inv = _mm512_set1_ps(inv_s);
+  const __m512i off = _mm512_set1_epi32(static_cast<int>(kOffsetV));
+  const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(255);
+  const __m512i vsalt = _mm512_set1_epi32(static_cast<int>(salt));
+  const __m512i mul1 = _mm512_set1_epi32(static_cast<int>(kHashMul1));
+  const __m512i mul2 = _mm512_set1_epi32(static_cast<int>(kHashMul2));
+  const __m512i rstep = _mm512_set1_epi32(static_cast<int>(16u * kHashRow));
+  __m512i rowb = _mm512_mullo_epi32(
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(row0)),
+                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+      _mm512_set1_epi32(static_cast<int>(kHashRow)));
+  for (size_t i = 0; i < n; i += 16) {
+    const __m512i yb = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    __m512i h = _mm512_mullo_epi32(_mm512_add_epi32(_mm512_xor_si512(yb, vsalt), rowb), mul1);
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+    h = _mm512_mullo_epi32(h, mul2);
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    __m512i k = _mm512_sub_epi32(
+        _mm512_srli_epi32(_mm512_add_epi32(yb, _mm512_srli_epi32(h, 12)), 20), off);
+    k = _mm512_min_epi32(_mm512_max_epi32(k, zero), top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(k));
+    rowb = _mm512_add_epi32(rowb, rstep);
   }
 }
 
@@ -267,19 +360,20 @@ struct Kernels {
   void (*dq_v)(const uint8_t*, float, float*, size_t);
   void (*q_m)(const float*, float, uint8_t*, size_t);
   void (*q_v)(const float*, float, uint8_t*, size_t);
+  void (*q_v_draw)(const float*, float, uint8_t*, size_t, uint32_t, uint32_t);
   float (*max_abs)(const float*, size_t);
 };
 
 Kernels KernelsFor(SimdLevel level) {
   switch (level) {
     case SimdLevel::kAvx512:
-      return {DqMAvx512, DqVAvx512, QMAvx512, QVAvx512, MaxAbsAvx512};
+      return {DqMAvx512, DqVAvx512, QMAvx512, QVAvx512, QVDrawAvx512, MaxAbsAvx512};
     case SimdLevel::kAvx2:
-      return {DqMAvx2, DqVAvx2, QMAvx2, QVAvx2, MaxAbsAvx2};
+      return {DqMAvx2, DqVAvx2, QMAvx2, QVAvx2, QVDrawAvx2, MaxAbsAvx2};
     case SimdLevel::kScalar:
       break;
   }
-  return {DqMScalar, DqVScalar, QMScalar, QVScalar, MaxAbsScalar};
+  return {DqMScalar, DqVScalar, QMScalar, QVScalar, QVDrawScalar, MaxAbsScalar};
 }
 
 inline size_t Padded(size_t n) { return (n + 15) & ~size_t{15}; }
@@ -309,6 +403,16 @@ inline void StoreBlock(const Kernels& k, bool is_m, const float* x, size_t n, Bl
   std::memcpy(q, s->code, n);
 }
 
+// v's block x[0, n) (row row0 of its column first) quantized with
+// stochastic rounding.
+inline void StoreVDraw(const Kernels& k, const float* x, size_t n, uint32_t row0, uint32_t salt,
+                       BlockScratch* s, uint8_t* q, float* scale) {
+  float inv;
+  ScaleOf(k.max_abs(x, Padded(n)), scale, &inv);
+  k.q_v_draw(x, inv, s->code, Padded(n), row0, salt);
+  std::memcpy(q, s->code, n);
+}
+
 // Calls fn(offset, length, scale index) for every block of ncols columns.
 template <typename Fn>
 void ForEachBlock(int64_t rows, int64_t ncols, Fn fn) {
@@ -333,7 +437,8 @@ void ForEachBlock(int64_t rows, int64_t ncols, Fn fn) {
 // load as zeros (m, v, g and p 0): they leave the maxima alone.
 
 ZF_A8_AVX512 void BlockAvx512(const AdamWConsts& c, const float* grad, float* p, uint8_t* mq,
-                              float* ms, uint8_t* vq, float* vs, size_t n, BlockScratch* x) {
+                              float* ms, uint8_t* vq, float* vs, size_t n, BlockScratch* x, uint32_t row0,
+    uint32_t salt) {
   const __m512 beta1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
   const __m512 beta2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
   const __m512 decay = _mm512_set1_ps(c.decay), step_size = _mm512_set1_ps(c.step_size);
@@ -368,13 +473,18 @@ ZF_A8_AVX512 void BlockAvx512(const AdamWConsts& c, const float* grad, float* p,
                          _mm512_slli_epi32(_mm512_and_si512(cm, sign), 24)));
     const __m512 v0 = _mm512_maskz_mul_ps(
         mask, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(cv, offv), 20)), sv);
-    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, grad + i), gs);
+    const __m512 g =
+        _mm512_mul_ps(cnt == 16 ? _mm512_loadu_ps(grad + i) : _mm512_maskz_loadu_ps(mask, grad + i), gs);
     const __m512 mi = _mm512_fmadd_ps(beta1, m0, _mm512_mul_ps(omb1, g));
     const __m512 vi = _mm512_fmadd_ps(beta2, v0, _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-    const __m512 pi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, p + i), decay);
+    const __m512 pi = _mm512_mul_ps(cnt == 16 ? _mm512_loadu_ps(p + i) : _mm512_maskz_loadu_ps(mask, p + i), decay);
     const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), inv_bc2, eps);
     const __m512 upd = _mm512_div_ps(_mm512_mul_ps(step_size, mi), denom);
-    _mm512_mask_storeu_ps(p + i, mask, _mm512_sub_ps(pi, upd));
+    if (cnt == 16) {
+      _mm512_storeu_ps(p + i, _mm512_sub_ps(pi, upd));
+    } else {
+      _mm512_mask_storeu_ps(p + i, mask, _mm512_sub_ps(pi, upd));
+    }
     _mm512_store_ps(x->m + i, mi);
     _mm512_store_ps(x->v + i, vi);
     mmax = _mm512_max_ps(mmax, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(mi), abs_mask)));
@@ -388,17 +498,18 @@ ZF_A8_AVX512 void BlockAvx512(const AdamWConsts& c, const float* grad, float* p,
   ScaleOf(*std::max_element(lv, lv + 16), vs, &inv_v);
   const size_t full = n & ~size_t{15};
   QMAvx512(x->m, inv_m, mq, full);
-  QVAvx512(x->v, inv_v, vq, full);
+  QVDrawAvx512(x->v, inv_v, vq, full, row0, salt);
   if (full < n) {
     QMAvx512(x->m + full, inv_m, x->code, 16);
     std::memcpy(mq + full, x->code, n - full);
-    QVAvx512(x->v + full, inv_v, x->code, 16);
+    QVDrawAvx512(x->v + full, inv_v, x->code, 16, row0 + static_cast<uint32_t>(full), salt);
     std::memcpy(vq + full, x->code, n - full);
   }
 }
 
 ZF_A8_AVX2 void BlockAvx2(const AdamWConsts& c, const float* grad, float* p, uint8_t* mq,
-                          float* ms, uint8_t* vq, float* vs, size_t n, BlockScratch* x) {
+                          float* ms, uint8_t* vq, float* vs, size_t n, BlockScratch* x, uint32_t row0,
+    uint32_t salt) {
   const __m256 beta1 = _mm256_set1_ps(c.beta1), omb1 = _mm256_set1_ps(c.one_minus_beta1);
   const __m256 beta2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_beta2);
   const __m256 decay = _mm256_set1_ps(c.decay), step_size = _mm256_set1_ps(c.step_size);
@@ -463,11 +574,11 @@ ZF_A8_AVX2 void BlockAvx2(const AdamWConsts& c, const float* grad, float* p, uin
   ScaleOf(*std::max_element(lv, lv + 8), vs, &inv_v);
   const size_t full = n & ~size_t{7};
   QMAvx2(x->m, inv_m, mq, full);
-  QVAvx2(x->v, inv_v, vq, full);
+  QVDrawAvx2(x->v, inv_v, vq, full, row0, salt);
   if (full < n) {
     QMAvx2(x->m + full, inv_m, x->code, 8);
     std::memcpy(mq + full, x->code, n - full);
-    QVAvx2(x->v + full, inv_v, x->code, 8);
+    QVDrawAvx2(x->v + full, inv_v, x->code, 8, row0 + static_cast<uint32_t>(full), salt);
     std::memcpy(vq + full, x->code, n - full);
   }
 }
@@ -535,9 +646,13 @@ void Adam8Reference(const AdamWHyper& h, int64_t step, float grad_scale, const f
     v[i] = DequantV(s.v[i], s.v_scale[b]);
   }
   AdamWReference(h, step, grad_scale, grad, p, m.data(), v.data(), n);
+  const uint32_t salt = StepSalt(step);
   ForEachBlock(rows, ncols, [&](size_t at, size_t len, size_t b) {
     Adam8QuantizeM(m.data() + at, len, s.m + at, s.m_scale + b);
-    Adam8QuantizeV(v.data() + at, len, s.v + at, s.v_scale + b);
+    float inv;
+    ScaleOf(MaxAbsScalar(v.data() + at, len), s.v_scale + b, &inv);
+    QVDrawScalar(v.data() + at, inv, s.v + at, len,
+                 static_cast<uint32_t>(static_cast<int64_t>(at) % rows), salt);
   });
 }
 
@@ -547,18 +662,22 @@ void Adam8Update(SimdLevel level, const AdamWHyper& h, int64_t step, float grad_
   level = Usable(level);
   const Kernels k = KernelsFor(level);
   const AdamWConsts c = MakeAdamWConsts(h, step, grad_scale);
+  const uint32_t salt = StepSalt(step);
   BlockScratch x;
   ForEachBlock(rows, ncols, [&](size_t at, size_t n, size_t b) {
+    const uint32_t row0 = static_cast<uint32_t>(static_cast<int64_t>(at) % rows);
     if (level == SimdLevel::kAvx512) {
-      BlockAvx512(c, grad + at, p + at, s.m + at, s.m_scale + b, s.v + at, s.v_scale + b, n, &x);
+      BlockAvx512(c, grad + at, p + at, s.m + at, s.m_scale + b, s.v + at, s.v_scale + b, n, &x,
+                  row0, salt);
     } else if (level == SimdLevel::kAvx2) {
-      BlockAvx2(c, grad + at, p + at, s.m + at, s.m_scale + b, s.v + at, s.v_scale + b, n, &x);
+      BlockAvx2(c, grad + at, p + at, s.m + at, s.m_scale + b, s.v + at, s.v_scale + b, n, &x,
+                row0, salt);
     } else {
       LoadBlock(k, true, s.m + at, s.m_scale[b], n, &x, x.m);
       LoadBlock(k, false, s.v + at, s.v_scale[b], n, &x, x.v);
       AdamWUpdateWith(level, c, grad + at, p + at, x.m, x.v, n);
       StoreBlock(k, true, x.m, n, &x, s.m + at, s.m_scale + b);
-      StoreBlock(k, false, x.v, n, &x, s.v + at, s.v_scale + b);
+      StoreVDraw(k, x.v, n, row0, salt, &x, s.v + at, s.v_scale + b);
     }
     if (m_out != nullptr) {
       LoadBlock(k, true, s.m + at, s.m_scale[b], n, &x, x.m);

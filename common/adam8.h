@@ -17,7 +17,11 @@
 // A block's scale is its largest magnitude / 1.875, so its largest value
 // keeps its code exactly up to the scale's rounding; values round to the
 // nearest code (ties away from zero). Relative error: at most 1/16 of a
-// value (one half step of 3 mantissa bits).
+// value (one half step of 3 mantissa bits). Exception: the update
+// (Adam8Update, Adam8Reference) rounds v stochastically, to the code below
+// or above with probabilities that make the stored v unbiased, so v
+// follows beta2's 0.1% per step decay; the draw hashes the value, its row
+// in its column and the step (deterministic; docs/design.md rule 15).
 //
 //   Adam8Columns s{m_codes, m_scales, v_codes, v_scales};
 //   Adam8Update(BestSimdLevel(), hyper, step, grad_scale, grad, master, s, rows, ncols,

@@ -1,11 +1,14 @@
 // Tests for common/adam8: the codes (every code round-trips, the rounding
 // error bound, the zero rules), every level's quantize and dequantize bit
 // for bit, the fused update against the scalar reference at every level the
-// CPU has, and 8-bit AdamW tracking fp32 AdamW over many steps.
+// CPU has, v's stochastic rounding independent of the column partition, and
+// 8-bit AdamW tracking fp32 AdamW over many steps (unbiased v, where
+// rounding v to the nearest code is not).
 #include "common/adam8.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -202,11 +205,59 @@ TEST(Adam8Test, UpdateEqualsReferenceAtEveryLevel) {
   }
 }
 
-// 8-bit AdamW follows fp32 AdamW: over 300 steps of noisy gradients with a
-// drift and magnitudes over 2^11 in a block, the parameters agree within
-// 10% (measured 5.7%; v's rounding keeps it from following changes of less
-// than half a code step, so v runs about 10% high: smaller steps).
-TEST(Adam8Test, TracksFp32AdamW) {
+// v's stochastic rounding draws from the value, its row in its column and
+// the step, never from where a call starts: a run of columns updated in one
+// call or column by column gives the same bytes, at every level; and a
+// different step draws differently (some codes change).
+TEST(Adam8Test, StochasticRoundingIgnoresThePartition) {
+  const AdamWHyper h{/*lr=*/1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  const int64_t rows = 513, cols = 5;
+  const size_t n = static_cast<size_t>(rows * cols);
+  const std::vector<float> g = Spread(n, 21), p0 = Spread(n, 22);
+  State8 init(rows, cols);
+  {
+    const std::vector<float> m = Spread(n, 23);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = m[i] * m[i];
+    Adam8Quantize(SimdLevel::kScalar, rows, cols, m.data(), v.data(), init.cols8());
+  }
+  const int64_t per = Adam8BlocksPerColumn(rows);
+  for (SimdLevel l : Levels()) {
+    State8 whole = init, by_col = init, other_step = init;
+    std::vector<float> pw = p0, pc = p0, po = p0;
+    Adam8Update(l, h, 9, 1.0f, g.data(), pw.data(), whole.cols8(), rows, cols, nullptr, nullptr);
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t at = static_cast<size_t>(c * rows), b = static_cast<size_t>(c * per);
+      const Adam8Columns one{by_col.m.data() + at, by_col.ms.data() + b, by_col.v.data() + at,
+                             by_col.vs.data() + b};
+      Adam8Update(l, h, 9, 1.0f, g.data() + at, pc.data() + at, one, rows, 1, nullptr, nullptr);
+    }
+    EXPECT_EQ(whole.v, by_col.v) << SimdLevelName(l);
+    EXPECT_EQ(whole.m, by_col.m) << SimdLevelName(l);
+    EXPECT_EQ(pw, pc) << SimdLevelName(l);
+    Adam8Update(l, h, 10, 1.0f, g.data(), po.data(), other_step.cols8(), rows, cols, nullptr,
+                nullptr);
+    EXPECT_NE(whole.v, other_step.v) << SimdLevelName(l);
+  }
+}
+
+// 8-bit AdamW follows fp32 AdamW. Over 300 steps of noisy gradients with a
+// drift as large as the noise and magnitudes over 2^11 in a block, v must
+// decay by beta2 between large gradients. The update (v stochastically
+// rounded) keeps v unbiased: its mean ratio to fp32 AdamW's v is within 2%
+// of 1 (measured 0.998), and the parameters' progress along the drift
+// within 2% of fp32's (measured +0.8%); the trajectories differ by 6.3%
+// (per-value noise of the 8-bit state). The same state requantized with v
+// rounded to the nearest code (Adam8Dequantize, AdamWUpdate, Adam8Quantize:
+// the rule before stochastic rounding) cannot follow v's 0.1% per step
+// decay: v runs 24% high, the progress 3.7% short, outside both bounds.
+struct Trajectory {
+  double p_rel = 0;     // ||p8 - p32|| / ||p32||
+  double progress = 0;  // sum of p8 / sum of p32
+  double v_ratio = 0;   // mean over values of v8 / v32 after the last step
+};
+
+Trajectory Track(bool stochastic) {
   const AdamWHyper h{/*lr=*/1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f};
   const int64_t rows = 256, cols = 8;
   const size_t n = static_cast<size_t>(rows * cols);
@@ -214,21 +265,44 @@ TEST(Adam8Test, TracksFp32AdamW) {
   std::normal_distribution<float> noise(0.0f, 1.0f);
   std::vector<float> scale(n);
   for (size_t i = 0; i < n; ++i) scale[i] = std::ldexp(1.0f, -static_cast<int>(i % 12));
-  std::vector<float> p32(n, 0.0f), m32(n, 0.0f), v32(n, 0.0f), p8(n, 0.0f), g(n);
+  std::vector<float> p32(n, 0.0f), m32(n, 0.0f), v32(n, 0.0f), p8(n, 0.0f), g(n), m(n), v(n);
   State8 s(rows, cols);
   for (int t = 1; t <= 300; ++t) {
-    for (size_t i = 0; i < n; ++i) g[i] = scale[i] * (0.3f + noise(rng));
+    for (size_t i = 0; i < n; ++i) g[i] = scale[i] * (1.0f + noise(rng));
     AdamWUpdate(BestSimdLevel(), h, t, 1.0f, g.data(), p32.data(), m32.data(), v32.data(), n);
-    Adam8Update(BestSimdLevel(), h, t, 1.0f, g.data(), p8.data(), s.cols8(), rows, cols, nullptr,
-                nullptr);
+    if (stochastic) {
+      Adam8Update(BestSimdLevel(), h, t, 1.0f, g.data(), p8.data(), s.cols8(), rows, cols,
+                  nullptr, nullptr);
+    } else {
+      Adam8Dequantize(SimdLevel::kScalar, rows, cols, s.ccols8(), m.data(), v.data());
+      AdamWUpdate(SimdLevel::kScalar, h, t, 1.0f, g.data(), p8.data(), m.data(), v.data(), n);
+      Adam8Quantize(SimdLevel::kScalar, rows, cols, m.data(), v.data(), s.cols8());
+    }
   }
-  double diff2 = 0, ref2 = 0;
+  Adam8Dequantize(SimdLevel::kScalar, rows, cols, s.ccols8(), m.data(), v.data());
+  double diff2 = 0, ref2 = 0, sum8 = 0, sum32 = 0, vr = 0;
   for (size_t i = 0; i < n; ++i) {
     diff2 += (double{p8[i]} - p32[i]) * (double{p8[i]} - p32[i]);
     ref2 += double{p32[i]} * p32[i];
+    sum8 += p8[i];
+    sum32 += p32[i];
+    vr += double{v[i]} / v32[i];
   }
-  EXPECT_LT(std::sqrt(diff2 / ref2), 0.1) << "relative difference of the trajectories";
   EXPECT_GT(ref2, 0.0);
+  return {std::sqrt(diff2 / ref2), sum8 / sum32, vr / static_cast<double>(n)};
+}
+
+TEST(Adam8Test, TracksFp32AdamW) {
+  const Trajectory sr = Track(true), nearest = Track(false);
+  std::printf("p differs by %.4f (nearest %.4f); progress %.4f (%.4f); v / fp32 v %.4f (%.4f)\n",
+              sr.p_rel, nearest.p_rel, sr.progress, nearest.progress, sr.v_ratio,
+              nearest.v_ratio);
+  EXPECT_LT(sr.p_rel, 0.1) << "relative difference of the trajectories";
+  EXPECT_NEAR(sr.progress, 1.0, 0.02);
+  EXPECT_NEAR(sr.v_ratio, 1.0, 0.02);
+  // Both bounds fail for rounding v to the nearest code.
+  EXPECT_GT(std::fabs(nearest.progress - 1.0), 0.02);
+  EXPECT_GT(nearest.v_ratio, 1.02);
 }
 
 }  // namespace
