@@ -248,6 +248,69 @@ TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
   EXPECT_EQ(run(4), one);
 }
 
+// With a sink the messages go out batch by batch, in order, the same bytes
+// as without one: the first is handed over before the last batch's columns
+// are updated (the round is never all held); with the factored moment they
+// all go at the end, the same bytes again.
+TEST(RoundUpdateTest, ASinkGetsTheSameMessagesBatchByBatch) {
+  constexpr int64_t kR = 200, kC = 400;  // > 64K elements: the pool is used
+  auto run = [&](bool sink, bool factored, std::string* all, int64_t* count_at_first) {
+    TensorStore store({{kR, kC}});
+    RoundAccumulator acc({{kR, kC}}, 1, false);
+    std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kBF16}};
+    std::vector<std::vector<int32_t>> remote(1);
+    for (int32_t c = 0; c < kC; ++c) {
+      if (c % 10 != 3) remote[0].push_back(c);
+      store.set_count(0, c, c % 7 == 0 ? 3 : 1);
+      for (int64_t i = 0; i < kR; ++i) {
+        store.master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * kC + c));
+        store.v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
+        acc.sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
+      }
+    }
+    ThreadPool pool(3);
+    RoundUpdateInput in;
+    in.round = 0;
+    in.steps_sum = 2;
+    in.lr = 1e-3f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.moments = !factored;
+    in.factored_moment = factored;
+    in.max_shard_bytes = 16 << 10;
+    in.window_bytes = 40 << 10;  // a few messages a batch
+    in.pool = &pool;
+    int64_t got = 0;
+    *count_at_first = -1;
+    if (sink) {
+      in.sink = [&](v1::DownMessage d) {
+        if (got++ == 0) *count_at_first = store.count(0, remote[0].back());
+        *all += d.SerializeAsString();
+      };
+    }
+    RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(0, &store, &acc));
+    if (!sink) {
+      for (const v1::DownMessage& d : r.deltas) *all += d.SerializeAsString();
+      got = static_cast<int64_t>(r.deltas.size());
+    } else {
+      EXPECT_TRUE(r.deltas.empty());
+    }
+    EXPECT_EQ(r.messages, got);
+    return got;
+  };
+  for (bool factored : {false, true}) {
+    std::string buffered, streamed;
+    int64_t at_first = 0;
+    const int64_t n = run(false, factored, &buffered, &at_first);
+    EXPECT_GT(n, 8);
+    EXPECT_EQ(run(true, factored, &streamed, &at_first), n);
+    EXPECT_EQ(streamed, buffered);
+    // The last column (count 1, or 3 every seventh) is updated to 2 (or 4).
+    const int64_t before = (kC - 1) % 7 == 0 ? 3 : 1;
+    EXPECT_EQ(at_first, factored ? before + 1 : before) << "factored " << factored;
+  }
+}
+
 // The fused passes against the unfused sequence built from the kernels
 // (Fold, AdamWUpdate per column, Encode): rank-ordered sums of three
 // ranks, moments and bf16 values, at every level, on a pool: the same
