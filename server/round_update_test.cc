@@ -209,6 +209,23 @@ TEST(RoundUpdateTest, DeltasCarryTheFactoredSecondMoment) {
   EXPECT_EQ(r.deltas[0].delta().row_v_size(), 0);
 }
 
+// The large updates' inputs: every tenth column (from 3) on the worker,
+// counts 1 (3 every seventh column), master, v and round 0's sum set.
+std::vector<int32_t> FillLarge(int64_t rows, int64_t cols, TensorStore* store,
+                               RoundAccumulator* acc) {
+  std::vector<int32_t> remote;
+  for (int32_t c = 0; c < cols; ++c) {
+    if (c % 10 != 3) remote.push_back(c);
+    store->set_count(0, c, c % 7 == 0 ? 3 : 1);
+    for (int64_t i = 0; i < rows; ++i) {
+      store->master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * cols + c));
+      store->v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
+      acc->sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
+    }
+  }
+  return remote;
+}
+
 // A large update spreads over the pool; its store and deltas (the factored
 // moment included) are the same bits for any number of update threads.
 TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
@@ -217,16 +234,7 @@ TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
     TensorStore store({{kBigRows, kBigCols}});
     RoundAccumulator acc({{kBigRows, kBigCols}}, 1, false);
     std::vector<RoundUpdateTensor> tensors{{"w", kBigRows, DType::kBF16}};
-    std::vector<std::vector<int32_t>> remote(1);
-    for (int32_t c = 0; c < kBigCols; ++c) {
-      if (c % 10 != 3) remote[0].push_back(c);
-      store.set_count(0, c, c % 7 == 0 ? 3 : 1);
-      for (int64_t i = 0; i < kBigRows; ++i) {
-        store.master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * kBigCols + c));
-        store.v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
-        acc.sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
-      }
-    }
+    std::vector<std::vector<int32_t>> remote{FillLarge(kBigRows, kBigCols, &store, &acc)};
     ThreadPool pool(threads);
     RoundUpdateInput in;
     in.round = 0;
@@ -258,16 +266,7 @@ TEST(RoundUpdateTest, ASinkGetsTheSameMessagesBatchByBatch) {
     TensorStore store({{kR, kC}});
     RoundAccumulator acc({{kR, kC}}, 1, false);
     std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kBF16}};
-    std::vector<std::vector<int32_t>> remote(1);
-    for (int32_t c = 0; c < kC; ++c) {
-      if (c % 10 != 3) remote[0].push_back(c);
-      store.set_count(0, c, c % 7 == 0 ? 3 : 1);
-      for (int64_t i = 0; i < kR; ++i) {
-        store.master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * kC + c));
-        store.v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
-        acc.sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
-      }
-    }
+    std::vector<std::vector<int32_t>> remote{FillLarge(kR, kC, &store, &acc)};
     ThreadPool pool(3);
     RoundUpdateInput in;
     in.round = 0;
