@@ -34,6 +34,11 @@ inline bool AlwaysImportant(const v1::TensorSpec& t, v1::Mode mode) {
   return mode != v1::MODE_ZERO_OFFLOAD && (t.shape_size() == 1 || t.local());
 }
 
+// A round update's batch of delta messages (server/round_update.h): the
+// most an update holds of its deltas is two batches, each at most this or
+// one message (JobFootprint::delta_bytes charges it).
+inline constexpr int64_t kDeltaWindowBytes = int64_t{16} << 20;
+
 // Whether a job's one-step rounds carry the columns' state for the ranks'
 // predicted step (ZenFlowConfig.predicted_step): a normalized zenflow spec
 // with the option on, values deltas, an apply delay other than sync and

@@ -552,6 +552,24 @@ void Job::RunUpdate(UpdateLease lease) {
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
   in.pool = ctx_.pool;
+  // The deltas go to every rank's outbox as the update encodes them (one
+  // copy of each, shared by the outboxes), unless an emulated round time
+  // holds them back until it has passed.
+  const bool emulate = ctx_.emulate_round_seconds > 0;
+  int64_t delta_bytes = 0;
+  std::vector<Mailbox::Message> held;
+  in.sink = [&](v1::DownMessage d) {
+    const v1::ParameterDelta& x = d.delta();
+    delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
+                                        8 * x.update_counts_size());
+    if (x.row_v_size() > 0) delta_bytes += 4 * (x.row_v_size() + x.col_v_size() + 1);
+    auto shared = std::make_shared<const v1::DownMessage>(std::move(d));
+    if (emulate) {
+      held.push_back(std::move(shared));
+    } else {
+      for (const auto& box : boxes) box->Push(shared);
+    }
+  };
   TensorStore* const store = lease.store();
   const bool measure = divergence_->Start(round, rs.steps, store);
   RoundUpdateResult result = UpdateRound(in, std::move(lease));
@@ -560,37 +578,25 @@ void Job::RunUpdate(UpdateLease lease) {
   // The update divergence; negative: not measured.
   const float divergence =
       measure && !skip ? MeasureDivergence(rs.lr, grad_norm, store).value_or(-1.0f) : -1.0f;
-  std::vector<v1::DownMessage>& deltas = result.deltas;
+  const int64_t messages = result.messages;
 
-  if (ctx_.emulate_round_seconds > 0) {
+  if (emulate) {
     // Waits out the rest of the emulated round time (JobContext); the
     // update's real work is done, its deltas not yet sent.
     std::this_thread::sleep_until(
         t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                  std::chrono::duration<double>(ctx_.emulate_round_seconds)));
-  }
-  int64_t delta_bytes = 0;
-  for (const v1::DownMessage& d : deltas) {
-    const v1::ParameterDelta& x = d.delta();
-    delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
-                                        8 * x.update_counts_size());
-    if (x.row_v_size() > 0) delta_bytes += 4 * (x.row_v_size() + x.col_v_size() + 1);
-  }
-  // One copy of each delta, shared by every rank's outbox.
-  std::vector<Mailbox::Message> shared;
-  shared.reserve(deltas.size());
-  for (v1::DownMessage& d : deltas) {
-    shared.push_back(std::make_shared<const v1::DownMessage>(std::move(d)));
-  }
-  for (const auto& box : boxes) {
-    for (const Mailbox::Message& d : shared) box->Push(d);
+    for (const auto& box : boxes) {
+      for (const Mailbox::Message& d : held) box->Push(d);
+    }
+    held.clear();
   }
 
   const auto t1 = std::chrono::steady_clock::now();
   v1::DownMessage done;
   v1::RoundDone* rd = done.mutable_done();
   rd->set_round(round);
-  rd->set_delta_messages(static_cast<int32_t>(deltas.size()));
+  rd->set_delta_messages(static_cast<int32_t>(messages));
   rd->set_skipped_nonfinite(skip);
   rd->set_grad_norm(grad_norm);
   rd->set_close_to_done_seconds(Seconds(t1 - rs.last_close));
@@ -615,7 +621,7 @@ void Job::RunUpdate(UpdateLease lease) {
     if (divergence >= 0) NoteDivergenceLocked(divergence, rs.steps);
     if (skip) ++stats_.rounds_skipped;
     if (overflowed) ++stats_.rounds_overflowed;
-    stats_.delta_messages_sent += static_cast<int64_t>(deltas.size() * boxes.size());
+    stats_.delta_messages_sent += messages * static_cast<int64_t>(boxes.size());
     stats_.delta_bytes_sent += delta_bytes * static_cast<int64_t>(boxes.size());
     stats_.last_update_seconds = Seconds(t1 - t0);
     stats_.update_seconds_total += stats_.last_update_seconds;

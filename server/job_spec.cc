@@ -398,7 +398,7 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
   auto add = [&](int64_t* acc, int64_t b) { overflow |= __builtin_add_overflow(*acc, b, acc); };
   const bool arithmetic = spec.delta_kind() == v1::DELTA_ARITHMETIC;
   const bool factored = DeltasCarryFactoredMoment(spec);
-  int64_t delta_round = 0;
+  int64_t delta_round = 0, largest_message = 0;
   for (const v1::TensorSpec& t : spec.tensors()) {
     const ColumnGeometry geo = GeometryOf(t);
     const int64_t rows = geo.rows, cols = geo.cols;
@@ -432,6 +432,12 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
     // One-step rounds' deltas carry bf16 m and v for the predicted step.
     if (RoundsMayCarryPredictedState(spec)) out += kPredictedStateBytesPerValue;
     add(&delta_round, mul(n, out));
+    // The largest delta message of the tensor (whole columns, at most
+    // max_shard_bytes unless one column is larger).
+    {
+      const int64_t per = DeltaColumnsPerMessage(spec.max_shard_bytes(), rows, out, factored);
+      largest_message = std::max(largest_message, mul(mul(std::min(per, cols), rows), out));
+    }
     if (factored) {
       // Rule 13: every message carries row_v, v_mean and its columns'
       // col_v; the update sums in doubles (factored_moment.h) and keeps
@@ -445,7 +451,17 @@ absl::StatusOr<JobFootprint> ComputeJobFootprint(const v1::JobSpec& spec) {
       add(&f.delta_bytes, FactoredMomentBytes(rows, cols));
     }
   }
-  add(&f.delta_bytes, mul(delta_round, 2));
+  // The round update hands its deltas to the ranks' outboxes batch by
+  // batch as it encodes them and holds at most two batches (round_update.h);
+  // with the factored moment it holds the whole round until its end. What
+  // the outboxes hold is bounded by the daemon's max_outbox_bytes, not
+  // charged to the job (docs/operating.md#limits-and-memory).
+  if (factored) {
+    add(&f.delta_bytes, delta_round);
+  } else {
+    add(&f.delta_bytes,
+        std::min(delta_round, mul(std::max(kDeltaWindowBytes, largest_message), 2)));
+  }
   // And per rank the steps of its open round (at most update_interval),
   // each with RankArrivals::kChargedRunsPerStep runs of columns.
   add(&f.bookkeeping_bytes,

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "common/geometry.h"
 #include "server/test_specs.h"
 
 namespace zenflow {
@@ -151,10 +152,34 @@ TEST(JobFootprintTest, CountsTheFactoredMoment) {
   off.mutable_zenflow()->set_local_step(false);
   absl::StatusOr<JobFootprint> a = ComputeJobFootprint(on), b = ComputeJobFootprint(off);
   ASSERT_TRUE(a.ok() && b.ok());
-  // A 2 x 3 tensor in one message: row_v, col_v and v_mean (4 x 6 B) for each of
-  // two rounds, plus the doubles of the sums (2 + 3) and the result (4 x 6 B).
-  EXPECT_EQ(a->delta_bytes - b->delta_bytes, 2 * 24 + 8 * 5 + 24);
+  // A 2 x 3 tensor in one message: row_v, col_v and v_mean (4 x 6 B) of the
+  // one round the update holds (it holds all of it until the moment is
+  // added; without it, at most one round too: two batches of a round), plus
+  // the doubles of the sums (2 + 3) and the result (4 x 6 B).
+  EXPECT_EQ(a->delta_bytes - b->delta_bytes, 24 + 8 * 5 + 24);
   EXPECT_EQ(a->state_bytes, b->state_bytes);
+}
+
+// A round larger than two batches: the reserve is two batches of
+// kDeltaWindowBytes (the update hands the rest to the outboxes as it goes),
+// not the round.
+TEST(JobFootprintTest, ChargesTwoBatchesOfALargeRound) {
+  v1::JobSpec spec = OneTensorSpec(2, 1);
+  spec.mutable_tensors(0)->set_shape(0, 4096);
+  spec.mutable_tensors(0)->set_shape(1, 8192);
+  ASSERT_TRUE(NormalizeJobSpec(&spec, int64_t{1} << 40).ok());
+  absl::StatusOr<JobFootprint> f = ComputeJobFootprint(spec);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->delta_bytes, 2 * kDeltaWindowBytes);
+  // A message larger than a batch (one column of 8M fp32 values with m, v):
+  // two such messages.
+  v1::JobSpec tall = OneTensorSpec(2, 1);
+  tall.mutable_tensors(0)->set_shape(0, int64_t{1} << 23);
+  tall.mutable_tensors(0)->set_shape(1, 4);
+  ASSERT_TRUE(NormalizeJobSpec(&tall, int64_t{1} << 40).ok());
+  absl::StatusOr<JobFootprint> t = ComputeJobFootprint(tall);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->delta_bytes, 2 * (int64_t{1} << 23) * 8);
 }
 
 // One-step rounds' deltas carry bf16 m and v: the footprint counts them
@@ -212,10 +237,11 @@ TEST(JobFootprintTest, CountsStateBookkeepingAndDeltasAndRefusesOverflow) {
   const int64_t divergence = 2 * (2 * 4) + 2 * 4 + 2 * 3 * 4 + 2 * 5 * 4;
   EXPECT_EQ(f->bookkeeping_bytes,
             3 * 17 + (3 + 1) * 4 + 4 * (24 + 1 * (32 + 16 * 8)) + divergence);
-  // Two rounds of bf16 deltas, each with bf16 m and v (one-step rounds
-  // carry the predicted step's state); the local step, which would add its
-  // factored moment (CountsTheFactoredMoment), is off by default.
-  EXPECT_EQ(f->delta_bytes, 2 * 6 * (2 + 4));
+  // The update's two batches of bf16 deltas with bf16 m and v (one-step
+  // rounds carry the predicted step's state), at most one round: here the
+  // whole round; the local step, which would add its factored moment
+  // (CountsTheFactoredMoment), is off by default.
+  EXPECT_EQ(f->delta_bytes, 6 * (2 + 4));
   EXPECT_EQ(f->total(), f->state_bytes + f->bookkeeping_bytes + f->delta_bytes);
   // Rank-ordered sums: two accumulation buffers per rank.
   spec.set_rank_ordered_sums(true);

@@ -265,6 +265,40 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
   // are the same either way, so is the result.)
   ThreadPool* const pool = work < kInlineUpdateElements ? nullptr : in.pool;
 
+  // The batches: consecutive messages of at most in.window_bytes (at least
+  // one message), batch i = messages [batch_at[i], batch_at[i + 1]) and
+  // blocks [block_at[i], block_at[i + 1]).
+  std::vector<size_t> batch_at{0}, block_at{0};
+  {
+    int64_t bytes = 0;
+    for (size_t k = 0; k < plan.size(); ++k) {
+      const MessagePlan& mp = plan[k];
+      const RoundUpdateTensor& t = tensors[mp.tensor];
+      const int64_t per = static_cast<int64_t>(arithmetic ? sizeof(float) : DTypeSize(t.param_dtype)) +
+                          (moments ? kPredictedStateBytesPerValue : 0);
+      const int64_t b = static_cast<int64_t>(mp.end - mp.begin) * t.rows * per;
+      if (k > batch_at.back() && bytes + b > in.window_bytes) {
+        batch_at.push_back(k);
+        bytes = 0;
+      }
+      bytes += b;
+    }
+    batch_at.push_back(plan.size());
+    for (size_t i = 1; i + 1 < batch_at.size(); ++i) {
+      size_t j = block_at.back();
+      while (j < blocks.size() && static_cast<size_t>(blocks[j].message) < batch_at[i]) ++j;
+      block_at.push_back(j);
+    }
+    block_at.push_back(blocks.size());
+  }
+  const size_t batches = batch_at.size() - 1;
+  // Makes message k: its fields set, its payload (and m, v) sized.
+  auto prepare = [&](size_t k, v1::DownMessage* d) {
+    const MessagePlan& mp = plan[k];
+    PrepareMessage(round, tensors[mp.tensor], mp, remote[mp.tensor], arithmetic, moments,
+                   [&](int32_t c) { return store->count(mp.tensor, c) + 1; }, d->mutable_delta());
+  };
+
   RoundUpdateResult out;
   bool skip = in.nonfinite;
   std::vector<v1::DownMessage> deltas;
@@ -275,20 +309,19 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
       acc->Clear(blocks[k].tensor, round, blocks[k].first_col, blocks[k].ncols);
     });
   } else {
-    // Pass 1: the messages made (first, so that their allocation overlaps
-    // the blocks), then per block the fold and the squares.
+    // Pass 1: the first batch's messages made (first, so that their
+    // allocation overlaps the blocks), then per block the fold and the
+    // squares.
     deltas.resize(plan.size());
     std::vector<BlockSquares> squares(blocks.size());
-    ForEachTask(pool, plan.size() + blocks.size(), [&](size_t k) {
-      if (k < plan.size()) {
-        const MessagePlan& mp = plan[k];
-        PrepareMessage(round, tensors[mp.tensor], mp, remote[mp.tensor], arithmetic, moments,
-                       [&](int32_t c) { return store->count(mp.tensor, c) + 1; },
-                       deltas[k].mutable_delta());
+    const size_t first = batches > 0 ? batch_at[1] : 0;
+    ForEachTask(pool, first + blocks.size(), [&](size_t k) {
+      if (k < first) {
+        prepare(k, &deltas[k]);
         return;
       }
-      const Block& b = blocks[k - plan.size()];
-      squares[k - plan.size()] =
+      const Block& b = blocks[k - first];
+      squares[k - first] =
           acc->FoldNorm(in.simd, b.tensor, round, b.first_col, b.ncols, in.folded_ranks);
     });
     // The barrier: the norm of the round's mean gradient (the blocks' sums
@@ -315,8 +348,11 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     }
   }
   if (!skip) {
-    // Pass 2: per block AdamW, the encode into the messages, the sums
-    // zeroed and the counts advanced, while the block is in cache.
+    // Pass 2, batch by batch: per block AdamW, the encode into the
+    // messages, the sums zeroed and the counts advanced, while the block is
+    // in cache; beside the blocks, the next batch's messages made. Then the
+    // batch's messages go to the sink (without the factored moment, which
+    // needs all of v).
     RoundKernelOptions o;
     o.simd = in.simd;
     o.grad_scale = static_cast<float>(scale * clip);
@@ -324,42 +360,60 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     o.moments = moments;
     AdamWHyper h = in.hyper;
     h.lr = in.lr;
-    // Where each message's payload, m and v are (taken here, on one
-    // thread: the blocks only write the bytes).
+    const bool stream = in.sink && !factored;
+    // Where each message's payload, m and v are (taken on this thread, per
+    // batch: the blocks only write the bytes).
     struct Out {
       char *values, *m, *v;
     };
     std::vector<Out> outs(plan.size());
-    for (size_t k = 0; k < plan.size(); ++k) {
-      v1::ParameterDelta* d = deltas[k].mutable_delta();
-      outs[k] = {d->mutable_payload()->data(), moments ? d->mutable_m()->data() : nullptr,
-                 moments ? d->mutable_v()->data() : nullptr};
+    for (size_t i = 0; i < batches; ++i) {
+      for (size_t k = batch_at[i]; k < batch_at[i + 1]; ++k) {
+        v1::ParameterDelta* d = deltas[k].mutable_delta();
+        outs[k] = {d->mutable_payload()->data(), moments ? d->mutable_m()->data() : nullptr,
+                   moments ? d->mutable_v()->data() : nullptr};
+      }
+      const size_t next_begin = batch_at[i + 1];
+      const size_t next = i + 1 < batches ? batch_at[i + 2] - next_begin : 0;
+      const size_t b0 = block_at[i], nblocks = block_at[i + 1] - b0;
+      ForEachTask(pool, next + nblocks, [&](size_t task) {
+        if (task < next) {
+          prepare(next_begin + task, &deltas[next_begin + task]);
+          return;
+        }
+        thread_local std::vector<float> old;
+        const Block& b = blocks[b0 + task - next];
+        const RoundUpdateTensor& t = tensors[b.tensor];
+        const MessagePlan& mp = plan[b.message];
+        const Out& dst = outs[b.message];
+        const size_t n = static_cast<size_t>(b.ncols * t.rows);
+        const size_t at = (b.index - mp.begin) * static_cast<size_t>(t.rows);
+        RoundKernelOptions ok = o;
+        ok.values = t.param_dtype;
+        const size_t vsize = arithmetic ? sizeof(float) : DTypeSize(t.param_dtype);
+        float* g = acc->sum(b.tensor, round, b.first_col);
+        const bool q = store->quantized(b.tensor);
+        const Adam8Columns q8 = q ? store->q8(b.tensor, b.first_col) : Adam8Columns{};
+        UpdateAndEncode(ok, h, b.step, g, store->master(b.tensor, b.first_col),
+                        q ? nullptr : store->m(b.tensor, b.first_col),
+                        q ? nullptr : store->v(b.tensor, b.first_col), n,
+                        dst.values + at * vsize, moments ? dst.m + at * 2 : nullptr,
+                        moments ? dst.v + at * 2 : nullptr, &old, q ? &q8 : nullptr, t.rows);
+        std::memset(g, 0, n * sizeof(float));
+        for (int64_t c = 0; c < b.ncols; ++c) store->set_count(b.tensor, b.first_col + c, b.step);
+      });
+      if (stream) {
+        for (size_t k = batch_at[i]; k < batch_at[i + 1]; ++k) in.sink(std::move(deltas[k]));
+      }
     }
-    ForEachTask(pool, blocks.size(), [&](size_t k) {
-      thread_local std::vector<float> old;
-      const Block& b = blocks[k];
-      const RoundUpdateTensor& t = tensors[b.tensor];
-      const MessagePlan& mp = plan[b.message];
-      const Out& dst = outs[b.message];
-      const size_t n = static_cast<size_t>(b.ncols * t.rows);
-      const size_t at = (b.index - mp.begin) * static_cast<size_t>(t.rows);
-      RoundKernelOptions ok = o;
-      ok.values = t.param_dtype;
-      const size_t vsize = arithmetic ? sizeof(float) : DTypeSize(t.param_dtype);
-      float* g = acc->sum(b.tensor, round, b.first_col);
-      const bool q = store->quantized(b.tensor);
-      const Adam8Columns q8 = q ? store->q8(b.tensor, b.first_col) : Adam8Columns{};
-      UpdateAndEncode(ok, h, b.step, g, store->master(b.tensor, b.first_col),
-                      q ? nullptr : store->m(b.tensor, b.first_col),
-                      q ? nullptr : store->v(b.tensor, b.first_col), n,
-                      dst.values + at * vsize, moments ? dst.m + at * 2 : nullptr,
-                      moments ? dst.v + at * 2 : nullptr, &old, q ? &q8 : nullptr, t.rows);
-      std::memset(g, 0, n * sizeof(float));
-      for (int64_t c = 0; c < b.ncols; ++c) store->set_count(b.tensor, b.first_col + c, b.step);
-    });
     if (factored) {
       AddFactoredMoments(tensors, remote, store, in.hyper.beta2, plan, pool, &deltas);
+      if (in.sink) {
+        for (v1::DownMessage& d : deltas) in.sink(std::move(d));
+      }
     }
+    out.messages = static_cast<int64_t>(plan.size());
+    if (in.sink) deltas.clear();
   }
   out.skipped = skip;
   out.deltas = std::move(deltas);

@@ -9,8 +9,9 @@
 // update, is skipped: the store is untouched and the sums are cleared.
 //
 //   UpdateLease lease = UpdateLease::Grant(round, &store, &accumulator);  // the owner, under its lock
+//   input.sink = [&](v1::DownMessage d) { ... };  // to every rank, in order
 //   RoundUpdateResult r = UpdateRound(input, std::move(lease));
-//   for (v1::DownMessage& d : r.deltas) ...   // to every rank
+// (without a sink the messages are returned in r.deltas)
 //
 // Runs without the owner's lock: the lease is its right to the buffers.
 //
@@ -23,13 +24,18 @@
 //      rank-ordered sums the daemon folded the ranks' sums into rank 0's as
 //      they closed: folded_ranks; any rank not yet folded is folded here,
 //      in rank order, in the same read: FoldSquares); beside the blocks,
-//      the delta messages are made and sized (their fields, columns and
-//      counts set, payloads allocated);
-//   2. per block, while it is in cache: AdamW, the values (or fp32 new -
-//      old) and with moments m and v encoded straight into their message's
-//      payload, the sum zeroed, the counts advanced.
+//      the first batch of delta messages is made and sized (their fields,
+//      columns and counts set, payloads allocated);
+//   2. batch by batch (consecutive messages of at most window_bytes), per
+//      block, while it is in cache: AdamW, the values (or fp32 new - old)
+//      and with moments m and v encoded straight into their message's
+//      payload, the sum zeroed, the counts advanced; beside the blocks, the
+//      next batch's messages are made; then the batch's messages go to the
+//      sink (the ranks' outboxes), so a round's deltas are never all held
+//      by the update.
 // The factored moment (when asked) then reads v once more (its row sums
-// run over all columns in a fixed order: factored_moment.h).
+// run over all columns in a fixed order: factored_moment.h) and is added
+// to every message, which are all held until then.
 // The norm is the sum of the blocks' FoldSquares sums in block order, the
 // blocks are fixed by the columns, counts and messages (never by the
 // threads): the result does not depend on the thread count or on which
@@ -38,11 +44,13 @@
 #define ZENFLOW_SERVER_ROUND_UPDATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/adamw.h"
 #include "common/codec.h"
+#include "common/geometry.h"
 #include "common/thread_pool.h"
 #include "server/round_accumulator.h"
 #include "server/tensor_store.h"
@@ -116,13 +124,23 @@ struct RoundUpdateInput {
   int64_t max_shard_bytes = 4 << 20;
   SimdLevel simd = SimdLevel::kScalar;
   ThreadPool* pool = nullptr;  // large updates are spread over it
+  // The messages are made and encoded in batches of consecutive messages
+  // of at most window_bytes (payload, m and v; at least one message each):
+  // at most two batches are held at once (one encoded, the next made).
+  int64_t window_bytes = kDeltaWindowBytes;
+  // When set, each message is handed to it, in order, as soon as its batch
+  // is encoded (the result's deltas stay empty): a round's messages are
+  // never all held by the update. With the factored moment, which needs
+  // every column's v after the update, they are handed over at the end.
+  std::function<void(v1::DownMessage)> sink;
 };
 
 struct RoundUpdateResult {
   bool skipped = false;     // nothing was updated
   bool overflowed = false;  // skipped because the sums were not finite
   float grad_norm = 0;      // of the round's mean gradient (before clipping)
-  std::vector<v1::DownMessage> deltas;
+  int64_t messages = 0;     // the delta messages made (into deltas, or to the sink)
+  std::vector<v1::DownMessage> deltas;  // empty with a sink
 };
 
 // `lease` must be for in.round; the update ends it.

@@ -209,6 +209,23 @@ TEST(RoundUpdateTest, DeltasCarryTheFactoredSecondMoment) {
   EXPECT_EQ(r.deltas[0].delta().row_v_size(), 0);
 }
 
+// The large updates' inputs: every tenth column (from 3) on the worker,
+// counts 1 (3 every seventh column), master, v and round 0's sum set.
+std::vector<int32_t> FillLarge(int64_t rows, int64_t cols, TensorStore* store,
+                               RoundAccumulator* acc) {
+  std::vector<int32_t> remote;
+  for (int32_t c = 0; c < cols; ++c) {
+    if (c % 10 != 3) remote.push_back(c);
+    store->set_count(0, c, c % 7 == 0 ? 3 : 1);
+    for (int64_t i = 0; i < rows; ++i) {
+      store->master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * cols + c));
+      store->v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
+      acc->sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
+    }
+  }
+  return remote;
+}
+
 // A large update spreads over the pool; its store and deltas (the factored
 // moment included) are the same bits for any number of update threads.
 TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
@@ -217,16 +234,7 @@ TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
     TensorStore store({{kBigRows, kBigCols}});
     RoundAccumulator acc({{kBigRows, kBigCols}}, 1, false);
     std::vector<RoundUpdateTensor> tensors{{"w", kBigRows, DType::kBF16}};
-    std::vector<std::vector<int32_t>> remote(1);
-    for (int32_t c = 0; c < kBigCols; ++c) {
-      if (c % 10 != 3) remote[0].push_back(c);
-      store.set_count(0, c, c % 7 == 0 ? 3 : 1);
-      for (int64_t i = 0; i < kBigRows; ++i) {
-        store.master(0, c)[i] = std::sin(0.01f * static_cast<float>(i * kBigCols + c));
-        store.v(0, c)[i] = 1e-4f * static_cast<float>((i + c) % 11);
-        acc.sum(0, 0, c)[i] = std::cos(0.003f * static_cast<float>(i * 7 + c));
-      }
-    }
+    std::vector<std::vector<int32_t>> remote{FillLarge(kBigRows, kBigCols, &store, &acc)};
     ThreadPool pool(threads);
     RoundUpdateInput in;
     in.round = 0;
@@ -246,6 +254,60 @@ TEST(RoundUpdateTest, LargeUpdateIsTheSameForAnyThreadCount) {
   EXPECT_GT(one.size(), size_t{kBigRows * 270 * 2});
   EXPECT_EQ(run(2), one);
   EXPECT_EQ(run(4), one);
+}
+
+// With a sink the messages go out batch by batch, in order, the same bytes
+// as without one: the first is handed over before the last batch's columns
+// are updated (the round is never all held); with the factored moment they
+// all go at the end, the same bytes again.
+TEST(RoundUpdateTest, ASinkGetsTheSameMessagesBatchByBatch) {
+  constexpr int64_t kR = 200, kC = 400;  // > 64K elements: the pool is used
+  auto run = [&](bool sink, bool factored, std::string* all, int64_t* count_at_first) {
+    TensorStore store({{kR, kC}});
+    RoundAccumulator acc({{kR, kC}}, 1, false);
+    std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kBF16}};
+    std::vector<std::vector<int32_t>> remote{FillLarge(kR, kC, &store, &acc)};
+    ThreadPool pool(3);
+    RoundUpdateInput in;
+    in.round = 0;
+    in.steps_sum = 2;
+    in.lr = 1e-3f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.moments = !factored;
+    in.factored_moment = factored;
+    in.max_shard_bytes = 16 << 10;
+    in.window_bytes = 40 << 10;  // a few messages a batch
+    in.pool = &pool;
+    int64_t got = 0;
+    *count_at_first = -1;
+    if (sink) {
+      in.sink = [&](v1::DownMessage d) {
+        if (got++ == 0) *count_at_first = store.count(0, remote[0].back());
+        *all += d.SerializeAsString();
+      };
+    }
+    RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(0, &store, &acc));
+    if (!sink) {
+      for (const v1::DownMessage& d : r.deltas) *all += d.SerializeAsString();
+      got = static_cast<int64_t>(r.deltas.size());
+    } else {
+      EXPECT_TRUE(r.deltas.empty());
+    }
+    EXPECT_EQ(r.messages, got);
+    return got;
+  };
+  for (bool factored : {false, true}) {
+    std::string buffered, streamed;
+    int64_t at_first = 0;
+    const int64_t n = run(false, factored, &buffered, &at_first);
+    EXPECT_GT(n, 8);
+    EXPECT_EQ(run(true, factored, &streamed, &at_first), n);
+    EXPECT_EQ(streamed, buffered);
+    // The last column (count 1, or 3 every seventh) is updated to 2 (or 4).
+    const int64_t before = (kC - 1) % 7 == 0 ? 3 : 1;
+    EXPECT_EQ(at_first, factored ? before + 1 : before) << "factored " << factored;
+  }
 }
 
 // The fused passes against the unfused sequence built from the kernels

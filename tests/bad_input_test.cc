@@ -565,7 +565,7 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
                // divergence's side buffers (docs/design.md rule 14: about
                // 1% of the columns x 4 steps x 2 rounds, and their state);
                // per column 21 B of bookkeeping, per rank 664 B.
-               "needs 313710679836 bytes (292.17 GiB) (8589934592 parameters");
+               "needs 176305280796 bytes (164.20 GiB) (8589934592 parameters");
   ExpectStatus(c.CreateJob(SquareJob("huge", {{1, big}})).status(),
                StatusCode::kResourceExhausted, "of its memory budget of 268435456 bytes");
   EXPECT_EQ(Reserved(c), before);
@@ -578,9 +578,10 @@ TEST_F(BadInputTest, JobThatCannotBeAllocatedReservesNothing) {
   // rows: 4 steps x 2 rounds of fp32 values, a flag per step and round, a
   // slot per column, the sample's copied state of 5 floats per value).
   // (Bookkeeping: 17 B per column and its number, 4 B per column + 1; per
-  // rank 24 B and 4 steps of 160 B.)
+  // rank 24 B and 4 steps of 160 B. Deltas: the update holds at most one
+  // round, fp32 values with bf16 m and v.)
   EXPECT_EQ(st->jobs(0).memory_bytes(), 16 * 20 + 4 * 17 + (4 + 1) * 4 + (24 + 4 * 160) +
-                                            2 * 16 * (4 + 4) +
+                                            16 * (4 + 4) +
                                             (4 * 4 * 2 * 4 + 4 * 2 + 4 * 8 + 4 * 5 * 4));
   EXPECT_EQ(Reserved(c), before + st->jobs(0).memory_bytes());
   ASSERT_OK(c.DeleteJob("huge"));
@@ -611,7 +612,7 @@ TEST_F(BadInputTest, JobWhoseAllocationFailsIsResourceExhausted) {
   // 2^27 parameters: 4.90 GB as allocated, within the budget, not the limit.
   ExpectStatus((*c)->CreateJob(SquareJob("big", {{1 << 14, 1 << 13}})).status(),
                StatusCode::kResourceExhausted,
-               "job 'big': allocating 4901938476 bytes for 134217728 parameters failed (out of "
+               "job 'big': allocating 2788009260 bytes for 134217728 parameters failed (out of "
                "memory); nothing was kept");
   EXPECT_EQ(Reserved(**c), 0);
   JobOptions o;

@@ -3,15 +3,20 @@
 // its parameters, and compares the daemon's resident memory growth (VmRSS,
 // against its own size before the job, measured in the same run) with the
 // job's reported state and bookkeeping bytes (docs/operating.md#limits-and-memory).
-// The delta reserve is charged at creation but allocated by round updates,
-// which this run does not make. Twice, each in a fresh zenflowd: the job
-// with optimizer_state "fp32" (the default; its keys at the top level) and
-// with "8bit" (under "8bit"); bytes_per_param is memory_bytes / params of
-// each.
+// Then both ranks run --rounds rounds of one step each (every column on the
+// daemon, gradients on the bf16 wire, each rank taking every delta) and
+// the daemon's peak RSS (VmHWM: creation, upload and rounds, outboxes
+// included) is compared with what the job charges plus the outbox bound
+// (--max_outbox_bytes, passed to zenflowd): rounds_peak_ratio. Twice, each
+// in a fresh zenflowd: the job with optimizer_state "fp32" (the default;
+// its keys at the top level) and with "8bit" (under "8bit");
+// bytes_per_param is memory_bytes / params of each.
 //
 //   bazel build //tests:memory_bench //server:zenflowd
 //   ZENFLOWD=bazel-bin/server/zenflowd bazel-bin/tests/memory_bench --out=bench-results/memory.json
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +30,8 @@
 #include "tools/child_process.h"
 
 ABSL_FLAG(std::string, out, "", "write the results as JSON here");
+ABSL_FLAG(int, rounds, 50, "rounds to run after the upload");
+ABSL_FLAG(int64_t, max_outbox_bytes, int64_t{256} << 20, "zenflowd's per-rank outbox limit");
 
 namespace {
 
@@ -32,12 +39,83 @@ namespace {
 struct Run {
   zenflow::v1::JobStats stats;
   int64_t baseline = 0, created = 0, uploaded = 0;
+  int64_t rounds = 0;
+  int64_t peak = 0;            // VmHWM after the rounds
+  int64_t rounds_max_rss = 0;  // the largest VmRSS sampled after each round
 };
+
+// The peak resident memory of process `pid` (VmHWM), bytes; -1 if unknown.
+int64_t PeakResidentBytes(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v = 0;
+    if (std::sscanf(line, "VmHWM: %lld kB", &v) == 1) kb = v;
+  }
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+// `rounds` rounds of one step from both ranks of the job: every column's
+// gradient pushed, the round closed, every delta taken.
+bool RunRounds(const std::string& target, int64_t rows, int64_t cols, int rounds, pid_t pid,
+               Run* run) {
+  std::vector<std::unique_ptr<zenflow::Client>> ranks;
+  int64_t version = 0;
+  for (int r = 0; r < 2; ++r) {
+    zenflow::ClientOptions co;
+    co.token = zenflow::testing::kTestToken;
+    co.target = target;
+    auto c = zenflow::Client::Connect(co);
+    if (!c.ok()) return false;
+    auto joined = (*c)->JoinJob("memory", r);
+    if (!joined.ok()) {
+      std::fprintf(stderr, "memory_bench: join: %s\n", joined.status().ToString().c_str());
+      return false;
+    }
+    version = joined->selection().version();
+    ranks.push_back(*std::move(c));
+  }
+  std::vector<int32_t> all(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) all[static_cast<size_t>(c)] = static_cast<int32_t>(c);
+  std::vector<float> grad(static_cast<size_t>(rows * cols));
+  for (int64_t round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < grad.size(); ++i) {
+      grad[i] = 1e-3f * static_cast<float>(static_cast<int64_t>((i * 7 + round * 13) % 17) - 8);
+    }
+    for (auto& c : ranks) {
+      absl::Status s =
+          c->PushColumns(round, "w", version, all, grad.data(), rows, zenflow::DType::kBF16);
+      if (s.ok()) s = c->CloseRound(round, 1e-3f, 1);
+      if (!s.ok()) {
+        std::fprintf(stderr, "memory_bench: round %lld: %s\n", static_cast<long long>(round),
+                     s.ToString().c_str());
+        return false;
+      }
+    }
+    for (auto& c : ranks) {
+      auto u = c->WaitRound(round, absl::Seconds(120));
+      if (!u.ok()) {
+        std::fprintf(stderr, "memory_bench: round %lld: %s\n", static_cast<long long>(round),
+                     u.status().ToString().c_str());
+        return false;
+      }
+    }
+    run->rounds_max_rss = std::max(run->rounds_max_rss, zenflow::ResidentBytes(pid));
+    ++run->rounds;
+  }
+  run->peak = PeakResidentBytes(pid);
+  return true;
+}
 
 // A fresh zenflowd with the [4096, 8192] job of `optimizer_state`, uploaded.
 bool Measure(const std::string& optimizer_state, Run* run) {
   zenflow::testing::DaemonProcess daemon;
-  if (absl::Status s = daemon.Start({"--ucx=false"}); !s.ok()) {
+  const std::string outbox =
+      "--max_outbox_bytes=" + std::to_string(absl::GetFlag(FLAGS_max_outbox_bytes));
+  if (absl::Status s = daemon.Start({"--ucx=false", outbox}); !s.ok()) {
     std::fprintf(stderr, "memory_bench: %s\n", s.ToString().c_str());
     return false;
   }
@@ -52,6 +130,7 @@ bool Measure(const std::string& optimizer_state, Run* run) {
   spec.set_job_id("memory");
   spec.set_world_size(2);
   spec.set_optimizer_state(optimizer_state);
+  spec.set_wire_dtype(zenflow::v1::DTYPE_BF16);  // the rounds' gradients
   auto* t = spec.add_tensors();
   t->set_name("w");
   t->add_shape(kRows);
@@ -66,6 +145,9 @@ bool Measure(const std::string& optimizer_state, Run* run) {
   auto stats = (*client)->GetStats("memory");
   if (!stats.ok()) return false;
   run->stats = stats->jobs(0);
+  if (!RunRounds(daemon.target(), kRows, kCols, absl::GetFlag(FLAGS_rounds), daemon.pid(), run)) {
+    return false;
+  }
   (void)daemon.Stop();
   return true;
 }
@@ -84,6 +166,15 @@ void Write(const Run& r, zenflow::JsonWriter* json) {
   json->Key("rss_growth_upload_bytes").Int(r.uploaded - r.baseline);
   json->Key("create_rss_ratio").Double(static_cast<double>(r.created - r.baseline) / allocated);
   json->Key("upload_rss_ratio").Double(static_cast<double>(r.uploaded - r.baseline) / allocated);
+  // The rounds: the peak against the charge plus the outbox bound.
+  const int64_t bound = j.memory_bytes() + absl::GetFlag(FLAGS_max_outbox_bytes);
+  json->Key("rounds").Int(r.rounds);
+  json->Key("max_outbox_bytes").Int(absl::GetFlag(FLAGS_max_outbox_bytes));
+  json->Key("rounds_peak_rss_growth_bytes").Int(r.peak - r.baseline);
+  json->Key("rounds_max_sampled_rss_growth_bytes").Int(r.rounds_max_rss - r.baseline);
+  json->Key("rounds_peak_ratio").Double(static_cast<double>(r.peak - r.baseline) / bound);
+  json->Key("rounds_peak_vs_memory_bytes").Double(static_cast<double>(r.peak - r.baseline) /
+                                                   j.memory_bytes());
 }
 
 }  // namespace
