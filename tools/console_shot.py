@@ -79,9 +79,17 @@ class WebDriver:
     def __init__(self, chromedriver, chromium, workdir):
         self.port = free_port()
         self.log = open(os.path.join(workdir, "chromedriver.log"), "w")
+        # chromium writes $HOME/.config/chromium (crash reports) whatever
+        # its --user-data-dir: give it and chromedriver a home inside the
+        # work directory, which is removed at the end (./zf test fails on
+        # anything left in TMPDIR).
+        home = os.path.join(workdir, "home")
+        os.makedirs(home, exist_ok=True)
+        env = dict(os.environ, HOME=home, XDG_CONFIG_HOME=os.path.join(home, ".config"),
+                   XDG_CACHE_HOME=os.path.join(home, ".cache"))
         self.proc = subprocess.Popen(
             [chromedriver, "--port=%d" % self.port, "--allowed-ips=127.0.0.1"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base = "http://127.0.0.1:%d" % self.port
         deadline = time.time() + 20
         while True:
