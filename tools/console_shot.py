@@ -80,12 +80,17 @@ class WebDriver:
         self.port = free_port()
         self.log = open(os.path.join(workdir, "chromedriver.log"), "w")
         # chromium writes $HOME/.config/chromium (crash reports) whatever
-        # its --user-data-dir: give it and chromedriver a home inside the
+        # its --user-data-dir, and org.chromium.Chromium.scoped_dir.* in
+        # $TMPDIR: give it and chromedriver a home and a TMPDIR inside the
         # work directory, which is removed at the end (./zf test fails on
-        # anything left in TMPDIR).
+        # anything left in its TMPDIR).
+        # The TMPDIR is a short path of its own (chromium puts unix sockets
+        # there, and TEST_TMPDIR is too long for a socket's name); close()
+        # removes it.
         home = os.path.join(workdir, "home")
         os.makedirs(home, exist_ok=True)
-        env = dict(os.environ, HOME=home, XDG_CONFIG_HOME=os.path.join(home, ".config"),
+        tmp = self.tmp = tempfile.mkdtemp(prefix="zf-chromium.")
+        env = dict(os.environ, HOME=home, TMPDIR=tmp, XDG_CONFIG_HOME=os.path.join(home, ".config"),
                    XDG_CACHE_HOME=os.path.join(home, ".cache"))
         self.proc = subprocess.Popen(
             [chromedriver, "--port=%d" % self.port, "--allowed-ips=127.0.0.1"],
@@ -161,6 +166,7 @@ class WebDriver:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def check_page(wd, url, out, selector, require, timeout_s, width, console_errors_fail):
