@@ -51,6 +51,7 @@ for key in ("raw_receive_bytes_per_cpu_s", "accumulate_bytes_per_cpu_s_1thread",
             "ingest_ceiling_bytes_per_cpu_s"):
     positive(key, scale[key])
 positive("round_update_kernels.median_ms", scale["round_update_kernels"]["median_ms"])
+positive("round_update_kernels.median_cpu_ms", scale["round_update_kernels"]["median_cpu_ms"])
 positive("round_update_kernels.values", scale["round_update_kernels"]["values"])
 if scale["round_update_kernels"]["values"] != scale["round_update_kernels"]["values_from_shards"]:
     sys.exit("round_update_kernels: %r values, the shards carried %r" % (
@@ -65,6 +66,11 @@ for r in runs:
         positive(label + "." + key, r[key])
     # /proc counts CPU in clock ticks (10 ms): a few small updates may read 0.
     nonnegative(label + ".daemon_update_cpu_s", r["daemon_update_cpu_s"])
+    # ... so the update's CPU fraction is null exactly when that read 0.
+    if r["daemon_update_cpu_s"] > 0:
+        positive(label + ".round_update_cpu_fraction", r["round_update_cpu_fraction"])
+    elif r["round_update_cpu_fraction"] is not None:
+        sys.exit("%s.round_update_cpu_fraction = %r with no update CPU" % (label, r["round_update_cpu_fraction"]))
 goals = scale["goals"]
 for key in ("ingest_fraction_min", "round_update_fraction_min"):
     if not isinstance(goals[key]["met"], bool):
@@ -73,7 +79,8 @@ for key in ("ingest_fraction_min", "round_update_fraction_min"):
 if goals["ingest_scaling_min"]["met"] is not None:
     sys.exit("scale goals.ingest_scaling_min.met = %r without 8/16-rank runs"
              % goals["ingest_scaling_min"]["met"])
-for key in ("ingest_bytes_per_cpu_s", "ingest_fraction", "round_update_fraction", "goals"):
+for key in ("ingest_bytes_per_cpu_s", "ingest_fraction", "round_update_fraction",
+            "round_update_cpu_fraction", "goals"):
     if key not in scale["definitions"]:
         sys.exit("scale definitions lack " + key)
 if not isinstance(scale["goal_met"], bool):

@@ -82,7 +82,8 @@ std::string RoundKernelJob::Describe() const {
                       DTypeName(value_dtype), moments ? " and of m, v as bf16" : "");
 }
 
-double RoundUpdateKernelSeconds(const RoundKernelJob& job, ThreadPool* pool, int reps) {
+double RoundUpdateKernelSeconds(const RoundKernelJob& job, ThreadPool* pool, int reps,
+                                double* cpu_s) {
   const size_t n = static_cast<size_t>(std::max<int64_t>(1, job.values));
   RoundBuffers b;
   b.grad.resize(n);
@@ -96,13 +97,18 @@ double RoundUpdateKernelSeconds(const RoundKernelJob& job, ThreadPool* pool, int
     b.out_m.resize(n * 2);
     b.out_v.resize(n * 2);
   }
-  std::vector<double> seconds;
+  std::vector<double> seconds, cpu;
   for (int r = 0; r <= std::max(1, reps); ++r) {
+    const double c0 = SelfCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();
     RunRoundKernels(job, r + 1, &b, pool);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) seconds.push_back(s);  // round 0 warms pages and caches
+    if (r > 0) {  // round 0 warms pages and caches
+      seconds.push_back(s);
+      cpu.push_back(SelfCpuSeconds() - c0);
+    }
   }
+  if (cpu_s != nullptr) *cpu_s = Median(cpu);
   return Median(seconds);
 }
 

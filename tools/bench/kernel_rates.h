@@ -40,8 +40,12 @@ struct RoundKernelJob {
 // update's kernels for `job` on `pool` (the calling thread is one of its
 // threads): AdamWUpdate at the host's best SIMD level over the values, then
 // Encode of the new values (and m, v) into delta buffers. No fold, norm,
-// clear, framing or scheduling: the kernels alone.
-double RoundUpdateKernelSeconds(const RoundKernelJob& job, ThreadPool* pool, int reps);
+// clear, framing or scheduling: the kernels alone. With cpu_s, also the
+// median CPU seconds this process spent per round (getrusage: every
+// thread of the pool, so the work a round's kernels cost, apart from how
+// many cores they had).
+double RoundUpdateKernelSeconds(const RoundKernelJob& job, ThreadPool* pool, int reps,
+                                double* cpu_s = nullptr);
 
 }  // namespace zenflow
 

@@ -73,7 +73,10 @@
 //   round_update_fraction   the update's kernels (AdamW + delta encode of the
 //                           job's daemon-hosted values on the daemon's
 //                           update_threads, measured at the start) / the
-//                           mean round update in the window.
+//                           mean round update in the window;
+//   round_update_cpu_fraction  the same kernels' CPU seconds per round / the
+//                           daemon's zf-update threads' CPU seconds per round
+//                           (the update's extra work, whatever the cores).
 // scale_run.cc runs one configuration; scale_report.cc computes the
 // fractions and goals and writes the JSON.
 //
@@ -226,7 +229,8 @@ absl::StatusOr<ScaleCeilings> MeasureCeilings() {
   }
   {
     ThreadPool pool(c.update_threads);
-    c.round_update_kernel_s = RoundUpdateKernelSeconds(c.round_job, &pool, 7);
+    c.round_update_kernel_s =
+        RoundUpdateKernelSeconds(c.round_job, &pool, 7, &c.round_update_kernel_cpu_s);
   }
 
   UcxOptions ucx;

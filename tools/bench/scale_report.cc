@@ -51,6 +51,11 @@ std::vector<ScaleRunFractions> ComputeFractions(const ScaleReport& rep) {
     if (r.cfg.daemons == 1 && rep.ceilings.round_update_kernel_s > 0 && r.mean_update_ms > 0) {
       out[i].round_update_fraction = 1e3 * rep.ceilings.round_update_kernel_s / r.mean_update_ms;
     }
+    if (r.cfg.daemons == 1 && rep.ceilings.round_update_kernel_cpu_s > 0 && r.update_cpu_s > 0 &&
+        r.rounds > 0) {
+      out[i].round_update_cpu_fraction =
+          rep.ceilings.round_update_kernel_cpu_s / (r.update_cpu_s / static_cast<double>(r.rounds));
+    }
   }
   return out;
 }
@@ -82,6 +87,7 @@ void WriteRun(const ConfigResult& r, const ScaleRunFractions& f, double ceiling_
   OptionalDouble(w, "ingest_ceiling_bytes_per_cpu_s", ceiling_s);
   OptionalDouble(w, "ingest_fraction", f.ingest_fraction);
   OptionalDouble(w, "round_update_fraction", f.round_update_fraction);
+  OptionalDouble(w, "round_update_cpu_fraction", f.round_update_cpu_fraction);
   OptionalDouble(w, "daemon_update_cpu_s", r.update_cpu_s);
   OptionalDouble(w, "daemon_outside_update_cpu_s", r.outside_update_cpu_s);
   w->Key("rounds").Int(r.rounds);
@@ -193,6 +199,8 @@ void WriteCeilings(const ScaleReport& rep, JsonWriter* w) {
                  rep.results.empty() ? -1 : rep.results[0].run_shard_bytes_per_rank_per_step / 2.0);
   w->Key("update_threads").Int(c.update_threads);
   OptionalDouble(w, "median_ms", c.round_update_kernel_s > 0 ? 1e3 * c.round_update_kernel_s : -1);
+  OptionalDouble(w, "median_cpu_ms",
+                 c.round_update_kernel_cpu_s > 0 ? 1e3 * c.round_update_kernel_cpu_s : -1);
   w->EndObject();
 }
 
@@ -219,6 +227,11 @@ void WriteNewDefinitions(JsonWriter* w) {
       "round_update_kernels.median_ms (AdamWUpdate then the delta Encode of the job's "
       "daemon-hosted values, on a ThreadPool of the daemon's update_threads, measured at the "
       "start of this run) / round_update_mean_ms; one-daemon runs only (null otherwise)");
+  w->Key("round_update_cpu_fraction").String(
+      "round_update_kernels.median_cpu_ms (the same kernels' CPU time per round, all pool "
+      "threads: getrusage of the bench process) / (daemon_update_cpu_s / rounds): the update's "
+      "work beyond its kernels, apart from the cores it did not get while ingest and the ranks "
+      "ran beside it (round_update_fraction counts both); one-daemon runs only");
   w->Key("daemon_update_cpu_s").String(
       "CPU seconds of the daemon's zf-update threads in the window (round updates)");
   w->Key("goals").String(
@@ -343,18 +356,18 @@ absl::Status WriteScaleReport(const ScaleReport& rep) {
               absl::GetFlag(FLAGS_transport).c_str(), absl::GetFlag(FLAGS_topk),
               absl::GetFlag(FLAGS_interval), absl::GetFlag(FLAGS_steps),
               rep.results.empty() ? 0 : rep.results[0].warmup_steps);
-  std::printf("%5s %4s %-12s %7s %10s %8s %9s %9s %7s %12s %7s %11s %7s %7s\n", "ranks", "jobs",
-              "sums", "daemons", "GB/s", "of ceil", "p50 ms", "p99 ms", "stall", "CPU s/round",
-              "rounds", "GB/CPU-s", "ingest", "update");
+  std::printf("%5s %4s %-12s %7s %10s %8s %9s %9s %7s %12s %7s %11s %7s %7s %7s\n", "ranks",
+              "jobs", "sums", "daemons", "GB/s", "of ceil", "p50 ms", "p99 ms", "stall",
+              "CPU s/round", "rounds", "GB/CPU-s", "ingest", "update", "upd-cpu");
   for (size_t i = 0; i < rep.results.size(); ++i) {
     const ConfigResult& r = rep.results[i];
-    std::printf("%5d %4d %-12s %7d %10.2f %7.0f%% %9.1f %9.1f %7.3f %12.4f %7lld %11.2f %7.2f %7.2f\n",
+    std::printf("%5d %4d %-12s %7d %10.2f %7.0f%% %9.1f %9.1f %7.3f %12.4f %7lld %11.2f %7.2f %7.2f %7.2f\n",
                 r.cfg.ranks, r.cfg.jobs, r.cfg.sums().c_str(), r.cfg.daemons,
                 r.accumulate_bytes_per_s / 1e9,
                 ceiling > 0 ? 100 * r.accumulate_bytes_per_s / ceiling : 0.0, r.p50_ms, r.p99_ms,
                 r.stall_fraction, r.daemon_cpu_s_per_round, static_cast<long long>(r.rounds),
                 r.ingest_bytes_per_cpu_s / 1e9, fractions[i].ingest_fraction,
-                fractions[i].round_update_fraction);
+                fractions[i].round_update_fraction, fractions[i].round_update_cpu_fraction);
   }
   if (ceiling > 0) {
     std::printf("ceiling: %.2f GB/s bf16 accumulate (%s)\n", ceiling / 1e9,

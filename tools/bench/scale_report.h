@@ -34,11 +34,16 @@ struct ScaleCeilings {
   RoundKernelJob round_job;
   int update_threads = 0;
   double round_update_kernel_s = -1;
+  double round_update_kernel_cpu_s = -1;  // CPU seconds of those kernels per round (all threads)
 };
 
 struct ScaleRunFractions {
   double ingest_fraction = -1;         // ingest_bytes_per_cpu_s / the ingest ceiling
   double round_update_fraction = -1;   // kernel seconds / mean round update; one daemon only
+  // The kernels' CPU seconds per round / the daemon's zf-update threads'
+  // CPU seconds per round: the update's extra work apart from the cores it
+  // did not get (one daemon only).
+  double round_update_cpu_fraction = -1;
 };
 
 struct ScaleReport {
