@@ -316,6 +316,16 @@ grpc::ServerUnaryReactor* ZenFlowService::GetJob(grpc::CallbackServerContext* ct
   }
   absl::StatusOr<std::shared_ptr<Job>> job = Authorize(Identify(ctx), req->job_id(), "GetJob");
   if (job.ok()) (*job)->Describe(resp);
+  if (job.status().code() == absl::StatusCode::kPermissionDenied &&
+      !registry_->Find(req->job_id()).ok()) {
+    // A job that does not exist (yet): ranks other than 0 poll GetJob until
+    // rank 0 created it (Client::WaitForUpload), and are answered as a
+    // caller of another's job is. That wait is no rejection: not counted in
+    // zenflow_rejections_total (a long upload would set off
+    // ZenflowRejectionsHigh); the audit log still records each call.
+    reactor->Finish(ToGrpcStatus(job.status()));
+    return reactor;
+  }
   Finish(reactor, job.status(), nullptr, "get_job");
   return reactor;
 }

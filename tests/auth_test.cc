@@ -160,6 +160,42 @@ TEST_F(AuthTest, AnotherTokenLearnsNothingAndCannotTouchTheJob) {
   EXPECT_EQ(other->CreateJob(spec).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// Ranks other than 0 poll GetJob until rank 0 created their job: answered
+// PERMISSION_DENIED (as for another's job), but not counted as rejections,
+// which alert. A GetJob of a job that exists with another token is.
+TEST_F(AuthTest, WaitingForAJobIsNotARejection) {
+  ASSERT_OK(StartDaemon());
+  std::unique_ptr<Harness> owner = OwnersJob();
+  std::unique_ptr<Client> other = As(kOther);
+  std::unique_ptr<Client> admin = As(kAdmin);
+  auto get_job_rejections = [&]() -> int64_t {
+    absl::StatusOr<v1::GetStatsResponse> st = admin->GetStats("");
+    EXPECT_TRUE(st.ok()) << st.status();
+    int64_t n = 0;
+    if (!st.ok()) return -1;
+    for (const v1::RejectionCount& r : st->rejections()) {
+      if (r.reason() == "get_job") n += r.count();
+    }
+    return n;
+  };
+  const int64_t before = get_job_rejections();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(other->GetJob("not-yet").status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(get_job_rejections(), before);
+  EXPECT_EQ(other->GetJob("victim").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(get_job_rejections(), before + 1);
+  // The waits are still in the audit log.
+  const std::string log = ReadFile(audit());
+  int waits = 0;
+  for (size_t at = log.find("event=denied call=GetJob job='not-yet'"); at != std::string::npos;
+       at = log.find("event=denied call=GetJob job='not-yet'", at + 1)) {
+    ++waits;
+  }
+  EXPECT_EQ(waits, 5) << log;
+  ASSERT_OK(owner->GoodRound(1e-2f));
+}
+
 TEST_F(AuthTest, CreateJobWithoutATokenReturnsOneThatWorks) {
   ASSERT_OK(StartDaemon());
   std::unique_ptr<Client> a = As("");
