@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include <poll.h>
 #include <sched.h>
@@ -75,12 +76,25 @@ constexpr size_t kSplitMinBody = 64 << 10;  // smaller bodies go as one iov mess
 constexpr size_t kMaxHeadBytes = 1 << 20;   // larger heads too (and are not glued)
 
 struct UcxWorker::Impl {
+  // A Flush of an endpoint: done once UCX's flush of it completed and no
+  // send of it is outstanding (ucp_ep_flush leaves a tag send's rendezvous
+  // to the receiver, so it alone does not say the peer has the data).
+  struct FlushWait {
+    std::shared_ptr<SyncResult> res;
+    Impl* impl = nullptr;
+    uint64_t ep_id = 0;
+    bool ucp_done = false;
+    absl::Status status;
+  };
   struct Ep {
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
+    int64_t sends_in_flight = 0;  // posted, completion not yet seen
+    std::vector<std::shared_ptr<FlushWait>> flushes;
   };
   struct SendOp {
     Impl* impl = nullptr;
+    uint64_t ep_id = 0;
     std::vector<ucp_dt_iov_t> iov;
     size_t bytes = 0;
     DoneFn done;
@@ -263,8 +277,13 @@ struct UcxWorker::Impl {
       }
     }
     DoneFn done = std::move(op->done);
+    const uint64_t ep_id = op->ep_id;
     delete op;
     if (done) done(FromUcs(status, "UCX send"));
+    // Then a flush waiting for this send may return: its caller sees every
+    // earlier send's callback run.
+    auto ep = eps.find(ep_id);
+    if (ep != eps.end() && --ep->second->sends_in_flight == 0) CheckFlushes(ep->second.get());
   }
 
   static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*,
@@ -319,7 +338,9 @@ struct UcxWorker::Impl {
     }
     auto* op = new SendOp();
     ++sends_pending;
+    ++it->second->sends_in_flight;
     op->impl = this;
+    op->ep_id = ep_id;
     op->done = std::move(done);
     for (absl::string_view part : parts) {
       if (part.empty()) continue;
@@ -372,20 +393,48 @@ struct UcxWorker::Impl {
       res->Set(absl::UnavailableError("UCX endpoint is closed"));
       return;
     }
-    auto* holder = new std::shared_ptr<SyncResult>(res);
+    auto fw = std::make_shared<FlushWait>();
+    fw->res = std::move(res);
+    fw->impl = this;
+    fw->ep_id = ep_id;
+    it->second->flushes.push_back(fw);
+    auto* holder = new std::shared_ptr<FlushWait>(fw);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-      auto* h = static_cast<std::shared_ptr<SyncResult>*>(user_data);
-      (*h)->Set(FromUcs(status, "UCX flush"));
+      auto* h = static_cast<std::shared_ptr<FlushWait>*>(user_data);
+      (*h)->impl->FlushDone(h->get(), status);
       delete h;
       ucp_request_free(request);
     };
     p.user_data = holder;
     ucs_status_ptr_t r = ucp_ep_flush_nbx(it->second->ep, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-      res->Set(FromUcs(r == nullptr ? UCS_OK : UCS_PTR_STATUS(r), "UCX flush"));
+      FlushDone(fw.get(), r == nullptr ? UCS_OK : UCS_PTR_STATUS(r));
       delete holder;
+    }
+  }
+
+  // UCX's flush of fw's endpoint ended with `status`.
+  void FlushDone(FlushWait* fw, ucs_status_t status) {
+    fw->ucp_done = true;
+    fw->status = FromUcs(status, "UCX flush");
+    auto it = eps.find(fw->ep_id);
+    if (it != eps.end()) CheckFlushes(it->second.get());  // (closed: already answered)
+  }
+
+  // Answers e's flushes whose UCX flush completed, once no send of e is
+  // outstanding (or the UCX flush failed).
+  void CheckFlushes(Ep* e) {
+    for (size_t i = 0; i < e->flushes.size();) {
+      FlushWait& fw = *e->flushes[i];
+      if (fw.ucp_done && (!fw.status.ok() || e->sends_in_flight == 0)) {
+        fw.res->Set(fw.status);
+        e->flushes[i] = std::move(e->flushes.back());
+        e->flushes.pop_back();
+      } else {
+        ++i;
+      }
     }
   }
 
@@ -394,6 +443,10 @@ struct UcxWorker::Impl {
     if (it == eps.end()) return;
     std::unique_ptr<Ep> e = std::move(it->second);
     eps.erase(it);
+    for (auto& fw : e->flushes) {
+      fw->res->Set(absl::UnavailableError("UCX endpoint was closed before its flush completed"));
+    }
+    e->flushes.clear();
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;

@@ -99,7 +99,10 @@ class UcxWorker {
   // UCX moves a multi-part (iov) message through bounce buffers.
   void Send(uint64_t ep, uint64_t tag, std::vector<absl::string_view> parts, DoneFn done);
 
-  // Completes every send made so far on `ep` at the peer (ucp_ep_flush).
+  // Returns once every send made so far on `ep` completed (a large one's
+  // data has reached the peer: UCX's rendezvous) and UCX's flush of `ep`
+  // (ucp_ep_flush) completed. Sends made meanwhile on `ep` delay it too: it
+  // waits for `ep` to have no send outstanding.
   absl::Status Flush(uint64_t ep, absl::Duration timeout);
 
   // Closes `ep` (pending sends fail). Without `force`, outstanding sends are

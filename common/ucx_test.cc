@@ -141,8 +141,15 @@ TEST(UcxWorker, FlushThenDrainDeliversEverything) {
   ASSERT_TRUE(ep.ok());
   std::vector<std::string> msgs;
   for (int i = 0; i < 50; ++i) msgs.push_back(Pattern(static_cast<size_t>(i) * 977, i));
-  for (const auto& m : msgs) (*a)->Send(*ep, 1, {m}, nullptr);
+  msgs.push_back(Pattern(size_t{4} << 20, 50));  // rendezvous: done when b took it
+  std::atomic<int> sent{0};
+  for (const auto& m : msgs) {
+    (*a)->Send(*ep, 1, {m}, [&sent](const absl::Status& s) { sent += s.ok() ? 1 : 0; });
+  }
   ASSERT_TRUE((*a)->Flush(*ep, absl::Seconds(30)).ok());
+  // Flush returns only after every send made before it completed (UCX's
+  // ep flush alone leaves a rendezvous send to the receiver).
+  EXPECT_EQ(sent.load(), static_cast<int>(msgs.size()));
   ASSERT_TRUE((*b)->Drain(absl::Seconds(30)).ok());
   // Drain returns only after the receive callback ran for each message.
   EXPECT_EQ(inbox_b.size(), msgs.size());
