@@ -618,7 +618,11 @@ int Main() {
       std::fflush(stdout);
     }
     w.EndObject();
+    // Its directory goes with it when it ran clean (a failure keeps the log).
+    if (daemon.Stop().ok() && failures == 0) daemon.RemoveFiles();
   }
+  (void)sink.Stop();
+  sink.RemoveFiles();
   WriteGoals(figures, &w);
   w.EndObject();
   if (absl::Status s = w.WriteFile(absl::GetFlag(FLAGS_out)); !s.ok()) {
