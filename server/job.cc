@@ -41,6 +41,7 @@ Job::Job(const v1::JobSpec& spec, JobContext ctx, const JobFootprint& footprint)
       selection_(spec.world_size()),
       footprint_(footprint),
       strand_(ctx.scheduler->NewStrand()),
+      recycler_(std::make_shared<DeltaRecycler>(footprint.delta_bytes)),
       hand_off_(spec.world_size(), spec.tensors_size()),
       all_reduce_(spec.world_size()) {
   tensors_.resize(spec.tensors_size());

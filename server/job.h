@@ -42,6 +42,7 @@
 #include "server/all_reduce_barrier.h"
 #include "server/divergence.h"
 #include "server/hand_off.h"
+#include "server/delta_recycler.h"
 #include "server/job_spec.h"
 #include "server/job_stats.h"
 #include "server/mailbox.h"
@@ -400,6 +401,10 @@ class Job : public std::enable_shared_from_this<Job> {
   const absl::Time held_since_ = absl::Now();
   // This job's round updates, in order; other jobs' updates run beside them.
   const std::shared_ptr<UpdateScheduler::Strand> strand_;
+  // The delta messages' buffers, given back by the outboxes for the next
+  // update (bounded by footprint_.delta_bytes); shared with the messages'
+  // deleters, which may outlive the job.
+  const std::shared_ptr<DeltaRecycler> recycler_;
   int64_t params_ = 0;
 
   mutable Mutex mu_;

@@ -552,6 +552,7 @@ void Job::RunUpdate(UpdateLease lease) {
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
   in.pool = ctx_.pool;
+  in.recycler = recycler_.get();
   // The deltas go to every rank's outbox as the update encodes them (one
   // copy of each, shared by the outboxes), unless an emulated round time
   // holds them back until it has passed.
@@ -563,7 +564,13 @@ void Job::RunUpdate(UpdateLease lease) {
     delta_bytes += static_cast<int64_t>(x.payload().size() + x.m().size() + x.v().size() +
                                         8 * x.update_counts_size());
     if (x.row_v_size() > 0) delta_bytes += 4 * (x.row_v_size() + x.col_v_size() + 1);
-    auto shared = std::make_shared<const v1::DownMessage>(std::move(d));
+    // Once no outbox holds it, its buffers go back for the next update.
+    auto shared = std::shared_ptr<const v1::DownMessage>(
+        new v1::DownMessage(std::move(d)), [rec = recycler_](const v1::DownMessage* p) {
+          auto* msg = const_cast<v1::DownMessage*>(p);  // made non-const above
+          rec->Recycle(msg);
+          delete msg;
+        });
     if (emulate) {
       held.push_back(std::move(shared));
     } else {

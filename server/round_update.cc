@@ -12,6 +12,7 @@
 
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
+#include "server/delta_recycler.h"
 #include "server/factored_moment.h"
 
 namespace zenflow {
@@ -59,11 +60,30 @@ std::vector<MessagePlan> PlanMessages(const std::vector<RoundUpdateTensor>& tens
   return out;
 }
 
+// Sizes *s to n bytes: a buffer of the recycler's when one fits (resized
+// without a write when it held n bytes before), else a fresh one (which
+// resize zero-fills). Returns the bytes it holds for the recycler's bound.
+int64_t SizeBuffer(std::string* s, size_t n, DeltaRecycler* recycler) {
+  if (recycler == nullptr) {
+    s->resize(n);
+    return 0;
+  }
+  std::string spare = recycler->Take(n);
+  const bool taken = spare.capacity() >= n && n >= DeltaRecycler::kMinBytes;
+  if (taken) *s = std::move(spare);
+  s->resize(n);
+  const int64_t cap = static_cast<int64_t>(s->capacity());
+  if (!taken) recycler->Hold(cap);
+  return cap;
+}
+
 // Sets a delta message's fields and sizes its payload (and m, v) for its
-// columns; counts(c) is column c's update count after the update.
-void PrepareMessage(int64_t round, const RoundUpdateTensor& t, const MessagePlan& mp,
-                    const std::vector<int32_t>& cols, bool arithmetic, bool moments,
-                    const std::function<int64_t(int32_t)>& counts, v1::ParameterDelta* d) {
+// columns; counts(c) is column c's update count after the update. Returns
+// the bytes its buffers hold for the recycler (0 without one).
+int64_t PrepareMessage(int64_t round, const RoundUpdateTensor& t, const MessagePlan& mp,
+                       const std::vector<int32_t>& cols, bool arithmetic, bool moments,
+                       const std::function<int64_t(int32_t)>& counts, v1::ParameterDelta* d,
+                       DeltaRecycler* recycler = nullptr) {
   const DType dt = arithmetic ? DType::kF32 : t.param_dtype;
   d->set_round(round);
   d->set_tensor(t.name);
@@ -72,14 +92,15 @@ void PrepareMessage(int64_t round, const RoundUpdateTensor& t, const MessagePlan
   const size_t n = mp.end - mp.begin;
   d->mutable_columns()->Add(cols.begin() + static_cast<std::ptrdiff_t>(mp.begin),
                             cols.begin() + static_cast<std::ptrdiff_t>(mp.end));
-  d->mutable_payload()->resize(n * t.rows * DTypeSize(dt));
+  int64_t held = SizeBuffer(d->mutable_payload(), n * t.rows * DTypeSize(dt), recycler);
   if (moments) {
     const size_t col_bytes = static_cast<size_t>(t.rows) * 2;  // bf16
-    d->mutable_m()->resize(n * col_bytes);
-    d->mutable_v()->resize(n * col_bytes);
+    held += SizeBuffer(d->mutable_m(), n * col_bytes, recycler);
+    held += SizeBuffer(d->mutable_v(), n * col_bytes, recycler);
     d->mutable_update_counts()->Reserve(static_cast<int>(n));
     for (size_t i = mp.begin; i < mp.end; ++i) d->add_update_counts(counts(cols[i]));
   }
+  return held;
 }
 
 // The factored moment of the columns as the update left them, into every
@@ -292,11 +313,23 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     block_at.push_back(blocks.size());
   }
   const size_t batches = batch_at.size() - 1;
-  // Makes message k: its fields set, its payload (and m, v) sized.
+  // Makes message k: its fields set, its payload (and m, v) sized, from
+  // the recycler's buffers where it has them (held[k]: the bytes they count
+  // against its bound until the message is handed on or dropped).
+  DeltaRecycler* const recycler = in.recycler;
+  std::vector<int64_t> held(recycler != nullptr ? plan.size() : 0);
   auto prepare = [&](size_t k, v1::DownMessage* d) {
     const MessagePlan& mp = plan[k];
-    PrepareMessage(round, tensors[mp.tensor], mp, remote[mp.tensor], arithmetic, moments,
-                   [&](int32_t c) { return store->count(mp.tensor, c) + 1; }, d->mutable_delta());
+    const int64_t h = PrepareMessage(
+        round, tensors[mp.tensor], mp, remote[mp.tensor], arithmetic, moments,
+        [&](int32_t c) { return store->count(mp.tensor, c) + 1; }, d->mutable_delta(), recycler);
+    if (recycler != nullptr) held[k] = h;
+  };
+  auto release = [&](size_t k) {
+    if (recycler != nullptr && held[k] != 0) {
+      recycler->Release(held[k]);
+      held[k] = 0;
+    }
   };
 
   RoundUpdateResult out;
@@ -341,6 +374,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     if (!std::isfinite(sum) || !(big * scale * clip < 1.8e19)) {
       skip = true;
       out.overflowed = true;
+      for (size_t k = 0; k < held.size(); ++k) release(k);
       deltas.clear();
       ForEachTask(pool, blocks.size(), [&](size_t k) {
         acc->Clear(blocks[k].tensor, round, blocks[k].first_col, blocks[k].ncols);
@@ -403,7 +437,10 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
         for (int64_t c = 0; c < b.ncols; ++c) store->set_count(b.tensor, b.first_col + c, b.step);
       });
       if (stream) {
-        for (size_t k = batch_at[i]; k < batch_at[i + 1]; ++k) in.sink(std::move(deltas[k]));
+        for (size_t k = batch_at[i]; k < batch_at[i + 1]; ++k) {
+          release(k);
+          in.sink(std::move(deltas[k]));
+        }
       }
     }
     if (factored) {
@@ -414,6 +451,8 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     }
     out.messages = static_cast<int64_t>(plan.size());
     if (in.sink) deltas.clear();
+    // What is left is the caller's (no sink): no longer the update's.
+    for (size_t k = 0; k < held.size(); ++k) release(k);
   }
   out.skipped = skip;
   out.deltas = std::move(deltas);

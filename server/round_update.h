@@ -98,6 +98,8 @@ class UpdateLease {
   RoundAccumulator* acc_;
 };
 
+class DeltaRecycler;  // server/delta_recycler.h
+
 struct RoundUpdateInput {
   int64_t round = 0;
   int64_t steps_sum = 0;   // rank-steps summed into the round (the mean's divisor)
@@ -133,6 +135,10 @@ struct RoundUpdateInput {
   // never all held by the update. With the factored moment, which needs
   // every column's v after the update, they are handed over at the end.
   std::function<void(v1::DownMessage)> sink;
+  // When set, the messages' payloads (and m, v) are sized from its buffers,
+  // which the ranks' outboxes gave back from earlier messages
+  // (delta_recycler.h): no zero-fill, no fresh pages.
+  DeltaRecycler* recycler = nullptr;
 };
 
 struct RoundUpdateResult {

@@ -4,7 +4,7 @@
 // AdamW and the delta encode over as many values, on the same pool), in
 // the same process, alternating. Prints one line per configuration:
 //
-//   bazel run -c opt //server:round_update_bench -- [threads] [reps] [world] [rows]
+//   bazel run -c opt //server:round_update_bench -- [threads] [reps] [world] [rows] [recycle]
 //
 // (a world given, not 0: only that many ranks' runs, for a profile of one
 // case; rows: of each tensor, 4096 unless given: server:round_update_bench_smoke
@@ -14,7 +14,9 @@
 // rank's sums into rank 0's as the ranks close (Job::FoldClosedRanksLocked,
 // on the ingest threads, before the round's update): the bench does the
 // same before each update, timed apart and printed as `close-path fold`
-// (it counts against ingest, not the update).
+// (it counts against ingest, not the update). As in zenflowd, the delta
+// messages go to a sink and their buffers back to a DeltaRecycler once
+// "sent" (after the rep), so each update sizes them from the last one's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "common/adamw.h"
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
+#include "server/delta_recycler.h"
 #include "server/round_update.h"
 
 namespace zenflow {
@@ -31,6 +34,7 @@ namespace {
 
 constexpr int64_t kCols = 512, kTensors = 4;
 int64_t kRows = 4096;  // (main: the fourth argument)
+bool kRecycle = true;   // (main: the fifth; 0: fresh buffers every update)
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -70,6 +74,8 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
   for (size_t i = 0; i < kg.size(); ++i) kg[i] = pattern[i % pattern.size()];
 
   std::vector<double> upd, ker, fold;
+  DeltaRecycler recycler(2 * kDeltaWindowBytes);
+  std::vector<v1::DownMessage> sent;
   for (int rep = 0; rep < reps; ++rep) {
     const int64_t round = 2 * rep + 1;
     for (int t = 0; t < kTensors; ++t) {
@@ -86,6 +92,12 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     in.moments = moments;
     in.simd = BestSimdLevel();
     in.pool = pool;
+    // As zenflowd: the messages go to a sink (the outboxes), and once the
+    // ranks have them their buffers go back to the job's recycler, bounded
+    // by the delta reserve the job is charged (two 16 MiB windows here).
+    in.recycler = kRecycle ? &recycler : nullptr;
+    sent.clear();
+    in.sink = [&](v1::DownMessage d) { sent.push_back(std::move(d)); };
     // The close path: rank r folded once ranks 0..r closed (here in order).
     double t0 = Now();
     for (int r = 1; r < sums; ++r) acc.FoldRanks(round, r, r + 1);
@@ -103,7 +115,7 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     t0 = Now();
     RoundUpdateResult res = UpdateRound(in, UpdateLease::Grant(round, &store, &acc));
     upd.push_back(Now() - t0);
-    if (res.skipped || res.deltas.empty()) {
+    if (res.skipped || sent.empty()) {
       std::fprintf(stderr, "round_update_bench: the update was skipped\n");
       std::exit(1);
     }
@@ -125,15 +137,21 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     t0 = Now();
     RunRoundUpdateKernels(o, b, pool);
     ker.push_back(Now() - t0);
+    for (v1::DownMessage& d : sent) recycler.Recycle(&d);  // the ranks have them
   }
   const double u = Median(upd), k = Median(ker), f = Median(fold);
+  const DeltaRecycler::Stats rs = recycler.stats();
   std::printf(
-      "world=%d sums=%s moments=%d dtype=%s threads=%d values=%lld: update %.2f ms (%.2f ns/value), "
+      "world=%d sums=%s moments=%d dtype=%s threads=%d recycle=%d values=%lld: update %.2f ms "
+      "(%.2f ns/value), "
       "kernels %.2f ms (%.2f ns/value), round_update_fraction %.3f; close-path fold %.2f ms "
-      "(%.2f ns/value, one thread, not in the update)\n",
+      "(%.2f ns/value, one thread, not in the update); buffers from the recycler %lld of "
+      "%lld\n",
       world, rank_ordered ? "rank_ordered" : "shared", moments ? 1 : 0, DTypeName(param_dtype),
-      pool->num_threads(), static_cast<long long>(values), u * 1e3, u * 1e9 / values, k * 1e3,
-      k * 1e9 / values, k / u, f * 1e3, f * 1e9 / values);
+      pool->num_threads(), kRecycle ? 1 : 0, static_cast<long long>(values), u * 1e3,
+      u * 1e9 / values, k * 1e3,
+      k * 1e9 / values, k / u, f * 1e3, f * 1e9 / values, static_cast<long long>(rs.taken),
+      static_cast<long long>(rs.taken + rs.missed));
 }
 
 }  // namespace
@@ -145,6 +163,7 @@ int main(int argc, char** argv) {
   const int reps = argc > 2 ? std::atoi(argv[2]) : 9;
   const int only = argc > 3 ? std::atoi(argv[3]) : 0;
   if (argc > 4) zenflow::kRows = std::max(1, std::atoi(argv[4]));
+  if (argc > 5) zenflow::kRecycle = std::atoi(argv[5]) != 0;
   zenflow::ThreadPool pool(threads, "zf-update");
   for (int world : {1, 8, 16}) {
     if (only > 0 && world != only) continue;
