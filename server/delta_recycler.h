@@ -1,5 +1,5 @@
 // The buffers of a job's delta messages, kept from one round's messages for
-// the next round's (docs/architecture.md#the-round-update).
+// the next round's (docs/architecture.md#the-data-path).
 //
 // A round update sizes every delta message's payload (and m, v) before it
 // encodes into it. A fresh std::string is zero-filled by resize() (and, on a
