@@ -125,6 +125,14 @@ void UcxDataPlane::OnOversize(uint64_t tag, int64_t bytes) {
   Enqueue(tag, std::move(item));
 }
 
+namespace {
+
+// How long a worker's progress thread waits, per frame, for a connection
+// past half its held limit to be handled below it (Enqueue).
+constexpr absl::Duration kBackpressureWait = absl::Milliseconds(100);
+
+}  // namespace
+
 void UcxDataPlane::Enqueue(uint64_t tag, Item item) {
   MutexLock lock(&mu_);
   auto it = conns_.find(tag);
@@ -147,6 +155,28 @@ void UcxDataPlane::Enqueue(uint64_t tag, Item item) {
     return;
   }
   queues_[c->queue_].push_back(std::move(item));
+  // Backpressure: past half its limit, a connection's frames are taken in
+  // no faster than its dispatcher handles them. This UCX worker's progress
+  // thread (the caller) waits, receiving nothing more meanwhile, so the
+  // rank's sends stop completing and its send window fills: a rank that
+  // sends faster than the daemon adds is slowed, not cut off. (Its window
+  // counts bytes until UCX completes a send, which on shared memory is
+  // when they are in the daemon's receive buffers: without this a fast
+  // link outran the dispatchers and cut off ranks that did nothing wrong,
+  // e.g. ./zf bench transport's ucx_sm at 64 KiB to 4 MiB.) A rank whose
+  // frames are parked (its outbox full: it does not read) is not waited
+  // for; it reaches the limit and is cut off as before. The wait is
+  // bounded, so a dispatcher busy elsewhere (a close's drain) only slows
+  // this worker, and other connections on it, for a while.
+  if (c->held_ > held_limit_ / 2) {
+    const std::shared_ptr<Conn> keep = it->second;
+    mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return stop_ || keep->cut_ || keep->held_ <= held_limit_ / 2 ||
+                 keep->parked_any_.load(std::memory_order_relaxed);
+        },
+        kBackpressureWait);
+  }
 }
 
 void UcxDataPlane::Resume(std::shared_ptr<Conn> conn) {
@@ -381,6 +411,7 @@ void UcxDataPlane::Dispatch(Item item) {
 void UcxDataPlane::Deliver(const std::shared_ptr<Conn>& c, Item item) {
   if (!c->parked_.empty() || c->box()->Full(c.get())) {
     c->parked_.push_back(std::move(item));  // Resume() hands it on
+    c->parked_any_.store(true, std::memory_order_relaxed);
     return;
   }
   Handle(c, std::move(item));
@@ -392,6 +423,7 @@ void UcxDataPlane::HandleParked(const std::shared_ptr<Conn>& c, bool while_room)
     c->parked_.pop_front();
     Handle(c, std::move(next));
   }
+  if (c->parked_.empty()) c->parked_any_.store(false, std::memory_order_relaxed);
 }
 
 void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {

@@ -206,6 +206,9 @@ class UcxDataPlane::Conn : public Mailbox::Writer, public std::enable_shared_fro
   size_t queue_ = 0;
   // Its dispatcher thread only: items waiting for the outbox to drain.
   std::deque<Item> parked_;
+  // Whether parked_ holds any: set by its dispatcher, read by the worker's
+  // progress thread (Enqueue's backpressure does not wait for a parked rank).
+  std::atomic<bool> parked_any_{false};
 };
 
 }  // namespace zenflow
