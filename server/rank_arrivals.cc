@@ -92,21 +92,23 @@ void RankArrivals::Insert(std::vector<Run>* runs, int64_t k) {
 bool RankArrivals::Received(int t, int rank, int64_t step, int32_t c) const {
   const int64_t k = Number(t, c);
   if (k < 0) return false;
-  for (const Step& s : ranks_[rank]) {
-    if (s.step == step) return Contains(s.runs, k);
-  }
-  return false;
+  const std::vector<Step>& steps = ranks_[rank];
+  // Ascending by step (MarkReceived, Load): a rank's newest step, which
+  // its next shard usually belongs to or comes after, answers at once; a
+  // walk over every step of a long round did not.
+  if (steps.empty() || step > steps.back().step) return false;
+  const auto s = StepAt(steps, step);
+  return s != steps.end() && s->step == step && Contains(s->runs, k);
 }
 
 void RankArrivals::MarkReceived(int t, int rank, int64_t step, int32_t c) {
   const int64_t k = Number(t, c);
   if (k < 0) return;  // (never received: the caller rejects it first)
   std::vector<Step>& steps = ranks_[rank];
-  for (Step& s : steps) {
-    if (s.step == step) {
-      Insert(&s.runs, k);
-      return;
-    }
+  auto s = steps.empty() || step > steps.back().step ? steps.end() : StepAt(steps, step);
+  if (s != steps.end() && s->step == step) {
+    Insert(&s->runs, k);
+    return;
   }
   std::vector<Run> runs;
   if (!spare_.empty()) {
@@ -114,7 +116,19 @@ void RankArrivals::MarkReceived(int t, int rank, int64_t step, int32_t c) {
     spare_.pop_back();
   }
   runs.push_back(Run{k, k + 1});
-  steps.push_back(Step{step, std::move(runs)});
+  steps.insert(s, Step{step, std::move(runs)});  // keeps them ascending
+}
+
+std::vector<RankArrivals::Step>::const_iterator RankArrivals::StepAt(const std::vector<Step>& steps,
+                                                                   int64_t step) {
+  return std::lower_bound(steps.begin(), steps.end(), step,
+                          [](const Step& s, int64_t x) { return s.step < x; });
+}
+
+std::vector<RankArrivals::Step>::iterator RankArrivals::StepAt(std::vector<Step>& steps,
+                                                             int64_t step) {
+  return std::lower_bound(steps.begin(), steps.end(), step,
+                          [](const Step& s, int64_t x) { return s.step < x; });
 }
 
 void RankArrivals::Release(std::vector<Step>* steps) {
@@ -250,6 +264,8 @@ absl::Status RankArrivals::Load(const std::string& bytes) {
       }
       r.push_back(std::move(s));
     }
+    // Ascending by step, as MarkReceived keeps them (Received searches).
+    std::sort(r.begin(), r.end(), [](const Step& a, const Step& b) { return a.step < b.step; });
   }
   if (at != bytes.size()) return bad("trailing bytes");
   ranks_ = std::move(loaded);

@@ -86,6 +86,9 @@ class RankArrivals {
     int64_t step;
     std::vector<Run> runs;  // ascending, disjoint, never adjacent
   };
+  // The first of steps (ascending) whose step is not below `step`.
+  static std::vector<Step>::const_iterator StepAt(const std::vector<Step>& steps, int64_t step);
+  static std::vector<Step>::iterator StepAt(std::vector<Step>& steps, int64_t step);
   // Column c's number, or -1 when it is important.
   int64_t Number(int t, int32_t c) const;
   // The (tensor, column) of number k.
@@ -99,7 +102,7 @@ class RankArrivals {
   // equal), and the number of its first column (tensors + 1 entries).
   std::vector<std::vector<int32_t>> before_;
   std::vector<int64_t> offset_;
-  std::vector<std::vector<Step>> ranks_;  // [rank]: the open round's steps
+  std::vector<std::vector<Step>> ranks_;  // [rank]: the open round's steps, ascending
   // Emptied run lists of closed rounds' steps, reused by the next steps, so
   // that a warm job allocates nothing per round (server:shard_alloc_test).
   std::vector<std::vector<Run>> spare_;
