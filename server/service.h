@@ -220,6 +220,9 @@ struct ServerOptions {
   bool ucx = true;  // offer the UCX data plane (ranks choose it at attach)
   UcxOptions ucx_options;
   int ucx_dispatch_threads = 2;  // threads handling UCX frames (a connection keeps one)
+  // Tests: each UCX frame waits this long before it is handled (zenflowd
+  // --emulate_ucx_frame_ms). 0: off.
+  double emulate_ucx_frame_seconds = 0;
   // host:port of the Prometheus /metrics endpoint; empty: none.
   std::string metrics_listen;
   // Checkpoints (docs/checkpoints.md): empty state_dir: none.

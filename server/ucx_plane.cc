@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/ucx_frame.h"
 #include "server/ingest.h"
@@ -30,7 +31,8 @@ void UcxDataPlane::Conn::Resume() { plane_->Resume(shared_from_this()); }
 absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptions& options,
                                                                    JobRegistry* registry,
                                                                    int64_t max_outbox_bytes,
-                                                                   int dispatch_threads) {
+                                                                   int dispatch_threads,
+                                                                   double emulate_frame_seconds) {
   // No CMA: a client must not be able to make the daemon read memory it
   // freed (fatal in UCX 1.13; see UcxOptions::without_cma).
   UcxOptions daemon_options = options;
@@ -38,6 +40,7 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptio
   std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(
       daemon_options, registry, UcxTransports(daemon_options),
       max_outbox_bytes + std::max<int64_t>(options.max_message_bytes, 0)));
+  p->emulate_frame_seconds_ = emulate_frame_seconds;
   UcxDataPlane* raw = p.get();
   // The first worker now: a UCX that cannot start is reported at start-up.
   ZF_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> first, p->NewWorker());
@@ -427,6 +430,7 @@ void UcxDataPlane::HandleParked(const std::shared_ptr<Conn>& c, bool while_room)
 }
 
 void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
+  if (emulate_frame_seconds_ > 0) absl::SleepFor(absl::Seconds(emulate_frame_seconds_));
   {
     MutexLock lock(&mu_);
     c->held_ -= item.bytes;

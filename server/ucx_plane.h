@@ -56,11 +56,13 @@ class UcxDataPlane {
 
   // `options.max_message_bytes` bounds a received frame; `max_outbox_bytes`
   // is the registry's per-rank outbox limit.
-  // `dispatch_threads` (>= 1) handle the connections' frames.
+  // `dispatch_threads` (>= 1) handle the connections' frames; each frame
+  // first waits `emulate_frame_seconds` (tests: slow dispatchers; 0: none).
   static absl::StatusOr<std::unique_ptr<UcxDataPlane>> Start(const UcxOptions& options,
                                                              JobRegistry* registry,
                                                              int64_t max_outbox_bytes,
-                                                             int dispatch_threads = 1);
+                                                             int dispatch_threads = 1,
+                                                             double emulate_frame_seconds = 0);
   ~UcxDataPlane();
 
 
@@ -144,6 +146,7 @@ class UcxDataPlane {
   JobRegistry* const registry_;
   const std::string tls_;
   const int64_t held_limit_;  // per connection: frames waiting to be handled
+  double emulate_frame_seconds_ = 0;  // set by Start, before any frame
   std::vector<std::thread> dispatchers_;
 
   Mutex mu_;

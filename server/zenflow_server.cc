@@ -155,7 +155,7 @@ absl::StatusOr<std::unique_ptr<ZenFlowServer>> ZenFlowServer::Start(const Server
   if (options.ucx) {
     absl::StatusOr<std::unique_ptr<UcxDataPlane>> plane =
         UcxDataPlane::Start(ucx_options, s->registry_.get(), ro.max_outbox_bytes,
-                            options.ucx_dispatch_threads);
+                            options.ucx_dispatch_threads, options.emulate_ucx_frame_seconds);
     if (plane.ok()) {
       s->ucx_ = *std::move(plane);
     } else {

@@ -74,6 +74,10 @@ ABSL_FLAG(double, emulate_round_ms, 0,
           "every round update takes at least this many milliseconds: after the real work the "
           "daemon waits out the rest before sending the deltas, standing in for a model whose "
           "CPU update is that slow (benchmarks; like zf_train --emulate_device_ms). 0: off");
+ABSL_FLAG(double, emulate_ucx_frame_ms, 0,
+          "every frame that arrives over UCX waits this many milliseconds before it is handled, "
+          "standing in for dispatchers slower than the link (tests: a rank that sends faster "
+          "than the daemon adds is slowed, not cut off). 0: off");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{512} << 20,
           "largest message the service accepts or sends, bytes (selection hand-off and all-reduce "
           "are single messages: about 12 B x k x params for the first hand-off)");
@@ -345,6 +349,12 @@ int main(int argc, char** argv) {
   opts.ucx = absl::GetFlag(FLAGS_ucx);
   opts.ucx_options.tls = absl::GetFlag(FLAGS_ucx_tls);
   opts.ucx_options.net_devices = absl::GetFlag(FLAGS_ucx_net_devices);
+  const double emulate_ucx_frame_ms = absl::GetFlag(FLAGS_emulate_ucx_frame_ms);
+  if (!(emulate_ucx_frame_ms >= 0 && emulate_ucx_frame_ms <= 10e3)) {
+    std::fprintf(stderr, "zenflowd: --emulate_ucx_frame_ms must be in [0, 10000]\n");
+    return 2;
+  }
+  opts.emulate_ucx_frame_seconds = emulate_ucx_frame_ms / 1e3;
   opts.ucx_dispatch_threads = absl::GetFlag(FLAGS_ucx_dispatch_threads);
   if (opts.ucx_dispatch_threads < 1 || opts.ucx_dispatch_threads > 64) {
     std::fprintf(stderr, "zenflowd: --ucx_dispatch_threads must be in [1, 64], not %d\n",

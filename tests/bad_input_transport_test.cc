@@ -5,6 +5,8 @@
 // and bounded; the job stays exact. The fixture is bad_input_fixture.h.
 #include "tests/bad_input_fixture.h"
 
+#include <cstring>
+
 namespace zenflow::testing {
 namespace {
 
@@ -703,6 +705,74 @@ TEST_F(BadInputTest, UcxRankThatDoesNotReadIsCutOff) {
   EXPECT_EQ(st->jobs(0).rounds_updated(), 3) << "parked frames were handled";
   ASSERT_OK((*c)->DeleteJob("no_reader_ucx"));
   ASSERT_OK(h->GoodRound(1e-2f));
+}
+
+// 7b, over UCX: a rank that reads but sends faster than the daemon's
+// dispatcher handles its frames (a daemon whose every frame waits 20 ms).
+// A round's 16 frames of 128 KiB are sent at once, 2 MiB against a held
+// limit of 1.06 MiB (--max_outbox_bytes + --max_message_bytes): the
+// daemon's receiving thread holds back past half the limit instead of
+// cutting the rank off, and the round closes and updates with every
+// column received once. (Before the backpressure this cut the rank off:
+// RESOURCE_EXHAUSTED, "has more than 1114112 bytes of messages waiting".)
+TEST_F(BadInputTest, UcxRankFasterThanItsDispatcherIsSlowedNotCutOff) {
+  DaemonProcess slow;
+  ASSERT_OK(slow.Start({"--max_message_bytes=1048576", "--memory_budget_bytes=268435456",
+                        "--max_outbox_bytes=65536", "--emulate_ucx_frame_ms=20"}));
+  ClientOptions co = TestClientOptions(slow.target());
+  co.transport = Transport::kGrpc;
+  co.max_shard_bytes = 512 << 10;  // the upload's chunks, under the daemon's message limit
+  auto c = Client::Connect(co);
+  ASSERT_OK(c.status());
+  constexpr int64_t kRows = 2048, kColsPerFrame = 32;
+  ASSERT_OK(CreateBigJoinedJob(**c, "fast_rank", kRows));
+  RawUcxRank raw;
+  ASSERT_OK(raw.Start());
+  ASSERT_OK(raw.Attach(StubOf(**c).get(), "fast_rank", 0, 0x5eed, raw.address()));
+  const std::vector<uint16_t> g(kRows * kColsPerFrame, 0x3c23);  // bf16 0.01
+  for (int first = 0; first < 512; first += kColsPerFrame) {
+    v1::UpMessage m;
+    v1::GradientShard* sh = m.mutable_shard();
+    sh->set_step(0);
+    sh->set_tensor("t0");
+    sh->set_dtype(v1::DTYPE_BF16);
+    for (int col = first; col < first + kColsPerFrame; ++col) sh->add_columns(col);
+    sh->set_payload(reinterpret_cast<const char*>(g.data()), g.size() * 2);
+    raw.Send(std::move(m));
+  }
+  raw.Send(Close(0));
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("fast_rank");
+    return st.ok() && (st->jobs(0).rounds_updated() >= 1 || st->ucx().connections_cut() > 0);
+  }));
+  absl::StatusOr<v1::GetStatsResponse> st = (*c)->GetStats("fast_rank");
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->ucx().connections_cut(), 0) << "a rank that only sent fast was cut off";
+  EXPECT_EQ(st->jobs(0).rounds_updated(), 1);
+  EXPECT_TRUE(st->jobs(0).rejected().empty());
+  // The deltas, over UCX: every value took the same update (each column's
+  // shard arrived once), then the round's RoundDone.
+  int64_t values = 0;
+  float first = 0;
+  for (;;) {
+    absl::StatusOr<v1::DownMessage> m = raw.Next();
+    ASSERT_OK(m.status());
+    if (m->has_done()) break;
+    ASSERT_TRUE(m->has_delta()) << m->DebugString().substr(0, 200);
+    const v1::ParameterDelta& d = m->delta();
+    ASSERT_EQ(d.dtype(), v1::DTYPE_FP32);
+    const size_t n = d.payload().size() / sizeof(float);
+    std::vector<float> v(n);
+    std::memcpy(v.data(), d.payload().data(), n * sizeof(float));
+    if (values == 0 && n > 0) first = v[0];
+    for (float x : v) ASSERT_EQ(x, first);
+    values += static_cast<int64_t>(n);
+  }
+  EXPECT_EQ(values, kRows * 512);
+  EXPECT_NE(first, 0.5f);
+  raw.Close();
+  ASSERT_OK((*c)->DeleteJob("fast_rank"));
+  ASSERT_OK(slow.Stop());
 }
 
 TEST_F(BadInputTest, UcxAttachToDaemonWithoutUcxIsFailedPrecondition) {
