@@ -120,7 +120,14 @@ for p in $c0 $c1; do
   for _ in $(seq 1 900); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$p" 2>/dev/null; then
     echo "a rank still runs 90 s after the cut"
-    for r in 0 1; do echo "rank $r:"; grep -v "^step" "$dir/cut-$r.out" | tail -5; done
+    for r in 0 1; do echo "rank $r:"; grep -v "^step" "$dir/cut-$r.out" | tail -20; done
+    for n in A B; do echo "zenflowd $n:"; tail -20 "$dir/zenflowd_$n.log"; done
+    # Where the rank waits (gdb is on these machines; without it, no stacks).
+    if command -v gdb >/dev/null; then
+      echo "the rank's threads:"
+      timeout 60 gdb -p "$p" -batch -ex "thread apply all bt 30" 2>/dev/null |
+        grep -E "^Thread|^#" | head -400
+    fi
     kill "$p"
     exit 1
   fi
