@@ -205,6 +205,44 @@ TEST(Adam8Test, UpdateEqualsReferenceAtEveryLevel) {
   }
 }
 
+// The vector levels run AdamW with the same operations and quantize alike,
+// so AVX2 and AVX-512 give the same bytes, whatever the column length (a
+// block of 16, one cut short, several of them, a column that ends part way
+// into a vector) and whether a column run is updated in one call or the
+// AVX-512 pipeline (a block's codes written beside the next block's
+// update) starts afresh in each.
+TEST(Adam8Test, VectorLevelsGiveTheSameBytes) {
+  if (!SimdLevelSupported(SimdLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  const AdamWHyper h{/*lr=*/1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  for (int64_t rows : {16, 40, 200, 256, 320, 513, 4096}) {
+    const int64_t cols = 6;
+    const size_t n = static_cast<size_t>(rows * cols);
+    const std::vector<float> p0 = Spread(n, 31);
+    State8 init(rows, cols);
+    {
+      const std::vector<float> m = Spread(n, 32);
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = m[i] * m[i] * 2;
+      Adam8Quantize(SimdLevel::kScalar, rows, cols, m.data(), v.data(), init.cols8());
+    }
+    for (int step : {1, 7}) {
+      const std::vector<float> g = Spread(n, 40 + step);
+      State8 a2 = init, a5 = init;
+      std::vector<float> p2 = p0, p5 = p0;
+      Adam8Update(SimdLevel::kAvx2, h, step, 0.5f, g.data(), p2.data(), a2.cols8(), rows, cols,
+                  nullptr, nullptr);
+      Adam8Update(SimdLevel::kAvx512, h, step, 0.5f, g.data(), p5.data(), a5.cols8(), rows, cols,
+                  nullptr, nullptr);
+      const std::string what = "rows " + std::to_string(rows) + " step " + std::to_string(step);
+      EXPECT_EQ(p2, p5) << what;
+      EXPECT_EQ(a2.m, a5.m) << what;
+      EXPECT_EQ(a2.v, a5.v) << what;
+      EXPECT_EQ(a2.ms, a5.ms) << what;
+      EXPECT_EQ(a2.vs, a5.vs) << what;
+    }
+  }
+}
+
 // v's stochastic rounding draws from the value, its row in its column and
 // the step, never from where a call starts: a run of columns updated in one
 // call or column by column gives the same bytes, at every level; and a
