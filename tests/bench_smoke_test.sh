@@ -48,7 +48,8 @@ def positive(where, v):
 
 scale = json.load(open(sys.argv[1]))
 for key in ("raw_receive_bytes_per_cpu_s", "accumulate_bytes_per_cpu_s_1thread",
-            "ingest_ceiling_bytes_per_cpu_s"):
+            "ingest_ceiling_bytes_per_cpu_s", "accumulate_bytes_per_cpu_s_1thread_beside_copy",
+            "ingest_ceiling_beside_copy_bytes_per_cpu_s"):
     positive(key, scale[key])
 positive("round_update_kernels.median_ms", scale["round_update_kernels"]["median_ms"])
 positive("round_update_kernels.median_cpu_ms", scale["round_update_kernels"]["median_cpu_ms"])
@@ -62,7 +63,8 @@ if len(runs) != 4:
 for r in runs:
     label = "runs[ranks=%d,%s]" % (r["ranks"], r["sums"])
     for key in ("ingest_bytes_per_cpu_s", "ingest_ceiling_bytes_per_cpu_s", "ingest_fraction",
-                "round_update_fraction", "daemon_outside_update_cpu_s"):
+                "ingest_fraction_beside_copy", "round_update_fraction",
+                "daemon_outside_update_cpu_s"):
         positive(label + "." + key, r[key])
     # /proc counts CPU in clock ticks (10 ms): a few small updates may read 0.
     nonnegative(label + ".daemon_update_cpu_s", r["daemon_update_cpu_s"])

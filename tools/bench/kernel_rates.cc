@@ -1,8 +1,11 @@
 #include "tools/bench/kernel_rates.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +78,26 @@ double AccumulateBytesPerCpuSecond(DType wire, int64_t values, double min_cpu_s)
     if (rates.size() >= 200) break;
   }
   return Median(rates);
+}
+
+double AccumulateBytesPerCpuSecondBesideCopy(DType wire, int64_t values, int64_t copy_bytes,
+                                             double min_cpu_s) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(int64_t{4} << 20, copy_bytes));
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  std::atomic<bool> stop{false};
+  std::thread copier([&] {
+    constexpr size_t kPiece = size_t{4} << 20;
+    while (!stop.load(std::memory_order_relaxed)) {
+      for (size_t at = 0; at + kPiece <= bytes && !stop.load(std::memory_order_relaxed);
+           at += kPiece) {
+        std::memcpy(to.data() + at, from.data() + at, kPiece);
+      }
+    }
+  });
+  const double rate = AccumulateBytesPerCpuSecond(wire, values, min_cpu_s);
+  stop.store(true);
+  copier.join();
+  return rate;
 }
 
 std::string RoundKernelJob::Describe() const {

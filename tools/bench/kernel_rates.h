@@ -28,6 +28,14 @@ namespace zenflow {
 // until at least `min_cpu_s`; the median sample.
 double AccumulateBytesPerCpuSecond(DType wire, int64_t values, double min_cpu_s = 0.3);
 
+// The same while a second thread copies `copy_bytes` at a time (4 MiB
+// pieces of a buffer of that size, over and over): the receive copy that a
+// UCX progress thread does beside the daemon's accumulate, on a host whose
+// memory bandwidth the two share. Only the accumulating thread's CPU time
+// is counted.
+double AccumulateBytesPerCpuSecondBesideCopy(DType wire, int64_t values, int64_t copy_bytes,
+                                             double min_cpu_s = 0.3);
+
 // What one round update of the daemon computes, as far as its kernels go.
 struct RoundKernelJob {
   int64_t values = 0;              // the daemon-hosted values the round updates

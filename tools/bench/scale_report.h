@@ -27,8 +27,13 @@ struct ScaleCeilings {
   std::string raw_ucx_tls;
   // DecodeAdd of the wire dtype into fp32 on one thread, wire bytes per CPU second.
   double accumulate_bytes_per_cpu_s_1thread = -1;
+  // The same while another thread copies (AccumulateBytesPerCpuSecondBesideCopy):
+  // what the accumulate gets where the receive copy runs beside it.
+  double accumulate_bytes_per_cpu_s_1thread_beside_copy = -1;
   // 1 / (1/raw + 1/accumulate): receive, then accumulate, in series on one core.
   double ingest_ceiling_bytes_per_cpu_s() const;
+  // The same with the accumulate's rate beside a copy.
+  double ingest_ceiling_beside_copy_bytes_per_cpu_s() const;
   // The round update's kernels (AdamW + delta encode) for the job's
   // daemon-hosted values on update_threads threads, median seconds.
   RoundKernelJob round_job;
@@ -39,6 +44,7 @@ struct ScaleCeilings {
 
 struct ScaleRunFractions {
   double ingest_fraction = -1;         // ingest_bytes_per_cpu_s / the ingest ceiling
+  double ingest_fraction_beside_copy = -1;  // ... / ingest_ceiling_beside_copy_bytes_per_cpu_s
   double round_update_fraction = -1;   // kernel seconds / mean round update; one daemon only
   // The kernels' CPU seconds per round / the daemon's zf-update threads'
   // CPU seconds per round: the update's extra work apart from the cores it
