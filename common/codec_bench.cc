@@ -1,5 +1,5 @@
 // The shard path's ways to check and add a shard, on one thread, for the
-// default mode's choice (docs/benchmarks.md#where-the-time-goes-the-shard-path):
+// default mode's choice (docs/transport-benchmark.md#where-the-time-goes-the-shard-path):
 //
 //   bazel run -c opt //common:codec_bench -- [VALUES [REPS]]
 //

@@ -5,7 +5,7 @@
 // encodes into it. A fresh std::string is zero-filled by resize() (and, on a
 // buffer new to the process, its pages fault in), which cost the update about
 // as much as AdamW itself
-// (docs/benchmarks.md#where-the-time-goes-the-round-update). The ranks'
+// (docs/scale-benchmark.md#where-the-time-goes-the-round-update). The ranks'
 // outboxes give each message's buffers back here once every rank has it
 // (Recycle, from the message's deleter); the next update takes them (Take): a
 // buffer that already held as many bytes is resized without a write, and its

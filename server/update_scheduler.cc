@@ -24,7 +24,7 @@ UpdateScheduler::UpdateScheduler(int drivers) {
   for (int i = 0; i < std::max(1, drivers); ++i) {
     threads_.emplace_back([this] { Loop(); });
     // The update threads' CPU time is read apart from the rest of the
-    // daemon's by name (./zf bench scale; docs/benchmarks.md).
+    // daemon's by name (./zf bench scale; docs/scale-benchmark.md).
     pthread_setname_np(threads_.back().native_handle(), kUpdateThreadName);
   }
 }

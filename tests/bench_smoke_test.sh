@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The scale and transport benchmarks run end to end, briefly, against real
-# zenflowd processes, and write their figures of merit (docs/benchmarks.md,
+# zenflowd processes, and write their figures of merit (docs/scale-benchmark.md,
 # "Ingest and round update against their kernels"): every per-run key of
 # scale_bench and every per-transport, per-size key of transport_bench is
 # there, finite and positive, and the goals carry met flags. No timing is

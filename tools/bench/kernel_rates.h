@@ -1,5 +1,5 @@
 // The daemon's kernels measured alone, in the bench's own process, as the
-// ceilings the benches quote the daemon against (docs/benchmarks.md,
+// ceilings the benches quote the daemon against (docs/scale-benchmark.md,
 // "Ingest and round update against their kernels"):
 //   - the shard accumulate kernel (DecodeAdd of the wire dtype into fp32)
 //     on ONE thread, in wire bytes per CPU second of that thread;

@@ -28,7 +28,7 @@ ABSL_DECLARE_FLAG(std::string, out);
 
 namespace zenflow {
 
-// The scale goals (docs/benchmarks.md).
+// The scale goals (docs/scale-benchmark.md).
 constexpr double kIngestFractionMin = 0.75;
 constexpr double kRoundUpdateFractionMin = 0.6;
 constexpr double kIngestScalingMin = 0.95;

@@ -1,5 +1,5 @@
 // scale_bench's results: the per-run figures against the ceilings measured
-// at the start of the run (docs/benchmarks.md, "Ingest and round update
+// before and after the configurations (docs/scale-benchmark.md, "Ingest and round update
 // against their kernels"), the goals, and the JSON report and table.
 //
 //   ScaleReport rep{...};
