@@ -123,10 +123,16 @@ for p in $c0 $c1; do
     for r in 0 1; do echo "rank $r:"; grep -v "^step" "$dir/cut-$r.out" | tail -20; done
     for n in A B; do echo "zenflowd $n:"; tail -20 "$dir/zenflowd_$n.log"; done
     # Where the rank waits (gdb is on these machines; without it, no stacks).
+    # $p is the subshell of `rank`; zf_train is below it (ip netns exec).
     if command -v gdb >/dev/null; then
-      echo "the rank's threads:"
-      timeout 60 gdb -p "$p" -batch -ex "thread apply all bt 30" 2>/dev/null |
-        grep -E "^Thread|^#" | head -400
+      local_pids=$(pgrep -P "$p"); t=""
+      for q in $local_pids; do t="$t $q $(pgrep -P "$q")"; done
+      for q in $t; do
+        [ "$(cat /proc/"$q"/comm 2>/dev/null)" = zf_train ] || continue
+        echo "zf_train (pid $q), its threads:"
+        timeout 60 gdb -p "$q" -batch -ex "thread apply all bt 30" 2>/dev/null |
+          grep -E "^Thread|^#" | head -600
+      done
     fi
     kill "$p"
     exit 1
