@@ -386,21 +386,9 @@ absl::Status Run() {
   // The ceilings again, after the configurations: each is the better of
   // the two measurements (a shared host can slow either one; a ceiling
   // measured low would flatter every fraction).
-  {
-    std::fprintf(stderr, "scale_bench: ceilings again, after the configurations ...\n");
-    ZF_ASSIGN_OR_RETURN(ScaleCeilings after, MeasureCeilings());
-    ceilings.raw_receive_bytes_per_cpu_s =
-        std::max(ceilings.raw_receive_bytes_per_cpu_s, after.raw_receive_bytes_per_cpu_s);
-    ceilings.accumulate_bytes_per_cpu_s_1thread = std::max(
-        ceilings.accumulate_bytes_per_cpu_s_1thread, after.accumulate_bytes_per_cpu_s_1thread);
-    ceilings.accumulate_bytes_per_cpu_s_1thread_beside_copy =
-        std::max(ceilings.accumulate_bytes_per_cpu_s_1thread_beside_copy,
-                 after.accumulate_bytes_per_cpu_s_1thread_beside_copy);
-    ceilings.round_update_kernel_s =
-        std::min(ceilings.round_update_kernel_s, after.round_update_kernel_s);
-    ceilings.round_update_kernel_cpu_s =
-        std::min(ceilings.round_update_kernel_cpu_s, after.round_update_kernel_cpu_s);
-  }
+  std::fprintf(stderr, "scale_bench: ceilings again, after the configurations ...\n");
+  ZF_ASSIGN_OR_RETURN(ScaleCeilings after, MeasureCeilings());
+  ceilings.KeepBetter(after);
   ScaleReport rep;
   rep.device_profile = profile.name;
   rep.params_per_job = params;

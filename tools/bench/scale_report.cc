@@ -33,17 +33,43 @@ constexpr double kIngestFractionMin = 0.75;
 constexpr double kRoundUpdateFractionMin = 0.6;
 constexpr double kIngestScalingMin = 0.95;
 
+namespace {
+
+// Receiving at r and accumulating at a bytes per CPU second, in series on
+// one core; -1 when either is unmeasured.
+double InSeries(double r, double a) {
+  if (!(r > 0) || !(a > 0)) return -1;
+  return 1.0 / (1.0 / r + 1.0 / a);
+}
+
+// The better of two measurements, either of which may be missing (-1).
+double Higher(double a, double b) { return std::max(a, b); }
+double Shorter(double a, double b) {
+  if (!(a > 0)) return b;
+  if (!(b > 0)) return a;
+  return std::min(a, b);
+}
+
+}  // namespace
+
 double ScaleCeilings::ingest_ceiling_bytes_per_cpu_s() const {
-  if (!(raw_receive_bytes_per_cpu_s > 0) || !(accumulate_bytes_per_cpu_s_1thread > 0)) return -1;
-  return 1.0 / (1.0 / raw_receive_bytes_per_cpu_s + 1.0 / accumulate_bytes_per_cpu_s_1thread);
+  return InSeries(raw_receive_bytes_per_cpu_s, accumulate_bytes_per_cpu_s_1thread);
 }
 
 double ScaleCeilings::ingest_ceiling_beside_copy_bytes_per_cpu_s() const {
-  if (!(raw_receive_bytes_per_cpu_s > 0) || !(accumulate_bytes_per_cpu_s_1thread_beside_copy > 0)) {
-    return -1;
-  }
-  return 1.0 / (1.0 / raw_receive_bytes_per_cpu_s +
-                1.0 / accumulate_bytes_per_cpu_s_1thread_beside_copy);
+  return InSeries(raw_receive_bytes_per_cpu_s, accumulate_bytes_per_cpu_s_1thread_beside_copy);
+}
+
+void ScaleCeilings::KeepBetter(const ScaleCeilings& other) {
+  raw_receive_bytes_per_cpu_s =
+      Higher(raw_receive_bytes_per_cpu_s, other.raw_receive_bytes_per_cpu_s);
+  accumulate_bytes_per_cpu_s_1thread =
+      Higher(accumulate_bytes_per_cpu_s_1thread, other.accumulate_bytes_per_cpu_s_1thread);
+  accumulate_bytes_per_cpu_s_1thread_beside_copy =
+      Higher(accumulate_bytes_per_cpu_s_1thread_beside_copy,
+             other.accumulate_bytes_per_cpu_s_1thread_beside_copy);
+  round_update_kernel_s = Shorter(round_update_kernel_s, other.round_update_kernel_s);
+  round_update_kernel_cpu_s = Shorter(round_update_kernel_cpu_s, other.round_update_kernel_cpu_s);
 }
 
 std::vector<ScaleRunFractions> ComputeFractions(const ScaleReport& rep) {

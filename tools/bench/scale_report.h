@@ -34,6 +34,9 @@ struct ScaleCeilings {
   double ingest_ceiling_bytes_per_cpu_s() const;
   // The same with the accumulate's rate beside a copy.
   double ingest_ceiling_beside_copy_bytes_per_cpu_s() const;
+  // Keeps, of this and `other` (a second measurement), the higher rates and
+  // the shorter kernel times; a figure one of them lacks (-1) is the other's.
+  void KeepBetter(const ScaleCeilings& other);
   // The round update's kernels (AdamW + delta encode) for the job's
   // daemon-hosted values on update_threads threads, median seconds.
   RoundKernelJob round_job;
