@@ -83,6 +83,11 @@ class OneDaemonClient final : public Client {
   // Cancels the rendezvous calls in flight (a partitioned job's other daemon
   // failed the same operation: these would wait for ranks that cannot come).
   void AbandonCalls();
+  // The stream's break acted on now, without waiting for a round: ridden
+  // through (reconnect, re-attach, replay) where the client rides through,
+  // else returned. OK while the stream is open. A partitioned job calls it
+  // for a daemon whose part of the awaited round is already in.
+  absl::Status RecoverBrokenStream();
 
   // ---- Data ----
   using Client::CloseRound;

@@ -67,6 +67,17 @@ absl::StatusOr<RoundUpdate> PartitionedClient::WaitRound(int64_t round, absl::Du
   std::vector<bool> have(n(), false);
   int left = n();
   while (left > 0) {
+    // A daemon whose part is in but whose stream broke is acted on too: the
+    // daemons still owed may wait for ranks that the same failure cut off
+    // (a link between hosts that went down takes the other ranks' closes
+    // with it), and a wait on them alone would last until one of them gives
+    // up on those ranks, naming itself rather than the daemon that is gone.
+    // Ride through its restart now, or fail naming it.
+    for (int i = 0; i < n(); ++i) {
+      if (!have[i] || clients_[i]->stream_status().ok()) continue;
+      const absl::Status s = clients_[i]->RecoverBrokenStream();
+      if (!s.ok()) return Named(i, s);
+    }
     // Wait on the first daemon still owed, a second at a time; but a daemon
     // whose stream broke goes first: its wait rides through its restart or
     // fails, naming it, rather than waiting behind a daemon that cannot

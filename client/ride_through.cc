@@ -46,6 +46,16 @@ absl::Status OneDaemonClient::RideThrough(const std::function<absl::Status()>& c
   }
 }
 
+absl::Status OneDaemonClient::RecoverBrokenStream() {
+  const uint64_t seen = generation_.load();
+  std::shared_ptr<AttachedStream> st = current_stream();
+  if (st == nullptr || st->open()) return absl::OkStatus();
+  const absl::Status s = st->status();
+  if (s.ok()) return s;
+  if (!ride_through() || !Recoverable(s)) return s;
+  return Recover(seen);
+}
+
 absl::Status OneDaemonClient::Recover(uint64_t seen) {
   MutexLock lock(&recover_mu_);
   if (generation_.load() != seen) return absl::OkStatus();  // another thread did

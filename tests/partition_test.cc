@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/parts.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_driver.h"
@@ -574,6 +576,27 @@ TEST_F(PartitionTest, TheClientRefusesMismatchedDaemonLists) {
   EXPECT_TRUE(single->DeleteJob("whole").ok());
 }
 
+// Job `id` of two [4, 6] tensors p and q (one round a step, sync, fp32 on
+// the wire) over c's daemons, its parameters uploaded and rank 0 joined.
+absl::Status StartTwoTensorJob(Client& c, const std::string& id) {
+  v1::JobSpec spec;
+  spec.set_job_id(id);
+  for (const char* n : {"p", "q"}) {
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name(n);
+    t->add_shape(4);
+    t->add_shape(6);
+  }
+  spec.mutable_zenflow()->set_update_interval(1);
+  spec.mutable_zenflow()->mutable_apply_delay()->set_sync(true);
+  spec.set_wire_dtype(v1::DTYPE_FP32);
+  ZF_RETURN_IF_ERROR(c.CreateJob(spec).status());
+  std::vector<float> init(24, 0.5f);
+  ZF_RETURN_IF_ERROR(
+      c.UploadParameters(id, {{"p", {4, 6}, init.data()}, {"q", {4, 6}, init.data()}}).status());
+  return c.JoinJob(id, 0).status();
+}
+
 // A daemon of the job that goes away (and does not come back within
 // daemon_wait) fails the rank's next wait with a status naming it.
 TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
@@ -585,21 +608,7 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
   absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(co);
   ASSERT_TRUE(made.ok()) << made.status();
   Client& c = **made;
-  v1::JobSpec spec;
-  spec.set_job_id("gone");
-  for (const char* n : {"p", "q"}) {
-    v1::TensorSpec* t = spec.add_tensors();
-    t->set_name(n);
-    t->add_shape(4);
-    t->add_shape(6);
-  }
-  spec.mutable_zenflow()->set_update_interval(1);
-  spec.mutable_zenflow()->mutable_apply_delay()->set_sync(true);
-  spec.set_wire_dtype(v1::DTYPE_FP32);
-  ASSERT_TRUE(c.CreateJob(spec).ok());
-  std::vector<float> init(24, 0.5f);
-  ASSERT_TRUE(c.UploadParameters("gone", {{"p", {4, 6}, init.data()}, {"q", {4, 6}, init.data()}}).ok());
-  ASSERT_TRUE(c.JoinJob("gone", 0).ok());
+  ASSERT_OK(StartTwoTensorJob(c, "gone"));
   const std::vector<int32_t> cols = {0, 1, 2, 3, 4, 5};
   std::vector<float> grad(24, 0.25f);
   auto round = [&](int64_t r) -> absl::StatusOr<RoundUpdate> {
@@ -623,6 +632,57 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
             std::string::npos)
       << v.status();
   EXPECT_TRUE(a.Stop().ok());
+}
+
+// A daemon that goes away after its part of the awaited round came, while
+// another daemon's part is still owed, ends the wait naming it (after
+// daemon_wait): across hosts, the cut that took it also takes the other
+// ranks' closes to the daemons still owed, which then wait for those ranks.
+// Here daemon A's part is held back (--emulate_round_ms, 20 s): a wait
+// that watched only the daemons still owed would get A's part and return
+// the round whole, 20 s later, as if nothing had happened.
+TEST(PartitionGoneTest, ADaemonGoneAfterItsPartCameEndsTheWaitNamingIt) {
+  DaemonProcess a, b;
+  ASSERT_TRUE(a.Start({"--emulate_round_ms=20000"}).ok());
+  ASSERT_TRUE(b.Start().ok());
+  ClientOptions co = TestClientOptions(absl::StrCat(a.target(), ",", b.target()));
+  co.daemon_wait = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(co);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Client& c = **made;
+  ASSERT_OK(StartTwoTensorJob(c, "gone-after"));
+  const std::vector<int32_t> cols = {0, 1, 2, 3, 4, 5};
+  std::vector<float> grad(24, 0.25f);
+  for (const char* n : {"p", "q"}) {
+    ASSERT_TRUE(c.PushColumns(0, n, 0, cols, grad.data(), 4, DType::kF32).ok());
+  }
+  ASSERT_TRUE(c.CloseRound(0, 1e-2f).ok());
+  const std::string gone = b.target();
+  // B stops once its part is in the client (a partitioned client's
+  // rounds_received is its daemons' least, so B's own client is asked).
+  bool b_updated = false;
+  std::thread stopper([&] {
+    absl::StatusOr<std::unique_ptr<Client>> probe = Client::Connect(TestClientOptions(gone));
+    for (int i = 0; i < 200 && probe.ok(); ++i) {
+      absl::StatusOr<v1::GetStatsResponse> st = (*probe)->GetStats("gone-after");
+      if (st.ok() && st->jobs_size() > 0 && st->jobs(0).rounds_updated() >= 1) {
+        b_updated = true;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    absl::SleepFor(absl::Milliseconds(200));  // its RoundDone on the way to the client
+    EXPECT_TRUE(b.Stop().ok());
+  });
+  absl::StatusOr<RoundUpdate> u = c.WaitRound(0, absl::Seconds(60));
+  stopper.join();
+  EXPECT_TRUE(b_updated) << "daemon B did not report round 0 updated";
+  ASSERT_FALSE(u.ok()) << "the round came whole although daemon B is gone";
+  EXPECT_EQ(u.status().code(), absl::StatusCode::kUnavailable) << u.status();
+  EXPECT_NE(u.status().message().find(absl::StrCat("zenflowd ", gone, " (daemon 1 of 2)")),
+            std::string::npos)
+      << u.status();
+  (void)a.Stop();  // may still hold its emulated round
 }
 
 }  // namespace
