@@ -89,6 +89,9 @@ class PartitionedClient final : public Client {
   absl::Status Flush(absl::Duration timeout) override;
 
   void SetRoundCallback(std::function<void(RoundUpdate)> cb) override;
+  // The round once every daemon's part is in. A wait that fails (its time
+  // ran out) keeps the parts it took, and so does PollRound: the next wait
+  // for the round starts from them.
   absl::StatusOr<RoundUpdate> WaitRound(int64_t round, absl::Duration timeout) override;
   std::optional<RoundUpdate> PollRound() override;
   void Recycle(std::string buffer) override;

@@ -66,6 +66,35 @@ absl::StatusOr<RoundUpdate> PartitionedClient::WaitRound(int64_t round, absl::Du
   std::vector<RoundUpdate> got(n());
   std::vector<bool> have(n(), false);
   int left = n();
+  {
+    // What an earlier wait that ran out of time, or PollRound, already took
+    // of this round from its daemons (their clients no longer hold it).
+    MutexLock lock(&rounds_mu_);
+    for (auto it = whole_.begin(); it != whole_.end(); ++it) {
+      if (it->round != round) continue;
+      RoundUpdate u = std::move(*it);
+      whole_.erase(it);
+      return u;
+    }
+    if (auto it = partial_.find(round); it != partial_.end()) {
+      for (int i = 0; i < n(); ++i) {
+        if (!it->second[static_cast<size_t>(i)].has_value()) continue;
+        got[i] = *std::move(it->second[static_cast<size_t>(i)]);
+        have[i] = true;
+        --left;
+      }
+      partial_.erase(it);
+    }
+  }
+  // A wait that fails keeps the parts it took for the next wait.
+  auto keep = [&]() {
+    MutexLock lock(&rounds_mu_);
+    std::vector<std::optional<RoundUpdate>>& slot = partial_[round];
+    if (slot.empty()) slot.resize(static_cast<size_t>(n()));
+    for (int i = 0; i < n(); ++i) {
+      if (have[i]) slot[static_cast<size_t>(i)] = std::move(got[i]);
+    }
+  };
   while (left > 0) {
     // A daemon whose part is in but whose stream broke is acted on too: the
     // daemons still owed may wait for ranks that the same failure cut off
@@ -76,7 +105,10 @@ absl::StatusOr<RoundUpdate> PartitionedClient::WaitRound(int64_t round, absl::Du
     for (int i = 0; i < n(); ++i) {
       if (!have[i] || clients_[i]->stream_status().ok()) continue;
       const absl::Status s = clients_[i]->RecoverBrokenStream();
-      if (!s.ok()) return Named(i, s);
+      if (!s.ok()) {
+        keep();
+        return Named(i, s);
+      }
     }
     // Wait on the first daemon still owed, a second at a time; but a daemon
     // whose stream broke goes first: its wait rides through its restart or
@@ -100,6 +132,7 @@ absl::StatusOr<RoundUpdate> PartitionedClient::WaitRound(int64_t round, absl::Du
       continue;
     }
     if (u.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
+      keep();
       return Named(pick, u.status());
     }
   }

@@ -597,6 +597,17 @@ absl::Status StartTwoTensorJob(Client& c, const std::string& id) {
   return c.JoinJob(id, 0).status();
 }
 
+// Rank 0's gradients of every column of p and q for round r (one step),
+// and the round closed.
+absl::Status PushRound(Client& c, int64_t r) {
+  const std::vector<int32_t> cols = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> grad(24, 0.25f);
+  for (const char* n : {"p", "q"}) {
+    ZF_RETURN_IF_ERROR(c.PushColumns(r, n, 0, cols, grad.data(), 4, DType::kF32));
+  }
+  return c.CloseRound(r, 1e-2f);
+}
+
 // A daemon of the job that goes away (and does not come back within
 // daemon_wait) fails the rank's next wait with a status naming it.
 TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
@@ -609,13 +620,8 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
   ASSERT_TRUE(made.ok()) << made.status();
   Client& c = **made;
   ASSERT_OK(StartTwoTensorJob(c, "gone"));
-  const std::vector<int32_t> cols = {0, 1, 2, 3, 4, 5};
-  std::vector<float> grad(24, 0.25f);
   auto round = [&](int64_t r) -> absl::StatusOr<RoundUpdate> {
-    for (const char* n : {"p", "q"}) {
-      ZF_RETURN_IF_ERROR(c.PushColumns(r, n, 0, cols, grad.data(), 4, DType::kF32));
-    }
-    ZF_RETURN_IF_ERROR(c.CloseRound(r, 1e-2f));
+    ZF_RETURN_IF_ERROR(PushRound(c, r));
     return c.WaitRound(r, absl::Seconds(30));
   };
   absl::StatusOr<RoundUpdate> u = round(0);
@@ -632,6 +638,32 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
             std::string::npos)
       << v.status();
   EXPECT_TRUE(a.Stop().ok());
+}
+
+// A wait that runs out of time after one daemon's part came keeps that
+// part: the next wait for the round returns it whole. (Daemon B's part is
+// held back 3 s by --emulate_round_ms; the first wait takes A's part, then
+// gives up on B's after 1 s.)
+TEST(PartitionGoneTest, AWaitThatRunsOutKeepsThePartsItTook) {
+  DaemonProcess a, b;
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start({"--emulate_round_ms=3000"}).ok());
+  absl::StatusOr<std::unique_ptr<Client>> made =
+      Client::Connect(TestClientOptions(absl::StrCat(a.target(), ",", b.target())));
+  ASSERT_TRUE(made.ok()) << made.status();
+  Client& c = **made;
+  ASSERT_OK(StartTwoTensorJob(c, "kept"));
+  ASSERT_OK(PushRound(c, 0));
+  absl::StatusOr<RoundUpdate> early = c.WaitRound(0, absl::Seconds(1));
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  absl::StatusOr<RoundUpdate> u = c.WaitRound(0, absl::Seconds(30));
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(u->round, 0);
+  ASSERT_EQ(u->deltas.size(), 2u);  // one tensor from each daemon
+  EXPECT_EQ(u->done.delta_messages(), 2);
+  EXPECT_TRUE(a.Stop().ok());
+  EXPECT_TRUE(b.Stop().ok());
 }
 
 // A daemon that goes away after its part of the awaited round came, while
@@ -651,12 +683,7 @@ TEST(PartitionGoneTest, ADaemonGoneAfterItsPartCameEndsTheWaitNamingIt) {
   ASSERT_TRUE(made.ok()) << made.status();
   Client& c = **made;
   ASSERT_OK(StartTwoTensorJob(c, "gone-after"));
-  const std::vector<int32_t> cols = {0, 1, 2, 3, 4, 5};
-  std::vector<float> grad(24, 0.25f);
-  for (const char* n : {"p", "q"}) {
-    ASSERT_TRUE(c.PushColumns(0, n, 0, cols, grad.data(), 4, DType::kF32).ok());
-  }
-  ASSERT_TRUE(c.CloseRound(0, 1e-2f).ok());
+  ASSERT_OK(PushRound(c, 0));
   const std::string gone = b.target();
   // B stops once its part is in the client (a partitioned client's
   // rounds_received is its daemons' least, so B's own client is asked).
