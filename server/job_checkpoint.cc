@@ -238,8 +238,19 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
   for (RankState& r : ranks_) {
     r.joined = meta.Next() != 0;
     r.next_round = meta.Next();
-    r.round_first_step = version >= 2 ? meta.Next() : r.next_round * interval_;
-    r.round_last_step = version >= 2 ? meta.Next() : -1;
+    if (r.next_round < 0) return bad("a rank's next round is negative");
+    if (version >= 2) {
+      r.round_first_step = meta.Next();
+      r.round_last_step = meta.Next();
+    } else {
+      // Version 1 kept no step: the round's first, at a fixed interval.
+      int64_t first = 0;
+      if (__builtin_mul_overflow(r.next_round, interval_, &first)) {
+        return bad("a rank's next round is implausibly large");
+      }
+      r.round_first_step = first;
+      r.round_last_step = -1;
+    }
   }
   const int64_t nrounds = meta.Next();
   if (nrounds < 0 || nrounds > 4) return bad("implausible number of open rounds");
