@@ -4,9 +4,16 @@
 #include "common/thread_pool.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 
 namespace zenflow {
 namespace {
@@ -23,11 +30,33 @@ void ChunkBounds(size_t n, size_t chunks, size_t index, size_t* begin,
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads, const char* name)
+absl::Status AdjustThreadNice(int delta) {
+  if (delta == 0) return absl::OkStatus();
+  const id_t tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);
+  if (now == -1 && errno != 0) {
+    return absl::InternalError(absl::StrCat("getpriority: ", std::strerror(errno)));
+  }
+  const int want = std::min(19, std::max(-20, now + delta));
+  if (setpriority(PRIO_PROCESS, tid, want) != 0) {
+    const int e = errno;
+    const std::string why = absl::StrCat("setpriority(", want, ") of thread ", tid, ": ",
+                                         std::strerror(e));
+    return e == EACCES || e == EPERM ? absl::PermissionDeniedError(why)
+                                     : absl::InternalError(why);
+  }
+  return absl::OkStatus();
+}
+
+ThreadPool::ThreadPool(int num_threads, const char* name, int nice_delta)
     : num_threads_(std::max(1, num_threads)) {
   workers_.reserve(num_threads_ - 1);
   for (int i = 1; i < num_threads_; ++i) {
-    workers_.emplace_back([this, i] { WorkerLoop(i); });
+    workers_.emplace_back([this, i, nice_delta] {
+      (void)AdjustThreadNice(nice_delta);
+      WorkerLoop(i);
+    });
     if (name != nullptr && name[0] != '\0') {
       pthread_setname_np(workers_.back().native_handle(), name);
     }

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace zenflow {
 
 // Fixed-size pool of `num_threads` participants: num_threads - 1 background
@@ -22,13 +24,21 @@ namespace zenflow {
 // Thread-safe: ParallelFor may be called concurrently from several threads;
 // such calls are serialized. ParallelFor must not be called from inside a
 // ParallelFor callback of the same pool (it would deadlock).
+// Adds `delta` to the calling thread's nice value (Linux keeps one per
+// thread; new threads inherit their creator's), clamped to [-20, 19]. A
+// negative delta needs CAP_SYS_NICE (or RLIMIT_NICE room): without it,
+// PERMISSION_DENIED and the value is unchanged.
+absl::Status AdjustThreadNice(int delta);
+
 class ThreadPool {
  public:
   // num_threads >= 1 (smaller values are treated as 1). ThreadPool(1) starts
   // no threads and runs everything inline on the caller. A non-empty `name`
   // (at most 15 characters) names the background threads, as `top -H` and
   // /proc/PID/task/TID/comm show them.
-  explicit ThreadPool(int num_threads, const char* name = "");
+  // `nice_delta` is added to each background thread's nice value as it
+  // starts (AdjustThreadNice; a delta it may not apply is left out).
+  explicit ThreadPool(int num_threads, const char* name = "", int nice_delta = 0);
 
   // Joins all background threads. No ParallelFor may be in progress.
   ~ThreadPool();

@@ -3,7 +3,12 @@
 
 #include "common/thread_pool.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -217,6 +222,58 @@ TEST(ThreadPoolTest, ForEachRunsEveryIndexOnce) {
                std::runtime_error);
   EXPECT_EQ(ran.load(), 10);
   pool.ForEach(0, [&](size_t) { ADD_FAILURE() << "no index"; });
+}
+
+}  // namespace
+}  // namespace zenflow
+
+namespace zenflow {
+namespace {
+
+int NiceOfThisThread() {
+  errno = 0;
+  return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+}
+
+// The pool's background threads start with the creator's nice value plus
+// nice_delta (a positive delta needs no privilege); the caller, which
+// runs chunk 0, keeps its own.
+TEST(ThreadPoolTest, BackgroundThreadsTakeTheNiceDelta) {
+  const int base = NiceOfThisThread();
+  if (base > 16) GTEST_SKIP() << "the test runs at nice " << base;
+  ThreadPool pool(3, "zf-nice-test", 2);
+  std::mutex mu;
+  std::vector<int> nice(3, -100);
+  pool.ParallelFor(3, 1, [&](size_t b, size_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    nice[b] = NiceOfThisThread();
+  });
+  EXPECT_EQ(nice[0], base);
+  EXPECT_EQ(nice[1], base + 2);
+  EXPECT_EQ(nice[2], base + 2);
+  EXPECT_EQ(NiceOfThisThread(), base);
+}
+
+// A negative delta is applied with CAP_SYS_NICE, else refused with
+// PERMISSION_DENIED and nothing changed; only the calling thread moves.
+TEST(ThreadPoolTest, AdjustThreadNiceMovesOnlyTheCallingThread) {
+  const int base = NiceOfThisThread();
+  if (base < -18) GTEST_SKIP() << "the test runs at nice " << base;
+  absl::Status s;
+  int after = 0;
+  std::thread t([&] {
+    s = AdjustThreadNice(-1);
+    after = NiceOfThisThread();
+  });
+  t.join();
+  if (s.ok()) {
+    EXPECT_EQ(after, base - 1);
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_EQ(after, base);
+  }
+  EXPECT_EQ(NiceOfThisThread(), base);
+  EXPECT_TRUE(AdjustThreadNice(0).ok());
 }
 
 }  // namespace

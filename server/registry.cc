@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <string>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,10 +41,30 @@ int64_t DefaultMemoryBudget() {
   return limit / 4 * 3;
 }
 
+namespace {
+
+// `delta` if a new thread may add it to its nice value (tried on a thread
+// of its own, which then ends), else 0 with a line on stderr saying why.
+int UpdateNiceAllowed(int delta) {
+  if (delta == 0) return 0;
+  absl::Status s;
+  std::thread probe([&] { s = AdjustThreadNice(delta); });
+  probe.join();
+  if (s.ok()) return delta;
+  std::fprintf(stderr,
+               "zenflowd: the update threads keep the daemon's priority (--update_nice=%d: %s; "
+               "a negative value needs CAP_SYS_NICE)\n",
+               delta, std::string(s.message()).c_str());
+  return 0;
+}
+
+}  // namespace
+
 JobRegistry::JobRegistry(const RegistryOptions& options)
     : options_(options),
-      pool_(std::max(1, options.update_threads), kUpdateThreadName),
-      scheduler_(options.update_drivers),
+      update_nice_applied_(UpdateNiceAllowed(options.update_nice)),
+      pool_(std::max(1, options.update_threads), kUpdateThreadName, update_nice_applied_),
+      scheduler_(options.update_drivers, update_nice_applied_),
       budget_(options.memory_budget_bytes > 0 ? options.memory_budget_bytes
                                               : DefaultMemoryBudget()) {
   ctx_.pool = &pool_;

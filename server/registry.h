@@ -24,6 +24,12 @@ namespace zenflow {
 struct RegistryOptions {
   int update_threads = 2;                  // AdamW participants
   int update_drivers = 2;                  // jobs whose updates run at once
+  // Added to the nice value of the update threads (the pool's and the
+  // drivers'): negative puts a round's update ahead of the daemon's other
+  // threads (ingest, gRPC) and of other processes when the cores are
+  // short. Needs CAP_SYS_NICE; without it the threads keep the daemon's
+  // priority (a line on stderr says so).
+  int update_nice = 0;
   int64_t max_message_bytes = int64_t{512} << 20;  // the service's limit
   int64_t max_params = int64_t{1} << 34;   // all jobs together
   // Bytes all jobs together may hold (their JobFootprint). 0: DefaultMemoryBudget().
@@ -104,6 +110,9 @@ class JobRegistry {
 
  private:
   const RegistryOptions options_;
+  // options.update_nice if a thread could take it, else 0; set before the
+  // threads that take it.
+  const int update_nice_applied_;
   ThreadPool pool_;
   UpdateScheduler scheduler_;
   JobContext ctx_;

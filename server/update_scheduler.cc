@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/thread_pool.h"
+
 namespace zenflow {
 
 void UpdateScheduler::Strand::Schedule(std::function<void()> task) {
@@ -20,9 +22,12 @@ void UpdateScheduler::Strand::Schedule(std::function<void()> task) {
   }
 }
 
-UpdateScheduler::UpdateScheduler(int drivers) {
+UpdateScheduler::UpdateScheduler(int drivers, int nice_delta) {
   for (int i = 0; i < std::max(1, drivers); ++i) {
-    threads_.emplace_back([this] { Loop(); });
+    threads_.emplace_back([this, nice_delta] {
+      (void)AdjustThreadNice(nice_delta);
+      Loop();
+    });
     // The update threads' CPU time is read apart from the rest of the
     // daemon's by name (./zf bench scale; docs/scale-benchmark.md).
     pthread_setname_np(threads_.back().native_handle(), kUpdateThreadName);

@@ -42,7 +42,9 @@ class UpdateScheduler {
     bool queued_or_running_ = false;  // in ready_ or on a driver
   };
 
-  explicit UpdateScheduler(int drivers);
+  // `drivers` threads, each adding `nice_delta` to its nice value as it
+  // starts (AdjustThreadNice; a delta it may not apply is left out).
+  explicit UpdateScheduler(int drivers, int nice_delta = 0);
   ~UpdateScheduler();
   UpdateScheduler(const UpdateScheduler&) = delete;
   UpdateScheduler& operator=(const UpdateScheduler&) = delete;

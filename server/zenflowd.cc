@@ -70,6 +70,12 @@ ABSL_FLAG(int, update_threads, 2, "threads that run AdamW updates (including the
 ABSL_FLAG(int, update_drivers, 2,
           "jobs whose round updates run at the same time (each job's own rounds run in order); "
           "a large job's update occupies one driver and does not delay other jobs");
+ABSL_FLAG(int, update_nice, -5,
+          "added to the update threads' nice value (zf-update: the AdamW pool's and the "
+          "drivers'), in [-20, 19]: a negative value runs a round's update ahead of the daemon's "
+          "ingest and gRPC threads and of other processes when cores are short (the update is "
+          "what the ranks wait for). Needs CAP_SYS_NICE; without it the update threads keep the "
+          "daemon's priority and zenflowd says so. 0: off");
 ABSL_FLAG(double, emulate_round_ms, 0,
           "every round update takes at least this many milliseconds: after the real work the "
           "daemon waits out the rest before sending the deltas, standing in for a model whose "
@@ -270,6 +276,11 @@ int main(int argc, char** argv) {
   opts.registry.update_drivers = absl::GetFlag(FLAGS_update_drivers);
   if (opts.registry.update_drivers < 1 || opts.registry.update_drivers > 256) {
     std::fprintf(stderr, "zenflowd: --update_drivers must be in [1, 256]\n");
+    return 2;
+  }
+  opts.registry.update_nice = absl::GetFlag(FLAGS_update_nice);
+  if (opts.registry.update_nice < -20 || opts.registry.update_nice > 19) {
+    std::fprintf(stderr, "zenflowd: --update_nice must be in [-20, 19]\n");
     return 2;
   }
   const double emulate_round_ms = absl::GetFlag(FLAGS_emulate_round_ms);
