@@ -165,6 +165,16 @@ State8 InitialState(int64_t rows, int64_t cols, uint32_t seed, float v_scale) {
   return s;
 }
 
+// The same master and 8-bit state, byte for byte.
+void ExpectSameState(const std::vector<float>& pa, const State8& a, const std::vector<float>& pb,
+                     const State8& b, const std::string& what) {
+  EXPECT_EQ(pa, pb) << what;
+  EXPECT_EQ(a.m, b.m) << what;
+  EXPECT_EQ(a.v, b.v) << what;
+  EXPECT_EQ(a.ms, b.ms) << what;
+  EXPECT_EQ(a.vs, b.vs) << what;
+}
+
 TEST(Adam8Test, UpdateEqualsReferenceAtEveryLevel) {
   const AdamWHyper h{/*lr=*/1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
   for (int64_t rows : {16, 200, 256, 513}) {
@@ -183,13 +193,7 @@ TEST(Adam8Test, UpdateEqualsReferenceAtEveryLevel) {
         Adam8Update(l, h, step, 0.5f, g.data(), p.data(), s.cols8(), rows, cols, mo.data(),
                     vo.data());
         const std::string what = std::string(SimdLevelName(l)) + " rows " + std::to_string(rows);
-        if (l == SimdLevel::kScalar) {
-          EXPECT_EQ(p, pref) << what;
-          EXPECT_EQ(s.m, ref.m) << what;
-          EXPECT_EQ(s.v, ref.v) << what;
-          EXPECT_EQ(s.ms, ref.ms) << what;
-          EXPECT_EQ(s.vs, ref.vs) << what;
-        }
+        if (l == SimdLevel::kScalar) ExpectSameState(p, s, pref, ref, what);
         int far = 0;
         for (size_t i = 0; i < n; ++i) {
           far += !CodesNear(s.m[i], ref.m[i], true) || !CodesNear(s.v[i], ref.v[i], false);
@@ -233,11 +237,7 @@ TEST(Adam8Test, VectorLevelsGiveTheSameBytes) {
       Adam8Update(SimdLevel::kAvx512, h, step, 0.5f, g.data(), p5.data(), a5.cols8(), rows, cols,
                   nullptr, nullptr);
       const std::string what = "rows " + std::to_string(rows) + " step " + std::to_string(step);
-      EXPECT_EQ(p2, p5) << what;
-      EXPECT_EQ(a2.m, a5.m) << what;
-      EXPECT_EQ(a2.v, a5.v) << what;
-      EXPECT_EQ(a2.ms, a5.ms) << what;
-      EXPECT_EQ(a2.vs, a5.vs) << what;
+      ExpectSameState(p2, a2, p5, a5, what);
     }
   }
 }

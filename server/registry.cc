@@ -43,28 +43,29 @@ int64_t DefaultMemoryBudget() {
 
 namespace {
 
-// `delta` if a new thread may add it to its nice value (tried on a thread
-// of its own, which then ends), else 0 with a line on stderr saying why.
-int UpdateNiceAllowed(int delta) {
-  if (delta == 0) return 0;
+// `options` with update_nice left as it is if a new thread may add it to
+// its nice value (tried on a thread of its own, which then ends), else 0
+// with a line on stderr saying why.
+RegistryOptions WithUpdateNiceAllowed(RegistryOptions options) {
+  if (options.update_nice == 0) return options;
   absl::Status s;
-  std::thread probe([&] { s = AdjustThreadNice(delta); });
+  std::thread probe([&] { s = AdjustThreadNice(options.update_nice); });
   probe.join();
-  if (s.ok()) return delta;
+  if (s.ok()) return options;
   std::fprintf(stderr,
                "zenflowd: the update threads keep the daemon's priority (--update_nice=%d: %s; "
                "a negative value needs CAP_SYS_NICE)\n",
-               delta, std::string(s.message()).c_str());
-  return 0;
+               options.update_nice, std::string(s.message()).c_str());
+  options.update_nice = 0;
+  return options;
 }
 
 }  // namespace
 
 JobRegistry::JobRegistry(const RegistryOptions& options)
-    : options_(options),
-      update_nice_applied_(UpdateNiceAllowed(options.update_nice)),
-      pool_(std::max(1, options.update_threads), kUpdateThreadName, update_nice_applied_),
-      scheduler_(options.update_drivers, update_nice_applied_),
+    : options_(WithUpdateNiceAllowed(options)),
+      pool_(std::max(1, options.update_threads), kUpdateThreadName, options_.update_nice),
+      scheduler_(options.update_drivers, options_.update_nice),
       budget_(options.memory_budget_bytes > 0 ? options.memory_budget_bytes
                                               : DefaultMemoryBudget()) {
   ctx_.pool = &pool_;

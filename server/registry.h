@@ -109,10 +109,7 @@ class JobRegistry {
   int64_t memory_budget_bytes() const { return budget_; }
 
  private:
-  const RegistryOptions options_;
-  // options.update_nice if a thread could take it, else 0; set before the
-  // threads that take it.
-  const int update_nice_applied_;
+  const RegistryOptions options_;  // update_nice: 0 where threads may not take it
   ThreadPool pool_;
   UpdateScheduler scheduler_;
   JobContext ctx_;

@@ -597,6 +597,24 @@ absl::Status StartTwoTensorJob(Client& c, const std::string& id) {
   return c.JoinJob(id, 0).status();
 }
 
+// A client of daemons a and b (in that order), riding through a daemon's
+// restart for up to daemon_wait (0: not at all).
+absl::StatusOr<std::unique_ptr<Client>> ClientOfBoth(
+    const DaemonProcess& a, const DaemonProcess& b,
+    absl::Duration daemon_wait = absl::ZeroDuration()) {
+  ClientOptions co = TestClientOptions(absl::StrCat(a.target(), ",", b.target()));
+  co.daemon_wait = daemon_wait;
+  return Client::Connect(co);
+}
+
+// UNAVAILABLE, naming `gone` as daemon 1 of 2.
+void ExpectUnavailableNaming(const absl::Status& s, const std::string& gone) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("zenflowd ", gone, " (daemon 1 of 2)")),
+            std::string::npos)
+      << s;
+}
+
 // Rank 0's gradients of every column of p and q for round r (one step),
 // and the round closed.
 absl::Status PushRound(Client& c, int64_t r) {
@@ -614,9 +632,7 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
   DaemonProcess a, b;
   ASSERT_TRUE(a.Start().ok());
   ASSERT_TRUE(b.Start().ok());
-  ClientOptions co = TestClientOptions(absl::StrCat(a.target(), ",", b.target()));
-  co.daemon_wait = absl::Seconds(2);
-  absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(co);
+  absl::StatusOr<std::unique_ptr<Client>> made = ClientOfBoth(a, b, absl::Seconds(2));
   ASSERT_TRUE(made.ok()) << made.status();
   Client& c = **made;
   ASSERT_OK(StartTwoTensorJob(c, "gone"));
@@ -633,10 +649,7 @@ TEST(PartitionGoneTest, ADaemonThatIsGoneFailsTheJobNamingIt) {
   ASSERT_TRUE(b.Stop().ok());
   absl::StatusOr<RoundUpdate> v = round(1);
   ASSERT_FALSE(v.ok());
-  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable) << v.status();
-  EXPECT_NE(v.status().message().find(absl::StrCat("zenflowd ", gone, " (daemon 1 of 2)")),
-            std::string::npos)
-      << v.status();
+  ExpectUnavailableNaming(v.status(), gone);
   EXPECT_TRUE(a.Stop().ok());
 }
 
@@ -648,8 +661,7 @@ TEST(PartitionGoneTest, AWaitThatRunsOutKeepsThePartsItTook) {
   DaemonProcess a, b;
   ASSERT_TRUE(a.Start().ok());
   ASSERT_TRUE(b.Start({"--emulate_round_ms=3000"}).ok());
-  absl::StatusOr<std::unique_ptr<Client>> made =
-      Client::Connect(TestClientOptions(absl::StrCat(a.target(), ",", b.target())));
+  absl::StatusOr<std::unique_ptr<Client>> made = ClientOfBoth(a, b);
   ASSERT_TRUE(made.ok()) << made.status();
   Client& c = **made;
   ASSERT_OK(StartTwoTensorJob(c, "kept"));
@@ -677,16 +689,14 @@ TEST(PartitionGoneTest, ADaemonGoneAfterItsPartCameEndsTheWaitNamingIt) {
   DaemonProcess a, b;
   ASSERT_TRUE(a.Start({"--emulate_round_ms=20000"}).ok());
   ASSERT_TRUE(b.Start().ok());
-  ClientOptions co = TestClientOptions(absl::StrCat(a.target(), ",", b.target()));
-  co.daemon_wait = absl::Seconds(1);
-  absl::StatusOr<std::unique_ptr<Client>> made = Client::Connect(co);
+  absl::StatusOr<std::unique_ptr<Client>> made = ClientOfBoth(a, b, absl::Seconds(1));
   ASSERT_TRUE(made.ok()) << made.status();
   Client& c = **made;
   ASSERT_OK(StartTwoTensorJob(c, "gone-after"));
   ASSERT_OK(PushRound(c, 0));
   const std::string gone = b.target();
-  // B stops once its part is in the client (a partitioned client's
-  // rounds_received is its daemons' least, so B's own client is asked).
+  // B stops once its part is on the way to the client (a partitioned
+  // client's rounds_received is its daemons' least, so daemon B is asked).
   bool b_updated = false;
   std::thread stopper([&] {
     absl::StatusOr<std::unique_ptr<Client>> probe = Client::Connect(TestClientOptions(gone));
@@ -705,10 +715,7 @@ TEST(PartitionGoneTest, ADaemonGoneAfterItsPartCameEndsTheWaitNamingIt) {
   stopper.join();
   EXPECT_TRUE(b_updated) << "daemon B did not report round 0 updated";
   ASSERT_FALSE(u.ok()) << "the round came whole although daemon B is gone";
-  EXPECT_EQ(u.status().code(), absl::StatusCode::kUnavailable) << u.status();
-  EXPECT_NE(u.status().message().find(absl::StrCat("zenflowd ", gone, " (daemon 1 of 2)")),
-            std::string::npos)
-      << u.status();
+  ExpectUnavailableNaming(u.status(), gone);
   (void)a.Stop();  // may still hold its emulated round
 }
 
