@@ -240,6 +240,27 @@ struct UcxWorker::Impl {
   std::vector<DrainWait> drains;
   uint64_t recvs_posted = 0, recvs_finished = 0;
 
+  // The receive path's containers and a first set of spare receives are
+  // made here, so that its allocations do not depend on how many messages a
+  // worker happened to see at once while warming up: up to kWarmRecvs
+  // messages (and heads of up to kWarmHeadBytes) in flight at once allocate
+  // nothing from the first message on; beyond that, once each.
+  static constexpr size_t kWarmRecvs = 32;
+  static constexpr size_t kWarmHeadBytes = 4096;
+  Impl() {
+    recvs.reserve(kWarmRecvs);
+    heads.reserve(kMaxPendingHeads + kWarmRecvs);
+    held_tags.reserve(kWarmRecvs);
+    spare_recvs.reserve(kMaxSpareRecvs);
+    spare_heads.reserve(kMaxSpareRecvs);
+    pool.reserve(kPoolMaxBuffers);
+    for (size_t i = 0; i < kWarmRecvs; ++i) {
+      spare_recvs.push_back(std::make_unique<Recv>());
+      auto h = std::make_unique<Recv>();
+      h->data.reserve(kWarmHeadBytes);
+      spare_heads.push_back(std::move(h));
+    }
+  }
   ~Impl() {
     if (worker != nullptr) ucp_worker_destroy(worker);
     if (context != nullptr) ucp_cleanup(context);
@@ -533,8 +554,9 @@ struct UcxWorker::Impl {
     for (auto it = recvs.begin(); it != recvs.end();) {
       Recv* front = it->get();
       const bool ready = front->done && (front->head == nullptr || front->head->done);
-      if (!ready || std::find(held.begin(), held.end(), front->tag) != held.end()) {
-        if (!ready) held.push_back(front->tag);
+      const bool tag_held = std::find(held.begin(), held.end(), front->tag) != held.end();
+      if (!ready || tag_held) {
+        if (!tag_held) held.push_back(front->tag);  // once per tag
         ++it;
         continue;
       }
