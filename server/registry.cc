@@ -70,7 +70,7 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
                                               : DefaultMemoryBudget()) {
   ctx_.pool = &pool_;
   ctx_.scheduler = &scheduler_;
-  ctx_.simd = BestSimdLevel();
+  ctx_.simd = options_.simd.value_or(BestSimdLevel());
   ctx_.outbox_limit_bytes = options.max_outbox_bytes;
   ctx_.round_updated = options.round_updated;
   ctx_.emulate_round_seconds = options.emulate_round_seconds;

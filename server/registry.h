@@ -9,10 +9,12 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/adamw.h"
 #include "common/mutex.h"
 #include "common/thread_pool.h"
 #include "server/job.h"
@@ -30,6 +32,12 @@ struct RegistryOptions {
   // short. Needs CAP_SYS_NICE; without it the threads keep the daemon's
   // priority (a line on stderr says so).
   int update_nice = 0;
+  // The kernels' vector level for round updates (AdamW, 8-bit AdamW, the
+  // fold and norm): a supported level, or unset for the host's best. A
+  // level's results differ from another's in the last bits (fused
+  // multiply-adds), so daemons that must give the same bits (a job moved
+  // between hosts of different CPUs) pin one.
+  std::optional<SimdLevel> simd;
   int64_t max_message_bytes = int64_t{512} << 20;  // the service's limit
   int64_t max_params = int64_t{1} << 34;   // all jobs together
   // Bytes all jobs together may hold (their JobFootprint). 0: DefaultMemoryBudget().

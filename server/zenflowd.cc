@@ -29,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/adamw.h"
 #include "common/flags_usage.h"
 #include "common/malloc_tuning.h"
 #include "common/tls_files.h"
@@ -76,6 +77,11 @@ ABSL_FLAG(int, update_nice, -5,
           "ingest and gRPC threads and of other processes when cores are short (the update is "
           "what the ranks wait for). Needs CAP_SYS_NICE; without it the update threads keep the "
           "daemon's priority and zenflowd says so. 0: off");
+ABSL_FLAG(std::string, simd, "auto",
+          "vector level of the round update's kernels: auto (the host's best), avx512, avx2 or "
+          "scalar. Levels differ in the last bits of a result, so daemons that must give a job "
+          "the same bits on hosts of different CPUs (a restart on another host, several daemons "
+          "of one job) pin the level all of them support; an unsupported level is refused");
 ABSL_FLAG(double, emulate_round_ms, 0,
           "every round update takes at least this many milliseconds: after the real work the "
           "daemon waits out the rest before sending the deltas, standing in for a model whose "
@@ -282,6 +288,26 @@ int main(int argc, char** argv) {
   if (opts.registry.update_nice < -20 || opts.registry.update_nice > 19) {
     std::fprintf(stderr, "zenflowd: --update_nice must be in [-20, 19]\n");
     return 2;
+  }
+  const std::string simd = absl::GetFlag(FLAGS_simd);
+  if (simd != "auto") {
+    bool known = false;
+    for (zenflow::SimdLevel level : {zenflow::SimdLevel::kAvx512, zenflow::SimdLevel::kAvx2,
+                                     zenflow::SimdLevel::kScalar}) {
+      if (simd != zenflow::SimdLevelName(level)) continue;
+      known = true;
+      if (!zenflow::SimdLevelSupported(level)) {
+        std::fprintf(stderr, "zenflowd: --simd=%s: this CPU does not support it (its best: %s)\n",
+                     simd.c_str(), zenflow::SimdLevelName(zenflow::BestSimdLevel()));
+        return 2;
+      }
+      opts.registry.simd = level;
+    }
+    if (!known) {
+      std::fprintf(stderr, "zenflowd: --simd must be auto, avx512, avx2 or scalar (not '%s')\n",
+                   simd.c_str());
+      return 2;
+    }
   }
   const double emulate_round_ms = absl::GetFlag(FLAGS_emulate_round_ms);
   if (!(emulate_round_ms >= 0 && emulate_round_ms <= 3600e3)) {

@@ -8,7 +8,9 @@
 #  - connection mistakes through a real client binary (zf_stats): a URL as
 #    the target fails at once naming HOST:PORT, a refused port prints the
 #    progress line first and the cause again in the final error, and the
-#    next good connection works.
+#    next good connection works;
+#  - zenflowd refuses an unknown --simd level, and zf_stats reports the
+#    level it was pinned to (--simd=scalar).
 set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 ZENFLOWD="$R/server/zenflowd"
@@ -37,10 +39,19 @@ help "$STATS" target json tls_ca
 # An unknown flag still fails.
 if "$STATS" --no_such_flag >/dev/null 2>&1; then fail "zf_stats took an unknown flag"; fi
 
-# zenflowd on port 0: the start-up lines name the bound ports.
+# --simd: an unknown level is refused, naming the flag's values.
+if "$ZENFLOWD" --listen=127.0.0.1:0 --simd=avx1024 >/dev/null 2>"$dir/simd.err"; then
+  fail "zenflowd took --simd=avx1024"
+fi
+grep -q "zenflowd: --simd must be auto, avx512, avx2 or scalar (not 'avx1024')" "$dir/simd.err" \
+  || fail "--simd=avx1024: $(cat "$dir/simd.err")"
+echo "ok: --simd=avx1024 refused"
+
+# zenflowd on port 0: the start-up lines name the bound ports. (Its
+# kernels pinned to --simd=scalar: zf_stats below reports the level.)
 admin="$dir/admin_token"
 head -c 24 /dev/urandom | base64 | tr '+/' '-_' >"$admin"
-"$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$dir/port" --ucx=false \
+"$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$dir/port" --ucx=false --simd=scalar \
   --metrics_listen=127.0.0.1:0 --metrics_port_file="$dir/metrics_port" \
   --admin_token_file="$admin" 2>"$dir/zenflowd.log" &
 pid=$!
@@ -84,5 +95,5 @@ grep -q "UNAVAILABLE: cannot connect to zenflowd at 127.0.0.1:$closed within 3s 
 # The next good connection works.
 "$STATS" --target=127.0.0.1:$port --token_file="$admin" >"$dir/stats.out" 2>"$dir/stats.err" \
   || fail "zf_stats against zenflowd: $(cat "$dir/stats.err")"
-grep -q "^zenflowd " "$dir/stats.out" || fail "$(cat "$dir/stats.out")"
+grep -q "^zenflowd .*, simd scalar, " "$dir/stats.out" || fail "$(cat "$dir/stats.out")"
 echo "ok: zf_stats connection errors, then a good connection"

@@ -8,13 +8,8 @@
 # cannot run says why, and that the file's other keys are kept. No timing is
 # checked.
 set -euo pipefail
-R="$TEST_SRCDIR/$TEST_WORKSPACE"
-export ZF_TRAIN="$R/gpu_worker/zf_train"
-export ZENFLOWD="$R/server/zenflowd"
-export ZF_PYTHON_EXT="$R/python/_zenflow.so"
-export HOME="$TEST_TMPDIR/home" XDG_CACHE_HOME="$TEST_TMPDIR/cache"
-export TMPDIR="$TEST_TMPDIR"  # the scripts' scratch (tempfile, mktemp) too
-mkdir -p "$HOME" "$XDG_CACHE_HOME"
+# shellcheck source=tests/testing/fidelity_bench_env.sh
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/fidelity_bench_env.sh"
 out="$TEST_TMPDIR/fidelity.json"
 # A grid's result from before: the section is merged beside it.
 echo '{"benchmark": "fidelity", "default": {"ratio": 1.0025}}' > "$out"

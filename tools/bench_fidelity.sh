@@ -38,6 +38,12 @@
 #   delay  sync, 1, S (= --delay=S), adaptive
 #   seeds  1 2 3                         (--seeds=N: 1..N; --quick: 1)
 #
+# Beside the grid, k 0.1 with adaptive delay at S auto and fixed S 4 with
+# 8-bit optimizer state, and the perturbation control: the S auto fp32 runs
+# again against a second zenflowd at --simd=scalar (last-bit differences
+# only); both compared with the fp32 run seed by seed (ratio_vs_fp32), the
+# control's largest deviation as summary.perturbation_floor.
+#
 # Like for like. Every run of one seed starts from the same pretrained
 # parameters and sees the same batches in the same order: zf_train samples
 # step t's windows from (--seed, rank, t) only, so --seed=s gives every mode
@@ -207,20 +213,21 @@ res="$work/res"
 mkdir -p "$res"
 
 zpid=""
+zpid_scalar=""
 tmp=""
 cleanup() {
   local p
   # Trainings still running (an interrupt): only the ones this script started.
   for p in $(jobs -p); do
-    [ "$p" = "$zpid" ] && continue
+    { [ "$p" = "$zpid" ] || [ "$p" = "$zpid_scalar" ]; } && continue
     pkill -TERM -P "$p" 2>/dev/null || true  # its zf_train
     kill -TERM "$p" 2>/dev/null || true
   done
   [ -n "$tmp" ] && rm -f "$tmp.params" "$tmp.summary"
-  if [ -n "$zpid" ]; then
-    kill -TERM "$zpid" 2>/dev/null || true
-    wait "$zpid" 2>/dev/null || true
-  fi
+  for p in $zpid $zpid_scalar; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -295,17 +302,32 @@ fi
 # ---- zenflowd ---------------------------------------------------------------
 # Every training is a job of its own and zf_train leaves its job on the daemon
 # (about 3 MB each here): the job limits are raised above the grid's size.
-"$ZENFLOWD_BIN" --listen=127.0.0.1:0 --port_file="$work/port" --update_threads=1 \
-  --max_jobs=1000 --max_jobs_per_credential=1000 2>"$work/zenflowd.log" &
-zpid=$!
-for _ in $(seq 1 300); do
-  [ -s "$work/port" ] && break
-  kill -0 "$zpid" 2>/dev/null || break
-  sleep 0.1
-done
-[ -s "$work/port" ] || { echo "bench_fidelity: zenflowd did not start" >&2; cat "$work/zenflowd.log" >&2; exit 1; }
-T="127.0.0.1:$(cat "$work/port")"
+# start_zenflowd NAME FLAG...: a zenflowd on a free loopback port, its pid in
+# started_pid and its address in started_target (logs: $work/NAME.log).
+start_zenflowd() {
+  local name=$1
+  shift
+  "$ZENFLOWD_BIN" --listen=127.0.0.1:0 --port_file="$work/$name.port" --update_threads=1 \
+    --max_jobs=1000 --max_jobs_per_credential=1000 "$@" 2>"$work/$name.log" &
+  started_pid=$!
+  for _ in $(seq 1 300); do
+    [ -s "$work/$name.port" ] && break
+    kill -0 "$started_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -s "$work/$name.port" ] || { echo "bench_fidelity: zenflowd $* did not start" >&2; cat "$work/$name.log" >&2; exit 1; }
+  started_target="127.0.0.1:$(cat "$work/$name.port")"
+}
+start_zenflowd zenflowd
+zpid=$started_pid T=$started_target
 log "zenflowd on $T (pid $zpid)"
+# The perturbation control's daemon: the same, its round update's kernels
+# pinned to --simd=scalar (they differ from the host's best level in the
+# last bits only). The default setting's fp32 runs against it say how far a
+# last-bit perturbation alone moves a seed's ratio: the floor below which a
+# seed-by-seed comparison (the 8-bit rows') cannot tell settings apart.
+start_zenflowd zenflowd_scalar --simd=scalar
+zpid_scalar=$started_pid T_SCALAR=$started_target
 
 ft=(--init="$pre" --data="$FT_DATA" --threads=$THREADS --eval_batches=$EVAL_BATCHES "${model[@]}")
 zf_common=(--target="$T")
@@ -363,6 +385,13 @@ for seed in "${SEEDS[@]}"; do
       printf '%s\t--mode=zenflow --seed=%s --job=fid-%s-%s --topk=0.1 --interval=%s --select_interval=%s --delay=adaptive --optimizer_state=8bit\n' \
         "$name" "$seed" "$$" "$name" "$S" "$select_interval" >> "$tasks"
     done
+    # The perturbation control: the default setting in fp32 against the
+    # --simd=scalar daemon (run_task gives it that target).
+    if [ "$auto" = true ] && printf '%s\n' "${SS[@]}" | grep -qx auto; then
+      name="zf-s$seed-k0.1-Sauto-dadaptive-simdscalar"
+      printf '%s\t--mode=zenflow --seed=%s --job=fid-%s-%s --topk=0.1 --interval=auto --select_interval=%s --delay=adaptive\n' \
+        "$name" "$seed" "$$" "$name" "$select_interval" >> "$tasks"
+    fi
   fi
 done
 total=$(wc -l < "$tasks")
@@ -373,6 +402,7 @@ run_task() {
   local name=$1; shift
   local t0=$SECONDS extra=()
   case "$1" in --mode=zenflow|--mode=zero_offload) extra=("${zf_common[@]}") ;; esac
+  case "$name" in *-simdscalar) extra=(--target="$T_SCALAR" ${WIRE:+--wire="$WIRE"}) ;; esac
   if train "$name" "$@" "${extra[@]}" --steps="$steps" "${ft[@]}"; then
     local v
     v=$("$ROOT/tools/json_get" "$res/$name.json" val_loss 2>/dev/null || echo "?")
@@ -394,7 +424,7 @@ while IFS=$'\t' read -r name args; do
   running=$((running + 1))
 done < "$tasks"
 for p in $(jobs -p); do
-  [ "$p" = "$zpid" ] && continue
+  { [ "$p" = "$zpid" ] || [ "$p" = "$zpid_scalar" ]; } && continue
   wait "$p" || true
 done
 grid_s=$((SECONDS - grid_start))
@@ -516,9 +546,26 @@ for S in ("auto", "4"):
         row["S_mean"] = None if None in got else r6(mean(got))
     runs.append(row)
 
+# The perturbation control: the default setting in fp32 with the daemon's
+# round update at --simd=scalar instead of the host's best level (results
+# that differ in the last bits), seed by seed against the same fp32 run.
+perturbation_floor = None
+if "0.1" in KS and "auto" in SS and auto:
+    sums = [load("zf-s%d-k0.1-Sauto-dadaptive-simdscalar" % seed) for seed in SEEDS]
+    base = [load("zf-s%d-k0.1-Sauto-dadaptive" % seed) for seed in SEEDS]
+    ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
+    vs = [s["val_loss"] / b["val_loss"] for s, b in zip(sums, base)]
+    perturbation_floor = r6(max(abs(x - 1) for x in vs))
+    runs.append({"k": 0.1, "S": "auto", "delay": "adaptive", "predicted_step": True,
+                 "control": "simd_scalar",
+                 "ratio": r6(mean(ratios)), "ratio_spread": r6(spread(ratios)),
+                 "ratios": [r6(x) for x in ratios], "val_loss": [r6(s["val_loss"]) for s in sums],
+                 "ratio_vs_fp32": [r6(x) for x in vs], "ratio_vs_fp32_max": perturbation_floor})
+
 def find(k, S, delay, predicted=True):
     return next(r for r in runs if r["k"] == k and str(r["S"]) == S and r["delay"] == delay
-                and r["predicted_step"] == predicted and "optimizer_state" not in r)
+                and r["predicted_step"] == predicted and "optimizer_state" not in r
+                and "control" not in r)
 
 # The system's default setting (zenflowd's: k 0.1, update_interval auto
 # with S_max 4, adaptive delay, the predicted step on), with the S that auto
@@ -534,7 +581,8 @@ if "0.1" in KS and "auto" in SS and auto:
         default["fixed_S4"] = {"ratio": f["ratio"], "ratio_spread": f["ratio_spread"],
                                "S_mean": 4.0, "stall_fraction": f["stall_fraction"]}
 
-measured = [r for r in runs if r.get("ratio") is not None and "same_as" not in r]
+measured = [r for r in runs if r.get("ratio") is not None and "same_as" not in r
+            and "control" not in r]
 doc = {
     "benchmark": "fidelity",
     "quick": bool($quick),
@@ -568,6 +616,8 @@ doc = {
         "min_ratio": r6(min(r["ratio"] for r in measured)),
         "max_ratio": r6(max(r["ratio"] for r in measured)),
         "max_ratio_spread": r6(max(r["ratio_spread"] for r in measured)),
+        # The largest |ratio_vs_fp32 - 1| of the control (None without S auto).
+        "perturbation_floor": perturbation_floor,
     },
     "parallel_jobs": $jobs,
     "grid_s": $grid_s,
@@ -601,6 +651,12 @@ for r in runs:
     if not r["predicted_step"] and r.get("ratio") is not None:
         print("k 0.1, S %s, %s, predicted step off: %.4f +- %.4f"
               % (r["S"], r["delay"], r["ratio"], r["ratio_spread"]))
+for r in runs:
+    if "ratio_vs_fp32" in r:
+        what = ("8-bit state" if "optimizer_state" in r else "fp32, daemon at --simd=scalar")
+        print("k 0.1, S %s, adaptive, %s: per seed against fp32 %s (largest deviation %.4f)"
+              % (r["S"], what, " ".join("%.4f" % x for x in r["ratio_vs_fp32"]),
+                 r["ratio_vs_fp32_max"]))
 if default:
     print("default (k 0.1, S auto, adaptive, predicted step): ratio %.4f +- %.4f, S_mean %.2f, "
           "stall fraction %.3f" % (default["ratio"], default["ratio_spread"], default["S_mean"] or 0,
@@ -609,7 +665,8 @@ EOF
 mv -f "$out.tmp" "$out"
 echo "wrote $out in ${runtime}s (grid ${grid_s}s, $total trainings, $jobs at a time)"
 # The grid's daemon is done; the CPU-bound section starts its own.
-kill -TERM "$zpid" 2>/dev/null || true
-wait "$zpid" 2>/dev/null || true
+kill -TERM "$zpid" "$zpid_scalar" 2>/dev/null || true
+wait "$zpid" "$zpid_scalar" 2>/dev/null || true
 zpid=""
+zpid_scalar=""
 cpu_bound
