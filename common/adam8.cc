@@ -658,11 +658,11 @@ void Adam8Reference(const AdamWHyper& h, int64_t step, float grad_scale, const f
 
 void Adam8Update(SimdLevel level, const AdamWHyper& h, int64_t step, float grad_scale,
                  const float* grad, float* p, const Adam8Columns& s, int64_t rows, int64_t ncols,
-                 float* m_out, float* v_out) {
+                 float* m_out, float* v_out, uint32_t draw_seed) {
   level = Usable(level);
   const Kernels k = KernelsFor(level);
   const AdamWConsts c = MakeAdamWConsts(h, step, grad_scale);
-  const uint32_t salt = StepSalt(step);
+  const uint32_t salt = StepSalt(step) ^ (draw_seed * kHashMul1);
   BlockScratch x;
   ForEachBlock(rows, ncols, [&](size_t at, size_t n, size_t b) {
     const uint32_t row0 = static_cast<uint32_t>(static_cast<int64_t>(at) % rows);

@@ -98,10 +98,12 @@ void Adam8Reference(const AdamWHyper& h, int64_t step, float grad_scale, const f
 // dequantized (what a hand-off reads). Results equal Adam8Reference's up
 // to AdamWUpdate's rounding at `level` (with kScalar: bit for bit); a code
 // may then differ by one step. Stateless and thread-safe for disjoint
-// columns; no alignment requirements.
+// columns; no alignment requirements. draw_seed picks another set of v's
+// stochastic-rounding draws (0: Adam8Reference's; a diagnostic of how far
+// one draw moves a training, zenflowd --adam8_draw_seed).
 void Adam8Update(SimdLevel level, const AdamWHyper& h, int64_t step, float grad_scale,
                  const float* grad, float* p, const Adam8Columns& s, int64_t rows, int64_t ncols,
-                 float* m_out, float* v_out);
+                 float* m_out, float* v_out, uint32_t draw_seed = 0);
 
 }  // namespace zenflow
 

@@ -3,7 +3,8 @@
 // for bit, the fused update against the scalar reference at every level the
 // CPU has, v's stochastic rounding independent of the column partition, and
 // 8-bit AdamW tracking fp32 AdamW over many steps (unbiased v, where
-// rounding v to the nearest code is not).
+// rounding v to the nearest code is not), and a draw seed changing only v's
+// draws.
 #include "common/adam8.h"
 
 #include <algorithm>
@@ -246,12 +247,25 @@ TEST(Adam8Test, VectorLevelsGiveTheSameBytes) {
 // the step, never from where a call starts: a run of columns updated in one
 // call or column by column gives the same bytes, at every level; and a
 // different step draws differently (some codes change).
+// One update's inputs: gradients, parameters and 8-bit state of rows x
+// cols values, from seeds `seed`, + 1, + 2.
+struct UpdateCase {
+  AdamWHyper h{/*lr=*/1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  int64_t rows, cols;
+  size_t n;
+  std::vector<float> g, p0;
+  State8 init;
+  UpdateCase(int64_t r, int64_t c, uint32_t seed)
+      : rows(r), cols(c), n(static_cast<size_t>(r * c)), g(Spread(n, seed)),
+        p0(Spread(n, seed + 1)), init(InitialState(r, c, seed + 2, 1.0f)) {}
+};
+
 TEST(Adam8Test, StochasticRoundingIgnoresThePartition) {
-  const AdamWHyper h{/*lr=*/1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
-  const int64_t rows = 513, cols = 5;
-  const size_t n = static_cast<size_t>(rows * cols);
-  const std::vector<float> g = Spread(n, 21), p0 = Spread(n, 22);
-  const State8 init = InitialState(rows, cols, 23, 1.0f);
+  const UpdateCase u(513, 5, 21);
+  const AdamWHyper& h = u.h;
+  const int64_t rows = u.rows, cols = u.cols;
+  const std::vector<float>&g = u.g, &p0 = u.p0;
+  const State8& init = u.init;
   const int64_t per = Adam8BlocksPerColumn(rows);
   for (SimdLevel l : Levels()) {
     State8 whole = init, by_col = init, other_step = init;
@@ -269,6 +283,42 @@ TEST(Adam8Test, StochasticRoundingIgnoresThePartition) {
     Adam8Update(l, h, 10, 1.0f, g.data(), po.data(), other_step.cols8(), rows, cols, nullptr,
                 nullptr);
     EXPECT_NE(whole.v, other_step.v) << SimdLevelName(l);
+  }
+}
+
+// A draw seed picks another set of v's draws and changes nothing else:
+// the parameters, m and the scales are seed 0's; some v codes differ, each
+// by one code step at most (the draw only chooses the code below or above);
+// the vector levels give the same bytes for the same seed (as they do for
+// seed 0: VectorLevelsGiveTheSameBytes).
+TEST(Adam8Test, ADrawSeedChangesOnlyVsDraws) {
+  const UpdateCase u(300, 4, 31);
+  const AdamWHyper& h = u.h;
+  const int64_t rows = u.rows, cols = u.cols;
+  const size_t n = u.n;
+  const std::vector<float>&g = u.g, &p0 = u.p0;
+  const State8& init = u.init;
+  std::vector<uint8_t> first_v;
+  for (SimdLevel l : Levels()) {
+    State8 base = init, seeded = init;
+    std::vector<float> pb = p0, ps = p0;
+    Adam8Update(l, h, 5, 1.0f, g.data(), pb.data(), base.cols8(), rows, cols, nullptr, nullptr);
+    Adam8Update(l, h, 5, 1.0f, g.data(), ps.data(), seeded.cols8(), rows, cols, nullptr, nullptr,
+                /*draw_seed=*/7);
+    EXPECT_EQ(pb, ps) << SimdLevelName(l);
+    EXPECT_EQ(base.m, seeded.m) << SimdLevelName(l);
+    EXPECT_EQ(base.ms, seeded.ms) << SimdLevelName(l);
+    EXPECT_EQ(base.vs, seeded.vs) << SimdLevelName(l);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int d = static_cast<int>(base.v[i]) - static_cast<int>(seeded.v[i]);
+      EXPECT_LE(std::abs(d), 1) << SimdLevelName(l) << " value " << i;
+      differ += d != 0;
+    }
+    EXPECT_GT(differ, n / 20) << SimdLevelName(l);
+    if (l == SimdLevel::kScalar) continue;
+    if (first_v.empty()) first_v = seeded.v;
+    EXPECT_EQ(seeded.v, first_v) << SimdLevelName(l);
   }
 }
 

@@ -60,6 +60,9 @@ struct JobContext {
   ThreadPool* pool = nullptr;          // AdamW and accumulation workers
   UpdateScheduler* scheduler = nullptr;  // runs round updates (a strand per job)
   SimdLevel simd = SimdLevel::kScalar;
+  // Which set of stochastic-rounding draws 8-bit state's v takes (zenflowd
+  // --adam8_draw_seed, a diagnostic; 0: the default).
+  uint32_t adam8_draw_seed = 0;
   // Per rank: the outbox size above which its stream stops reading (<= 0:
   // unlimited).
   int64_t outbox_limit_bytes = 0;

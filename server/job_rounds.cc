@@ -551,6 +551,7 @@ void Job::RunUpdate(UpdateLease lease) {
   in.factored_moment = DeltasCarryFactoredMoment(spec_);  // docs/design.md rule 13
   in.max_shard_bytes = spec_.max_shard_bytes();
   in.simd = ctx_.simd;
+  in.adam8_draw_seed = ctx_.adam8_draw_seed;
   in.pool = ctx_.pool;
   in.recycler = recycler_.get();
   // The deltas go to every rank's outbox as the update encodes them (one

@@ -71,6 +71,7 @@ JobRegistry::JobRegistry(const RegistryOptions& options)
   ctx_.pool = &pool_;
   ctx_.scheduler = &scheduler_;
   ctx_.simd = options_.simd.value_or(BestSimdLevel());
+  ctx_.adam8_draw_seed = options_.adam8_draw_seed;
   ctx_.outbox_limit_bytes = options.max_outbox_bytes;
   ctx_.round_updated = options.round_updated;
   ctx_.emulate_round_seconds = options.emulate_round_seconds;

@@ -38,6 +38,8 @@ struct RegistryOptions {
   // multiply-adds), so daemons that must give the same bits (a job moved
   // between hosts of different CPUs) pin one.
   std::optional<SimdLevel> simd;
+  // JobContext::adam8_draw_seed (zenflowd --adam8_draw_seed).
+  uint32_t adam8_draw_seed = 0;
   int64_t max_message_bytes = int64_t{512} << 20;  // the service's limit
   int64_t max_params = int64_t{1} << 34;   // all jobs together
   // Bytes all jobs together may hold (their JobFootprint). 0: DefaultMemoryBudget().

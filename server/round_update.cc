@@ -160,7 +160,7 @@ void UpdateAndEncode(const RoundKernelOptions& o, const AdamWHyper& h, int64_t s
     m = o.moments ? moments.data() : nullptr;
     v = o.moments ? moments.data() + n : nullptr;
     Adam8Update(o.simd, h, step, o.grad_scale, grad, p, *q8, rows,
-                static_cast<int64_t>(n) / rows, m, v);
+                static_cast<int64_t>(n) / rows, m, v, o.adam8_draw_seed);
   } else {
     AdamWUpdate(o.simd, h, step, o.grad_scale, grad, p, m, v, n);
   }
@@ -389,6 +389,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     // needs all of v).
     RoundKernelOptions o;
     o.simd = in.simd;
+    o.adam8_draw_seed = in.adam8_draw_seed;
     o.grad_scale = static_cast<float>(scale * clip);
     o.arithmetic = arithmetic;
     o.moments = moments;

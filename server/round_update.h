@@ -125,6 +125,7 @@ struct RoundUpdateInput {
   bool factored_moment = false;
   int64_t max_shard_bytes = 4 << 20;
   SimdLevel simd = SimdLevel::kScalar;
+  uint32_t adam8_draw_seed = 0;  // JobContext::adam8_draw_seed
   ThreadPool* pool = nullptr;  // large updates are spread over it
   // The messages are made and encoded in batches of consecutive messages
   // of at most window_bytes (payload, m and v; at least one message each):
@@ -170,6 +171,7 @@ struct RoundKernelOptions {
   DType values = DType::kF32;  // the deltas' dtype (values kind)
   bool arithmetic = false;  // fp32 new - old instead of the values
   bool moments = false;     // m and v encoded too (bf16)
+  uint32_t adam8_draw_seed = 0;  // Adam8Update's draw_seed (8-bit state only)
 };
 struct RoundKernelBuffers {
   const float* grad = nullptr;

@@ -82,6 +82,11 @@ ABSL_FLAG(std::string, simd, "auto",
           "scalar. Levels differ in the last bits of a result, so daemons that must give a job "
           "the same bits on hosts of different CPUs (a restart on another host, several daemons "
           "of one job) pin the level all of them support; an unsupported level is refused");
+ABSL_FLAG(uint32_t, adam8_draw_seed, 0,
+          "a diagnostic: another set of the draws with which jobs with 8-bit optimizer state "
+          "round v stochastically (0, the default, is the one set every daemon uses). How far "
+          "one set of draws moves a training against another is what the fidelity bench's "
+          "8-bit rows are compared with (docs/benchmarks.md, Fidelity)");
 ABSL_FLAG(double, emulate_round_ms, 0,
           "every round update takes at least this many milliseconds: after the real work the "
           "daemon waits out the rest before sending the deltas, standing in for a model whose "
@@ -289,6 +294,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zenflowd: --update_nice must be in [-20, 19]\n");
     return 2;
   }
+  opts.registry.adam8_draw_seed = absl::GetFlag(FLAGS_adam8_draw_seed);
   const std::string simd = absl::GetFlag(FLAGS_simd);
   if (simd != "auto") {
     bool known = false;

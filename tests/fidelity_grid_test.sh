@@ -3,10 +3,12 @@
 # --quick (k 0.1; S 1, 4 and auto; the four apply delays) with 16 steps, one
 # seed and 8-step pretrainings, then its CPU-bound section at a few steps,
 # against the real zenflowd and zf_train. Checks the grid's rows: every
-# setting's ratio finite and positive, the 8-bit rows and the perturbation
+# setting's ratio finite and positive, the 8-bit rows (the default also at
+# draw seeds 1-3: zenflowds at --adam8_draw_seed) and the perturbation
 # control (the default in fp32 against a zenflowd at --simd=scalar) with
-# ratio_vs_fp32 per seed, summary.perturbation_floor their largest
-# deviation, and the default. No timing is checked.
+# ratio_vs_fp32 per seed, summary.perturbation_floor the control's largest
+# deviation, summary.adam8_default_vs_fp32_over_draws, and the default. No
+# timing is checked.
 set -euo pipefail
 # shellcheck source=tests/testing/fidelity_bench_env.sh
 source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/testing/fidelity_bench_env.sh"
@@ -47,8 +49,17 @@ def vs_fp32(rows, what):
         problems.append("%s: ratio_vs_fp32_max %r for %r" % (what, r.get("ratio_vs_fp32_max"), vs))
     return r
 for S in ("auto", 4):
-    vs_fp32([r for r in runs if r.get("optimizer_state") == "8bit" and r.get("S") == S],
-            "8-bit S %s" % S)
+    vs_fp32([r for r in runs if r.get("optimizer_state") == "8bit" and r.get("S") == S
+             and "draw_seed" not in r], "8-bit S %s" % S)
+draws = [r for r in runs if "draw_seed" in r]
+if sorted(r["draw_seed"] for r in draws) != [1, 2, 3]:
+    problems.append("draw seeds %r, not 1, 2, 3" % [r.get("draw_seed") for r in draws])
+for r in draws:
+    vs_fp32([r], "8-bit S auto draw seed %r" % r["draw_seed"])
+over = doc.get("summary", {}).get("adam8_default_vs_fp32_over_draws") or {}
+if over.get("draw_seeds") != [0, 1, 2, 3] or len(over.get("min", [])) != 1 or \
+        not over["min"][0] <= over["max"][0]:
+    problems.append("summary.adam8_default_vs_fp32_over_draws %r" % over)
 control = vs_fp32([r for r in runs if r.get("control") == "simd_scalar"], "simd_scalar control")
 floor = doc.get("summary", {}).get("perturbation_floor")
 if control is not None and floor != control["ratio_vs_fp32_max"]:

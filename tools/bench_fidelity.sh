@@ -41,8 +41,11 @@
 # Beside the grid, k 0.1 with adaptive delay at S auto and fixed S 4 with
 # 8-bit optimizer state, and the perturbation control: the S auto fp32 runs
 # again against a second zenflowd at --simd=scalar (last-bit differences
-# only); both compared with the fp32 run seed by seed (ratio_vs_fp32), the
-# control's largest deviation as summary.perturbation_floor.
+# only), and the 8-bit S auto runs again against zenflowds at
+# --adam8_draw_seed=1, 2, 3 (other sets of v's stochastic draws); all
+# compared with the fp32 run seed by seed (ratio_vs_fp32), the control's
+# largest deviation as summary.perturbation_floor, the 8-bit default's
+# range over its draws as summary.adam8_default_vs_fp32_over_draws.
 #
 # Like for like. Every run of one seed starts from the same pretrained
 # parameters and sees the same batches in the same order: zf_train samples
@@ -213,18 +216,18 @@ res="$work/res"
 mkdir -p "$res"
 
 zpid=""
-zpid_scalar=""
+zpid_extra=""  # the control daemons' pids
 tmp=""
 cleanup() {
   local p
   # Trainings still running (an interrupt): only the ones this script started.
   for p in $(jobs -p); do
-    { [ "$p" = "$zpid" ] || [ "$p" = "$zpid_scalar" ]; } && continue
+    case " $zpid $zpid_extra " in *" $p "*) continue ;; esac
     pkill -TERM -P "$p" 2>/dev/null || true  # its zf_train
     kill -TERM "$p" 2>/dev/null || true
   done
   [ -n "$tmp" ] && rm -f "$tmp.params" "$tmp.summary"
-  for p in $zpid $zpid_scalar; do
+  for p in $zpid $zpid_extra; do
     kill -TERM "$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
   done
@@ -327,7 +330,16 @@ log "zenflowd on $T (pid $zpid)"
 # last-bit perturbation alone moves a seed's ratio: the floor below which a
 # seed-by-seed comparison (the 8-bit rows') cannot tell settings apart.
 start_zenflowd zenflowd_scalar --simd=scalar
-zpid_scalar=$started_pid T_SCALAR=$started_target
+zpid_extra=$started_pid T_SCALAR=$started_target
+# And the draws' daemons: 8-bit state's v rounded with another set of
+# stochastic draws each (--adam8_draw_seed): how far one set of draws moves
+# the 8-bit default against another, beside how far it is from fp32.
+DRAW_SEEDS=(1 2 3)
+declare -A T_DRAW
+for k in "${DRAW_SEEDS[@]}"; do
+  start_zenflowd "zenflowd_draw$k" --adam8_draw_seed="$k"
+  zpid_extra="$zpid_extra $started_pid" T_DRAW[$k]=$started_target
+done
 
 ft=(--init="$pre" --data="$FT_DATA" --threads=$THREADS --eval_batches=$EVAL_BATCHES "${model[@]}")
 zf_common=(--target="$T")
@@ -385,6 +397,14 @@ for seed in "${SEEDS[@]}"; do
       printf '%s\t--mode=zenflow --seed=%s --job=fid-%s-%s --topk=0.1 --interval=%s --select_interval=%s --delay=adaptive --optimizer_state=8bit\n' \
         "$name" "$seed" "$$" "$name" "$S" "$select_interval" >> "$tasks"
     done
+    # The default with 8-bit state again, against the draws' daemons.
+    if [ "$auto" = true ] && printf '%s\n' "${SS[@]}" | grep -qx auto; then
+      for k in "${DRAW_SEEDS[@]}"; do
+        name="zf-s$seed-k0.1-Sauto-dadaptive-8bit-draw$k"
+        printf '%s\t--mode=zenflow --seed=%s --job=fid-%s-%s --topk=0.1 --interval=auto --select_interval=%s --delay=adaptive --optimizer_state=8bit\n' \
+          "$name" "$seed" "$$" "$name" "$select_interval" >> "$tasks"
+      done
+    fi
     # The perturbation control: the default setting in fp32 against the
     # --simd=scalar daemon (run_task gives it that target).
     if [ "$auto" = true ] && printf '%s\n' "${SS[@]}" | grep -qx auto; then
@@ -402,7 +422,10 @@ run_task() {
   local name=$1; shift
   local t0=$SECONDS extra=()
   case "$1" in --mode=zenflow|--mode=zero_offload) extra=("${zf_common[@]}") ;; esac
-  case "$name" in *-simdscalar) extra=(--target="$T_SCALAR" ${WIRE:+--wire="$WIRE"}) ;; esac
+  case "$name" in
+    *-simdscalar) extra=(--target="$T_SCALAR" ${WIRE:+--wire="$WIRE"}) ;;
+    *-8bit-draw*) extra=(--target="${T_DRAW[${name##*-draw}]}" ${WIRE:+--wire="$WIRE"}) ;;
+  esac
   if train "$name" "$@" "${extra[@]}" --steps="$steps" "${ft[@]}"; then
     local v
     v=$("$ROOT/tools/json_get" "$res/$name.json" val_loss 2>/dev/null || echo "?")
@@ -424,7 +447,7 @@ while IFS=$'\t' read -r name args; do
   running=$((running + 1))
 done < "$tasks"
 for p in $(jobs -p); do
-  { [ "$p" = "$zpid" ] || [ "$p" = "$zpid_scalar" ]; } && continue
+  case " $zpid $zpid_extra " in *" $p "*) continue ;; esac
   wait "$p" || true
 done
 grid_s=$((SECONDS - grid_start))
@@ -556,11 +579,30 @@ if "0.1" in KS and "auto" in SS and auto:
     ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
     vs = [s["val_loss"] / b["val_loss"] for s, b in zip(sums, base)]
     perturbation_floor = r6(max(abs(x - 1) for x in vs))
+    # The 8-bit default under other sets of v's draws (zenflowd
+    # --adam8_draw_seed; draw seed 0 is the 8-bit row above).
+    for k in [$(IFS=,; echo "${DRAW_SEEDS[*]}")]:
+        d_sums = [load("zf-s%d-k0.1-Sauto-dadaptive-8bit-draw%d" % (seed, k)) for seed in SEEDS]
+        d_vs = [s["val_loss"] / b["val_loss"] for s, b in zip(d_sums, base)]
+        runs.append({"k": 0.1, "S": "auto", "delay": "adaptive", "predicted_step": True,
+                     "optimizer_state": "8bit", "draw_seed": k,
+                     "ratios": [r6(s["val_loss"] / ref[seed]["val_loss"])
+                                for s, seed in zip(d_sums, SEEDS)],
+                     "val_loss": [r6(s["val_loss"]) for s in d_sums],
+                     "ratio_vs_fp32": [r6(x) for x in d_vs],
+                     "ratio_vs_fp32_max": r6(max(abs(x - 1) for x in d_vs))})
     runs.append({"k": 0.1, "S": "auto", "delay": "adaptive", "predicted_step": True,
                  "control": "simd_scalar",
                  "ratio": r6(mean(ratios)), "ratio_spread": r6(spread(ratios)),
                  "ratios": [r6(x) for x in ratios], "val_loss": [r6(s["val_loss"]) for s in sums],
                  "ratio_vs_fp32": [r6(x) for x in vs], "ratio_vs_fp32_max": perturbation_floor})
+
+draws = [r for r in runs if r.get("optimizer_state") == "8bit" and r["S"] == "auto"]
+draws_summary = None
+if len(draws) > 1:
+    per_seed = list(zip(*[r["ratio_vs_fp32"] for r in draws]))
+    draws_summary = {"draw_seeds": [r.get("draw_seed", 0) for r in draws],
+                     "min": [min(x) for x in per_seed], "max": [max(x) for x in per_seed]}
 
 def find(k, S, delay, predicted=True):
     return next(r for r in runs if r["k"] == k and str(r["S"]) == S and r["delay"] == delay
@@ -618,6 +660,9 @@ doc = {
         "max_ratio_spread": r6(max(r["ratio_spread"] for r in measured)),
         # The largest |ratio_vs_fp32 - 1| of the control (None without S auto).
         "perturbation_floor": perturbation_floor,
+        # The 8-bit default's ratio_vs_fp32 per seed over its draw seeds
+        # (0 and the draws' daemons'): lowest and highest.
+        "adam8_default_vs_fp32_over_draws": draws_summary,
     },
     "parallel_jobs": $jobs,
     "grid_s": $grid_s,
@@ -654,6 +699,8 @@ for r in runs:
 for r in runs:
     if "ratio_vs_fp32" in r:
         what = ("8-bit state" if "optimizer_state" in r else "fp32, daemon at --simd=scalar")
+        if "draw_seed" in r:
+            what += ", draw seed %d" % r["draw_seed"]
         print("k 0.1, S %s, adaptive, %s: per seed against fp32 %s (largest deviation %.4f)"
               % (r["S"], what, " ".join("%.4f" % x for x in r["ratio_vs_fp32"]),
                  r["ratio_vs_fp32_max"]))
@@ -665,8 +712,10 @@ EOF
 mv -f "$out.tmp" "$out"
 echo "wrote $out in ${runtime}s (grid ${grid_s}s, $total trainings, $jobs at a time)"
 # The grid's daemon is done; the CPU-bound section starts its own.
-kill -TERM "$zpid" "$zpid_scalar" 2>/dev/null || true
-wait "$zpid" "$zpid_scalar" 2>/dev/null || true
+# shellcheck disable=SC2086  # the pids, one word each
+kill -TERM "$zpid" $zpid_extra 2>/dev/null || true
+# shellcheck disable=SC2086
+wait "$zpid" $zpid_extra 2>/dev/null || true
 zpid=""
-zpid_scalar=""
+zpid_extra=""
 cpu_bound
