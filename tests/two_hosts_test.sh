@@ -49,9 +49,14 @@ ip -n "$NA" route add "$IPB/32" via 10.231.0.2
 ip -n "$NB" route add "$IPA/32" via 10.231.0.1
 
 # daemon NS IP NAME: a zenflowd in namespace NS on IP; its port in $dir/port_NAME.
+# --dead_rank_timeout_s=60: after the cut a rank must notice the daemon
+# across it (keepalive ~20 s, then --daemon_wait 5 s) before its own host's
+# daemon gives up on the other rank and aborts the job (ABORTED naming its
+# own daemon, also right, but not what this test checks). At 30 s the two
+# were 5 s apart, and a loaded CI host once let the abort come first.
 daemon() {
   ip netns exec "$1" "$ZENFLOWD" --listen="$2:0" --allow_insecure --ucx_tls=tcp,self \
-    --port_file="$dir/port_$3" --dead_rank_timeout_s=30 2>"$dir/zenflowd_$3.log" &
+    --port_file="$dir/port_$3" --dead_rank_timeout_s=60 2>"$dir/zenflowd_$3.log" &
   pids+=($!)
   for _ in $(seq 1 300); do [ -s "$dir/port_$3" ] && break; sleep 0.1; done
   [ -s "$dir/port_$3" ] || { echo "zenflowd $3 did not start"; cat "$dir/zenflowd_$3.log"; exit 1; }
