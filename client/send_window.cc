@@ -60,10 +60,11 @@ absl::Status SendWindow::Push(Outgoing out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (state_ != State::kOpen) return EndStatusLocked();
   const auto t0 = std::chrono::steady_clock::now();
   // A full window: wait off mu_ (whose every unlock wakes its Await-ers)
-  // until Complete has freed an eighth of the window beyond this message,
-  // so a producer that keeps the window full wakes once per eighth instead
-  // of once per message (at 64 KiB, a wake and two context switches per
-  // message on the sending side).
+  // until Complete has freed an eighth of the window beyond this message
+  // (a message of an eighth or more: until it fits), so a producer that
+  // keeps the window full wakes once per eighth instead of once per message
+  // (at 64 KiB, a wake and two context switches per message on the sending
+  // side).
   bool waited = false;
   const int64_t charge = Charge(out.size, out.payload_bytes);
   while (state_ == State::kOpen && bytes_ != 0 && bytes_ + charge > max_bytes_) {
@@ -108,7 +109,13 @@ void SendWindow::Complete(int64_t size, bool sent, int64_t payload_bytes) {
   MutexLock lock(&mu_);
   --sending_;
   bytes_ -= Charge(size, payload_bytes);
-  if (wait_size_ > 0 && (bytes_ == 0 || bytes_ + wait_size_ <= max_bytes_ - max_bytes_ / 8)) {
+  // The waiting producer goes on once its message fits with an eighth of
+  // the window to spare; a message of an eighth or more is that eighth
+  // itself, so it goes on as soon as it fits (requiring more left half-
+  // window shards waiting for both in flight to complete, and a waiter
+  // whose last in-flight message never completed stuck).
+  const int64_t spare = wait_size_ >= max_bytes_ / 8 ? 0 : max_bytes_ / 8;
+  if (wait_size_ > 0 && (bytes_ == 0 || bytes_ + wait_size_ <= max_bytes_ - spare)) {
     WakeProducersLocked();
   }
   if (sent) {

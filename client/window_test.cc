@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "client/round_assembler.h"
 #include "client/send_window.h"
 #include "common/stream_error.h"
@@ -76,6 +77,11 @@ TEST(SendWindowTest, ShardsCountTheirPayloadAgainstTheWindow) {
     EXPECT_TRUE(w.Push(shard(32)).ok());
     pushed = true;
   });
+  // Most often the third is waiting by now (it then must be woken once it
+  // fits: with b still in flight, waiting for an eighth to spare would
+  // never end; a third that has not started yet simply finds room).
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(pushed);
   w.Complete(a->size, true, a->payload_bytes);
   third.join();
   EXPECT_TRUE(pushed);

@@ -149,8 +149,15 @@ set -e
 took=$(( $(date +%s) - start ))
 [ "$rc0" != 0 ] && [ "$rc1" != 0 ] || { echo "both ranks should have failed (rc $rc0, $rc1)"; exit 1; }
 # Each names a daemon across the cut (rank 0 in A loses B; rank 1 in B loses A).
-grep -q "zenflowd $B (daemon 1 of 2)" "$dir/cut-0.out" || { echo "rank 0:"; cat "$dir/cut-0.out"; exit 1; }
-grep -q "zenflowd $A (daemon 0 of 2)" "$dir/cut-1.out" || { echo "rank 1:"; cat "$dir/cut-1.out"; exit 1; }
+# Otherwise: both ranks' and both daemons' last lines, and how long it took.
+misnamed() {
+  echo "rank $1 did not name the daemon across the cut (both ranks stopped within $took s)"
+  for r in 0 1; do echo "rank $r:"; grep -v "^step" "$dir/cut-$r.out" | tail -20; done
+  for n in A B; do echo "zenflowd $n:"; tail -20 "$dir/zenflowd_$n.log"; done
+  exit 1
+}
+grep -q "zenflowd $B (daemon 1 of 2)" "$dir/cut-0.out" || misnamed 0
+grep -q "zenflowd $A (daemon 0 of 2)" "$dir/cut-1.out" || misnamed 1
 echo "after the cut both ranks stopped within $took s:"
 echo "  rank 0: $(grep -m1 "zenflowd $B (daemon 1 of 2)" "$dir/cut-0.out")"
 echo "  rank 1: $(grep -m1 "zenflowd $A (daemon 0 of 2)" "$dir/cut-1.out")"
