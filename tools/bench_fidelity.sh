@@ -546,22 +546,29 @@ for k, S, delay, predicted in PLAIN + UNPREDICTED:
                 row["S_mean"] = None if None in got else r6(mean(got))
             runs.append(row)
 
+# Runs of k 0.1, adaptive delay and S against the fp32 runs of that setting,
+# seed by seed: their summaries, their ratios to AdamW, and ratio_vs_fp32
+# (their val_loss over fp32's per seed) with its largest deviation.
+def against_fp32(suffix, S):
+    sums = [load("zf-s%d-k0.1-S%s-dadaptive-%s" % (seed, S, suffix)) for seed in SEEDS]
+    base = [load("zf-s%d-k0.1-S%s-dadaptive" % (seed, S)) for seed in SEEDS]
+    ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
+    vs = [s["val_loss"] / b["val_loss"] for s, b in zip(sums, base)]
+    return sums, ratios, {"ratio_vs_fp32": [r6(x) for x in vs],
+                          "ratio_vs_fp32_max": r6(max(abs(x - 1) for x in vs))}
+
 # 8-bit optimizer state: its ratio seed by seed against the fp32 run of the
 # same setting (ratio_vs_fp32: 8-bit ratio / fp32 ratio per seed).
 for S in ("auto", "4"):
     if "0.1" not in KS or S not in SS or (S == "auto" and not auto):
         continue
-    sums = [load("zf-s%d-k0.1-S%s-dadaptive-8bit" % (seed, S)) for seed in SEEDS]
-    base = [load("zf-s%d-k0.1-S%s-dadaptive" % (seed, S)) for seed in SEEDS]
-    ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
-    vs = [s["val_loss"] / b["val_loss"] for s, b in zip(sums, base)]
+    sums, ratios, vs_fp32 = against_fp32("8bit", S)
     row = {"k": 0.1, "S": S if S == "auto" else int(S), "delay": "adaptive",
            "predicted_step": True, "optimizer_state": "8bit",
            "ratio": r6(mean(ratios)), "ratio_spread": r6(spread(ratios)),
            "ratio_min": r6(min(ratios)), "ratio_max": r6(max(ratios)),
            "ratios": [r6(x) for x in ratios], "val_loss": [r6(s["val_loss"]) for s in sums],
-           "ratio_vs_fp32": [r6(x) for x in vs],
-           "ratio_vs_fp32_max": r6(max(abs(x - 1) for x in vs)),
+           **vs_fp32,
            "stall_fraction": r6(mean([stall_fraction(s) for s in sums])),
            "mean_step_ms": round(mean([s["mean_step_ms"] for s in sums]), 3)}
     if S == "auto":
@@ -574,28 +581,21 @@ for S in ("auto", "4"):
 # that differ in the last bits), seed by seed against the same fp32 run.
 perturbation_floor = None
 if "0.1" in KS and "auto" in SS and auto:
-    sums = [load("zf-s%d-k0.1-Sauto-dadaptive-simdscalar" % seed) for seed in SEEDS]
-    base = [load("zf-s%d-k0.1-Sauto-dadaptive" % seed) for seed in SEEDS]
-    ratios = [s["val_loss"] / ref[seed]["val_loss"] for s, seed in zip(sums, SEEDS)]
-    vs = [s["val_loss"] / b["val_loss"] for s, b in zip(sums, base)]
-    perturbation_floor = r6(max(abs(x - 1) for x in vs))
     # The 8-bit default under other sets of v's draws (zenflowd
     # --adam8_draw_seed; draw seed 0 is the 8-bit row above).
     for k in [$(IFS=,; echo "${DRAW_SEEDS[*]}")]:
-        d_sums = [load("zf-s%d-k0.1-Sauto-dadaptive-8bit-draw%d" % (seed, k)) for seed in SEEDS]
-        d_vs = [s["val_loss"] / b["val_loss"] for s, b in zip(d_sums, base)]
+        sums, ratios, vs_fp32 = against_fp32("8bit-draw%d" % k, "auto")
         runs.append({"k": 0.1, "S": "auto", "delay": "adaptive", "predicted_step": True,
                      "optimizer_state": "8bit", "draw_seed": k,
-                     "ratios": [r6(s["val_loss"] / ref[seed]["val_loss"])
-                                for s, seed in zip(d_sums, SEEDS)],
-                     "val_loss": [r6(s["val_loss"]) for s in d_sums],
-                     "ratio_vs_fp32": [r6(x) for x in d_vs],
-                     "ratio_vs_fp32_max": r6(max(abs(x - 1) for x in d_vs))})
+                     "ratios": [r6(x) for x in ratios],
+                     "val_loss": [r6(s["val_loss"]) for s in sums], **vs_fp32})
+    sums, ratios, vs_fp32 = against_fp32("simdscalar", "auto")
+    perturbation_floor = vs_fp32["ratio_vs_fp32_max"]
     runs.append({"k": 0.1, "S": "auto", "delay": "adaptive", "predicted_step": True,
                  "control": "simd_scalar",
                  "ratio": r6(mean(ratios)), "ratio_spread": r6(spread(ratios)),
                  "ratios": [r6(x) for x in ratios], "val_loss": [r6(s["val_loss"]) for s in sums],
-                 "ratio_vs_fp32": [r6(x) for x in vs], "ratio_vs_fp32_max": perturbation_floor})
+                 **vs_fp32})
 
 draws = [r for r in runs if r.get("optimizer_state") == "8bit" and r["S"] == "auto"]
 draws_summary = None
