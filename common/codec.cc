@@ -571,6 +571,14 @@ bool IsaSupported(Isa isa) {
   return static_cast<int>(isa) <= static_cast<int>(ActiveIsa());
 }
 
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (IsaSupported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
 void EncodeWith(Isa isa, DType dtype, const float* src, size_t n, void* dst) {
   switch (isa) {
     case Isa::kAvx512:

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 // FloatToBf16, Bf16ToFloat, FloatToF16, F16ToFloat: part of this API.
 #include "common/float16.h"
@@ -92,6 +93,9 @@ Isa ActiveIsa();
 
 // True if this CPU can run code compiled for `isa`.
 bool IsaSupported(Isa isa);
+
+// Every level this CPU can run, scalar first (for tests that try them all).
+std::vector<Isa> SupportedIsas();
 
 // Same as the public functions but forced to `isa`, which must be supported.
 void EncodeWith(Isa isa, DType dtype, const float* src, size_t n, void* dst);

@@ -18,14 +18,7 @@ namespace zenflow {
 namespace {
 
 using codec_internal::Isa;
-
-std::vector<Isa> SupportedIsas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (codec_internal::IsaSupported(isa)) out.push_back(isa);
-  }
-  return out;
-}
+using codec_internal::SupportedIsas;
 
 // a[from, to) and b[from, to) hold the same bits.
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b, size_t from,

@@ -16,6 +16,7 @@ namespace zenflow {
 namespace {
 
 using codec_internal::Isa;
+using codec_internal::SupportedIsas;
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -27,14 +28,6 @@ float FromBits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
-}
-
-std::vector<Isa> SupportedIsas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (codec_internal::IsaSupported(isa)) out.push_back(isa);
-  }
-  return out;
 }
 
 const char* IsaName(Isa isa) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
+#include "common/buffer_pool.h"
 #include "ucp/api/ucp.h"
 
 namespace zenflow {
@@ -110,6 +111,9 @@ struct UcxWorker::Impl {
     // A split message's head, received on its own; this receive (its body,
     // received into data's front) ends with the head's bytes appended.
     std::unique_ptr<Recv> head;
+    // A scanned receive (StartRecv): its length, and what the copy found.
+    size_t unpack_bytes = 0;
+    NonFiniteScan scan;
   };
   struct Closing {
     std::unique_ptr<Ep> ep;
@@ -122,7 +126,10 @@ struct UcxWorker::Impl {
   // UCX's event fd (UCP_FEATURE_WAKEUP; -1 without): an idle progress
   // thread arms the worker and sleeps until it, or wake_fd, fires.
   int ucx_fd = -1;
-  RecvFn on_recv;
+  ScannedRecvFn on_recv;
+  // UCX's generic datatype for scanned receives (0: none): its unpack is
+  // the copy, CopyScanNonFinite, into the Recv passed as the "buffer".
+  ucp_datatype_t scan_dt = 0;
   OversizeFn on_oversize;
   int64_t max_message_bytes = 0;
   std::atomic<bool> receive_paused{false};
@@ -135,46 +142,8 @@ struct UcxWorker::Impl {
   std::vector<std::function<void()>> running;
   bool stop ABSL_GUARDED_BY(mu) = false;
   Stats stats ABSL_GUARDED_BY(mu);
-  // Recycled receive buffers (bounded).
-  std::vector<std::string> pool ABSL_GUARDED_BY(mu);
-  size_t pool_bytes ABSL_GUARDED_BY(mu) = 0;
-  static constexpr size_t kPoolMaxBuffers = 128;
-  static constexpr size_t kPoolMaxBytes = size_t{1} << 30;
-
-  // Messages shorter than this are not received into pooled buffers (a
-  // round close would otherwise carry off a shard's buffer, which its
-  // reader does not give back, and the next shard would fault in a new one).
-  static constexpr size_t kPoolMinBytes = 4096;
-
-  // A buffer of exactly n bytes (contents unspecified): the smallest pooled
-  // one that fits and is not much larger, else a new one.
-  std::string TakeBuffer(size_t n) {
-    std::string b;
-    if (n >= kPoolMinBytes) {
-      MutexLock lock(&mu);
-      size_t best = pool.size();
-      for (size_t i = 0; i < pool.size(); ++i) {
-        const size_t cap = pool[i].capacity();
-        if (cap >= n && cap <= 2 * n + (size_t{1} << 20) &&
-            (best == pool.size() || cap < pool[best].capacity())) {
-          best = i;
-        }
-      }
-      if (best < pool.size()) {
-        b = std::move(pool[best]);
-        pool[best] = std::move(pool.back());
-        pool.pop_back();
-        pool_bytes -= b.capacity();
-      }
-    }
-    if (b.capacity() < n) {
-      // Frames of one kind differ by a few header bytes: leave room so that
-      // a recycled buffer fits the next one.
-      b.reserve((n + (n >> 6) + 4095) & ~size_t{4095});
-    }
-    b.resize(n);  // fills only beyond the buffer's old size
-    return b;
-  }
+  // Recycled receive buffers (UcxWorker::Recycle gives them back).
+  BufferPool pool;
 
   // Progress-thread state.
   std::map<uint64_t, std::unique_ptr<Ep>> eps;
@@ -221,6 +190,8 @@ struct UcxWorker::Impl {
     r->done = false;
     r->status = UCS_OK;
     r->oversize = -1;
+    r->unpack_bytes = 0;
+    r->scan.Reset();
     spare.push_back(std::move(r));
   }
   std::vector<std::unique_ptr<Recv>>::iterator FindHead(uint64_t tag) {
@@ -253,7 +224,6 @@ struct UcxWorker::Impl {
     held_tags.reserve(kWarmRecvs);
     spare_recvs.reserve(kMaxSpareRecvs);
     spare_heads.reserve(kMaxSpareRecvs);
-    pool.reserve(kPoolMaxBuffers);
     for (size_t i = 0; i < kWarmRecvs; ++i) {
       spare_recvs.push_back(std::make_unique<Recv>());
       auto h = std::make_unique<Recv>();
@@ -263,6 +233,7 @@ struct UcxWorker::Impl {
   }
   ~Impl() {
     if (worker != nullptr) ucp_worker_destroy(worker);
+    if (scan_dt != 0) ucp_dt_destroy(scan_dt);
     if (context != nullptr) ucp_cleanup(context);
     if (wake_fd >= 0) close(wake_fd);
   }
@@ -487,13 +458,44 @@ struct UcxWorker::Impl {
     }
   }
 
-  // Starts receiving `msg` into r->data's first `n` bytes.
+  // The generic datatype's operations. A receive passes its Recv as the
+  // buffer (UCX hands it to start_unpack and reads nothing else of it);
+  // UCX calls unpack for each piece as it arrives, in any order.
+  static void* ScanStartUnpack(void*, void* buffer, size_t) { return buffer; }
+  static size_t ScanPackedSize(void* state) { return static_cast<Recv*>(state)->unpack_bytes; }
+  static ucs_status_t ScanUnpack(void* state, size_t offset, const void* src, size_t n) {
+    Recv* r = static_cast<Recv*>(state);
+    if (offset > r->unpack_bytes || n > r->unpack_bytes - offset) {
+      r->scan.Reset();
+      return UCS_ERR_MESSAGE_TRUNCATED;
+    }
+    r->scan.Add(offset, CopyScanNonFinite(r->data.data() + offset, src, n), n);
+    return UCS_OK;
+  }
+  static void ScanFinish(void*) {}
+  // Receives are all this datatype does; packing is never asked of it.
+  static void* ScanStartPack(void*, const void*, size_t) { return nullptr; }
+  static size_t ScanPack(void*, size_t, void*, size_t) { return 0; }
+  static constexpr ucp_generic_dt_ops_t kScanOps = {&ScanStartPack, &ScanStartUnpack,
+                                                    &ScanPackedSize, &ScanPack,
+                                                    &ScanUnpack,     &ScanFinish};
+
+  // Starts receiving `msg` into r->data's first `n` bytes; through the
+  // scanning copy when this worker scans and the message is long enough.
   void StartRecv(ucp_tag_message_h msg, Recv* r, size_t n) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = &Impl::OnRecv;
     p.user_data = r;
-    ucs_status_ptr_t q = ucp_tag_msg_recv_nbx(worker, r->data.data(), n, msg, &p);
+    void* buffer = r->data.data();
+    if (scan_dt != 0 && n >= kScanMinBytes) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      p.datatype = scan_dt;
+      r->unpack_bytes = n;
+      r->scan.Begin(n);
+      buffer = r;
+    }
+    ucs_status_ptr_t q = ucp_tag_msg_recv_nbx(worker, buffer, n, msg, &p);
     if (q == nullptr) {
       r->done = true;
     } else if (UCS_PTR_IS_ERR(q)) {
@@ -535,7 +537,7 @@ struct UcxWorker::Impl {
       StartRecv(msg, r.get(), r->data.size());
       r->head = std::move(head);  // (its bytes are dropped)
     } else {
-      r->data = TakeBuffer(total);
+      r->data = pool.Take(total);
       StartRecv(msg, r.get(), info.length);
       r->head = std::move(head);
     }
@@ -581,7 +583,7 @@ struct UcxWorker::Impl {
           ++stats.messages_received;
           stats.bytes_received += static_cast<int64_t>(r->data.size());
         }
-        on_recv(r->tag, std::move(r->data));
+        on_recv(r->tag, std::move(r->data), r->scan);
         r->data = std::string();
       }
       FreeRecv(std::move(r));
@@ -717,6 +719,17 @@ std::string UcxTransports(const UcxOptions& options) {
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options,
                                                              RecvFn on_recv,
                                                              OversizeFn on_oversize) {
+  return Create(
+      options,
+      [fn = std::move(on_recv)](uint64_t tag, std::string message, const NonFiniteScan&) {
+        fn(tag, std::move(message));
+      },
+      std::move(on_oversize));
+}
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options,
+                                                             ScannedRecvFn on_recv,
+                                                             OversizeFn on_oversize) {
   auto impl = std::make_unique<Impl>();
   impl->on_recv = std::move(on_recv);
   impl->on_oversize = std::move(on_oversize);
@@ -759,6 +772,10 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
   s = ucp_worker_create(impl->context, &wp, &impl->worker);
   if (s != UCS_OK) return FromUcs(s, "cannot create a UCX worker");
+  if (options.scan_nonfinite) {
+    s = ucp_dt_create_generic(&Impl::kScanOps, nullptr, &impl->scan_dt);
+    if (s != UCS_OK) return FromUcs(s, "cannot create the UCX receive scan's datatype");
+  }
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return absl::InternalError("eventfd failed");
   if (options.without_cma) {
@@ -845,16 +862,7 @@ void UcxWorker::PauseReceiving(bool paused) {
   impl_->Post([] {});  // wake the progress thread
 }
 
-void UcxWorker::Recycle(std::string buffer) {
-  if (buffer.capacity() < 4096) return;
-  MutexLock lock(&impl_->mu);
-  if (impl_->pool.size() >= Impl::kPoolMaxBuffers ||
-      impl_->pool_bytes + buffer.capacity() > Impl::kPoolMaxBytes) {
-    return;
-  }
-  impl_->pool_bytes += buffer.capacity();
-  impl_->pool.push_back(std::move(buffer));
-}
+void UcxWorker::Recycle(std::string buffer) { impl_->pool.Give(std::move(buffer)); }
 
 UcxWorker::Stats UcxWorker::stats() {
   MutexLock lock(&impl_->mu);

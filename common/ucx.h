@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/copy_scan.h"
 #include "common/mutex.h"
 
 namespace zenflow {
@@ -52,6 +53,14 @@ struct UcxOptions {
   // fragments through the shared-memory queues. "sm" becomes "posix,sysv",
   // "cma" is dropped, "all" becomes "^cma".
   bool without_cma = false;
+  // Receives each message of kScanMinBytes or more (a split message's body:
+  // a frame's payload) through CopyScanNonFinite instead of UCX's plain
+  // copy, and hands what the scan found to a ScannedRecvFn with the
+  // message: a payload proven finite need not be read again to be checked
+  // (zenflowd's data plane). The copy is the one UCX makes anyway (out of
+  // its shared-memory fragments or socket buffers), now through a UCX
+  // generic datatype; messages of other sizes arrive unscanned.
+  bool scan_nonfinite = false;
 };
 
 // The UCX_TLS value `options` asks for (see UcxOptions::without_cma).
@@ -64,6 +73,12 @@ class UcxWorker {
   // complete: a message whose sender died midway holds back only its tag). It must not block for long and must not call back into the
   // worker synchronously except Send/Disconnect.
   using RecvFn = std::function<void(uint64_t tag, std::string message)>;
+  // The same, with what the receive copy's scan proves of the message's
+  // first bytes (UcxOptions::scan_nonfinite; unproven for a message it did
+  // not scan).
+  using ScannedRecvFn =
+      std::function<void(uint64_t tag, std::string message, const NonFiniteScan& scan)>;
+  static constexpr size_t kScanMinBytes = 64 << 10;
   // Called once (on the progress thread) when a send ends.
   using DoneFn = std::function<void(absl::Status)>;
   // A message longer than max_message_bytes arrived (and was discarded), in
@@ -72,6 +87,9 @@ class UcxWorker {
 
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options,
                                                            RecvFn on_recv,
+                                                           OversizeFn on_oversize = nullptr);
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options,
+                                                           ScannedRecvFn on_recv,
                                                            OversizeFn on_oversize = nullptr);
   // Stops the progress thread; open endpoints are closed (their pending
   // sends fail with CANCELLED).

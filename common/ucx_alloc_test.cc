@@ -201,6 +201,7 @@ void PushFrames(const UcxOptions& options, size_t payload_bytes, size_t count, s
 UcxOptions DaemonLike() {
   UcxOptions o;
   o.without_cma = true;  // as zenflowd's data plane
+  o.scan_nonfinite = true;  // its bodies through the scanning copy
   return o;
 }
 

@@ -669,5 +669,126 @@ TEST(UcxTransportsTest, LargeMessagesTravelBothWaysWithoutCma) {
   EXPECT_TRUE(got_b[0].second == down);
 }
 
+
+// Collects received messages with their receive scans.
+class ScannedInbox {
+ public:
+  struct Got {
+    uint64_t tag;
+    std::string message;
+    NonFiniteScan scan;
+  };
+  UcxWorker::ScannedRecvFn Fn() {
+    return [this](uint64_t tag, std::string m, const NonFiniteScan& scan) {
+      MutexLock lock(&mu_);
+      got_.push_back({tag, std::move(m), scan});
+    };
+  }
+  std::vector<Got> WaitTake(size_t n) {
+    MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return got_.size() >= n; },
+                         absl::Seconds(60));
+    return std::move(got_);
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<Got> got_ ABSL_GUARDED_BY(mu_);
+};
+
+// A scanning receiver (zenflowd's) proves a frame's body finite for
+// exactly the dtypes whose NaN / Inf pattern it lacks, over shared memory
+// without CMA and over TCP, in the eager and the rendezvous sizes, and
+// proves nothing of a message it did not scan (too short) or of bytes past
+// the body; the messages arrive whole either way.
+TEST(UcxWorker, ScanningReceiverProvesBodiesFiniteForExactlyTheCleanDtypes) {
+  struct Transport {
+    const char* tls;
+    const char* devices;
+  };
+  for (const Transport& t : {Transport{"sm,self", ""}, Transport{"tcp,self", "lo"}}) {
+    SCOPED_TRACE(t.tls);
+    UcxOptions ro;
+    ro.tls = t.tls;
+    ro.net_devices = t.devices;
+    ro.without_cma = true;
+    ro.scan_nonfinite = true;
+    ScannedInbox inbox;
+    auto rx = UcxWorker::Create(ro, inbox.Fn());
+    ASSERT_TRUE(rx.ok()) << rx.status();
+    UcxOptions so;
+    so.tls = t.tls;
+    so.net_devices = t.devices;
+    auto tx = UcxWorker::Create(so, [](uint64_t, std::string) {});
+    ASSERT_TRUE(tx.ok()) << tx.status();
+    auto ep = (*tx)->Connect((*rx)->address());
+    ASSERT_TRUE(ep.ok()) << ep.status();
+
+    // Bodies of bytes below 0x40: no dtype's pattern in any word.
+    auto clean = [](size_t n) {
+      std::string b = Pattern(n, static_cast<uint32_t>(n));
+      for (char& c : b) c = static_cast<char>(c & 0x3F);
+      return b;
+    };
+    auto plant = [](std::string b, size_t at, uint32_t word, size_t bytes) {
+      for (size_t k = 0; k < bytes; ++k) b[at + k] = static_cast<char>(word >> (8 * k));
+      return b;
+    };
+    const std::string head = Pattern(100, 9);
+    struct Case {
+      std::string body;
+      bool f32, bf16, f16;  // proven finite
+    };
+    std::vector<Case> cases;
+    for (size_t n : {size_t{64} << 10, size_t{1} << 20, (size_t{9} << 20) + 12}) {
+      cases.push_back({clean(n), true, true, true});
+      // A bf16 NaN in the low half of an fp32 word: bf16 unproven, and
+      // fp16 (every bf16 NaN or Inf is an fp16 one too), not fp32.
+      cases.push_back({plant(clean(n), n - 8, 0x7FC1, 2), true, false, false});
+      // An fp32 Inf: its high half is a bf16 Inf and an fp16 NaN.
+      cases.push_back({plant(clean(n), n / 2 - n / 2 % 4, 0x7F800000u, 4), false, false, false});
+      // An fp16 Inf as the very first value.
+      cases.push_back({plant(clean(n), 0, 0x7C00, 2), true, true, false});
+    }
+    Sends sends;
+    for (const Case& c : cases) (*tx)->Send(*ep, 5, {c.body, head}, sends.Fn());
+    const std::string small = clean(1000);  // one message, not scanned
+    (*tx)->Send(*ep, 5, {small, head}, sends.Fn());
+    for (const absl::Status& st : sends.WaitFor(cases.size() + 1)) EXPECT_TRUE(st.ok()) << st;
+    std::vector<ScannedInbox::Got> got = inbox.WaitTake(cases.size() + 1);
+    ASSERT_EQ(got.size(), cases.size() + 1);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("case ", i, ", body ", cases[i].body.size()));
+      const Case& c = cases[i];
+      const NonFiniteScan& scan = got[i].scan;
+      EXPECT_TRUE(got[i].message == c.body + head);
+      const size_t n = c.body.size();
+      EXPECT_EQ(scan.Proves(DType::kF32, n), c.f32);
+      EXPECT_EQ(scan.Proves(DType::kBF16, n), c.bf16);
+      EXPECT_EQ(scan.Proves(DType::kF16, n), c.f16);
+      EXPECT_FALSE(scan.Proves(DType::kBF16, n + 1));  // the head was not scanned
+    }
+    EXPECT_TRUE(got.back().message == small + head);
+    EXPECT_FALSE(got.back().scan.Proves(DType::kBF16, 0));
+  }
+
+  // A worker that does not scan proves nothing.
+  ScannedInbox plain;
+  auto rx = UcxWorker::Create({}, plain.Fn());
+  ASSERT_TRUE(rx.ok()) << rx.status();
+  auto tx = UcxWorker::Create({}, [](uint64_t, std::string) {});
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  auto ep = (*tx)->Connect((*rx)->address());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  const std::string body(1 << 20, '\x01'), head(64, '\x02');
+  Sends sends;
+  (*tx)->Send(*ep, 3, {body, head}, sends.Fn());
+  ASSERT_TRUE(sends.WaitFor(1)[0].ok());
+  std::vector<ScannedInbox::Got> got = plain.WaitTake(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].message == body + head);
+  EXPECT_FALSE(got[0].scan.Proves(DType::kBF16, body.size()));
+}
+
 }  // namespace
 }  // namespace zenflow

@@ -24,6 +24,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/copy_scan.h"
 #include "zenflow/v1/zenflow.pb.h"
 
 namespace zenflow {
@@ -60,7 +61,12 @@ class ShardPayload {
     count_ = 0;
     size_ = 0;
     more_.clear();
+    scan_.Reset();
   }
+  // What the transport's receive copy proved of the payload's values (a
+  // UCX body received with UcxOptions::scan_nonfinite); unproven unless set.
+  void set_scan(const NonFiniteScan& scan) { scan_ = scan; }
+  const NonFiniteScan& scan() const { return scan_; }
   size_t size() const { return size_; }
   absl::Span<const absl::string_view> pieces() const {
     return count_ <= 1 ? absl::Span<const absl::string_view>(&one_, count_)
@@ -77,6 +83,7 @@ class ShardPayload {
   std::vector<absl::string_view> more_;  // all the pieces, when more than one
   size_t count_ = 0;
   size_t size_ = 0;
+  NonFiniteScan scan_;
 };
 
 // Calls fn(column, first_row, values, n) for every stretch of n values of

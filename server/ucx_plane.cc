@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/ucx_frame.h"
+#include "server/exposure.h"
 #include "server/ingest.h"
 
 namespace zenflow {
@@ -37,6 +38,14 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(const UcxOptio
   // freed (fatal in UCX 1.13; see UcxOptions::without_cma).
   UcxOptions daemon_options = options;
   daemon_options.without_cma = true;
+  // Bodies (shard payloads) are copied out of UCX through a scan for NaN
+  // and Inf: a bf16 / fp16 / fp32 payload proven finite is not read again
+  // to be checked before its add (Job::AddShard). Shared memory only: its
+  // fragments are copied out anyway, and the scan rides on that copy. Over
+  // TCP UCX receives a contiguous message straight from the socket, and the
+  // generic datatype would add a copy (measured slower than the check's
+  // read: docs/scale-benchmark.md#the-check-on-the-receive-copy).
+  daemon_options.scan_nonfinite = NetworkTransportIn(daemon_options.tls).empty();
   std::unique_ptr<UcxDataPlane> p(new UcxDataPlane(
       daemon_options, registry, UcxTransports(daemon_options),
       max_outbox_bytes + std::max<int64_t>(options.max_message_bytes, 0)));
@@ -62,7 +71,10 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxDataPlane::NewWorker() {
   ZF_ASSIGN_OR_RETURN(
       std::unique_ptr<UcxWorker> w,
       UcxWorker::Create(
-          options_, [raw](uint64_t tag, std::string frame) { raw->OnFrame(tag, std::move(frame)); },
+          options_,
+          [raw](uint64_t tag, std::string frame, const NonFiniteScan& scan) {
+            raw->OnFrame(tag, std::move(frame), scan);
+          },
           [raw](uint64_t tag, int64_t bytes) { raw->OnOversize(tag, bytes); }));
   return w;
 }
@@ -112,9 +124,10 @@ UcxDataPlane::~UcxDataPlane() {
   slots.clear();
 }
 
-void UcxDataPlane::OnFrame(uint64_t tag, std::string frame) {
+void UcxDataPlane::OnFrame(uint64_t tag, std::string frame, const NonFiniteScan& scan) {
   Item item;
   item.tag = tag;
+  item.scan = scan;
   item.bytes = static_cast<int64_t>(frame.size());
   item.frame = std::move(frame);
   Enqueue(tag, std::move(item));
@@ -453,10 +466,23 @@ void UcxDataPlane::Handle(const std::shared_ptr<Conn>& c, Item item) {
       s = parsed.status();
     }
   }
+  // A shard's payload (the frame's front, where the receive scan ran) goes
+  // in with what the scan proved of it.
+  thread_local std::string body;
+  thread_local ShardPayload payload;
+  const bool shard = up != nullptr && up->kind_case() == v1::UpMessage::kShard;
+  if (shard) {
+    body.swap(*up->mutable_shard()->mutable_payload());
+    payload.Clear();
+    payload.Append(body);
+    payload.set_scan(item.scan);
+  }
   (void)IngestUp(registry_, c->job().get(), c->rank(), Wire::kUcx, c->box().get(), std::move(s),
-                 up != nullptr ? *up : *kUnread);
-  if (up != nullptr && up->kind_case() == v1::UpMessage::kShard) {
-    c->worker_->Recycle(std::move(*up->mutable_shard()->mutable_payload()));
+                 up != nullptr ? *up : *kUnread, shard ? &payload : nullptr);
+  if (shard) {
+    payload.Clear();
+    c->worker_->Recycle(std::move(body));
+    body = std::string();
   }
 }
 

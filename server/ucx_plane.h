@@ -86,6 +86,7 @@ class UcxDataPlane {
     enum Kind { kFrame, kOversize, kResume, kCutOff, kCloseRequest, kCloseFinal } kind = kFrame;
     uint64_t tag = 0;
     std::string frame;
+    NonFiniteScan scan;      // what the receive copy proved of the frame's front
     int64_t bytes = 0;       // held against the connection
     int64_t wire_bytes = 0;  // kOversize: the discarded frame's size
     std::shared_ptr<Conn> conn;
@@ -122,7 +123,7 @@ class UcxDataPlane {
   std::unique_ptr<UcxWorker> Release(Slot* slot, bool had_endpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddStats(const UcxWorker::Stats& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnFrame(uint64_t tag, std::string frame);
+  void OnFrame(uint64_t tag, std::string frame, const NonFiniteScan& scan);
   void OnOversize(uint64_t tag, int64_t bytes);
   // Queues an item of a registered connection, unless it holds too much.
   void Enqueue(uint64_t tag, Item item) ABSL_LOCKS_EXCLUDED(mu_);

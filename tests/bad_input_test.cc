@@ -420,6 +420,64 @@ TEST_F(BadInputTest, NonFiniteGradientIsRejected) {
   ASSERT_OK(h->GoodRound(1e-2f));
 }
 
+// Shards long enough that zenflowd's UCX receive scans them as it copies
+// them in (UcxOptions::scan_nonfinite: the default check then does not read
+// them again), in both wire dtypes: a NaN or Inf anywhere, the last value
+// included, is still rejected with its place named, and the good shards
+// that follow (every value of the same step, proven finite by the scan) are
+// added exactly. Over gRPC
+// the same shards take the check's own pass.
+TEST_F(BadInputTest, NonFiniteValueInAScannedShardIsRejectedAndTheNextRoundIsExact) {
+  for (DType wire : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(wire));
+    JobOptions o;
+    o.job_id = absl::StrCat("scanned-", DTypeName(wire));
+    o.wire = wire;
+    // Columns of 1024 rows: 2 or 4 KiB each.
+    o.tensors = {{"w", 1024, 128, false}};
+    o.max_shard_bytes = 1 << 20;  // the good steps go as one scanned shard each
+    auto h = std::make_unique<Harness>(daemon_->target(), o);
+    ASSERT_OK(h->Setup());
+    ASSERT_OK(h->GoodRound(1e-2f));
+    // One shard of the first 64 daemon columns (PushColumns would split a
+    // payload at the client's max_shard_bytes; a shard is what is checked).
+    std::vector<int32_t> cols = h->remote()[0];
+    ASSERT_GE(cols.size(), 64u);
+    cols.resize(64);
+    const int64_t rows = 1024;
+    const size_t bytes = cols.size() * rows * DTypeSize(wire);
+    ASSERT_GE(bytes, UcxWorker::kScanMinBytes);
+    ASSERT_LE(bytes, size_t{1} << 20);  // the test daemon's --max_message_bytes
+    struct Bad {
+      size_t col;  // index into cols
+      int64_t row;
+      float value;
+    };
+    for (const Bad& bad : {Bad{cols.size() - 1, 1023, std::numeric_limits<float>::quiet_NaN()},
+                           Bad{40, 7, -std::numeric_limits<float>::infinity()}}) {
+      std::vector<float> colmajor(cols.size() * rows);
+      for (size_t i = 0; i < cols.size(); ++i) {
+        for (int64_t r = 0; r < rows; ++r) colmajor[i * rows + r] = TestGrad(0, 4, 0, r, cols[i]);
+      }
+      colmajor[bad.col * rows + bad.row] = bad.value;
+      v1::GradientShard shard;
+      shard.set_step(4);
+      shard.set_tensor("w");
+      shard.set_selection_version(h->version());
+      shard.set_dtype(wire == DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
+      shard.mutable_columns()->Add(cols.begin(), cols.end());
+      std::string payload(bytes, '\0');
+      Encode(wire, colmajor.data(), colmajor.size(), payload.data());
+      shard.set_payload(std::move(payload));
+      ExpectStatus(Rejection(*h, 0, std::move(shard)), StatusCode::kInvalidArgument,
+                   absl::StrCat("non-finite gradient in column ", cols[bad.col], " row ", bad.row,
+                                " of step 4"));
+    }
+    EXPECT_EQ(Rejected(*h, "INVALID_ARGUMENT"), 2);
+    ASSERT_OK(h->GoodRound(1e-2f));  // step 4's good shards, and the round exact
+  }
+}
+
 TEST_F(BadInputTest, NonFiniteRoundIsSkippedWhenTheJobSaysSo) {
   JobOptions o;
   o.skip_nonfinite = true;

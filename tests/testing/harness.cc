@@ -109,7 +109,7 @@ absl::Status Harness::Connect() {
       co.transport = Transport::kUcx;
       co.ucx = *opts_.ucx;
     }
-    co.max_shard_bytes = 1024;  // several shards per step even for small tensors
+    co.max_shard_bytes = opts_.max_shard_bytes;
     ZF_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Connect(co));
     clients_.push_back(std::move(c));
   }

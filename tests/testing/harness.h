@@ -45,6 +45,9 @@ struct JobOptions {
   std::optional<bool> scale_round_step;
   std::optional<bool> local_step;
   bool handoff_per_tensor = false;  // one HandOff call per tensor
+  // The ranks' ClientOptions::max_shard_bytes: small, so that a step is
+  // several shards even for small tensors.
+  int64_t max_shard_bytes = 1024;
   // Set: every rank uses the UCX transport with these options (else the
   // test transport, TestTransport()).
   std::optional<UcxOptions> ucx;

@@ -1,0 +1,76 @@
+// The receive copy that also looks for non-finite values: a transport that
+// must copy a message out of its own buffers anyway (UCX's shared-memory
+// fragments) copies it with CopyScanNonFinite, which notes on the way which
+// wire dtypes' NaN / Inf bit patterns occur in it. A shard whose payload the
+// scan covers, with no such pattern for its dtype, is finite without a
+// second read (server/job_rounds.cc, Job::AddShard): the bytes come from
+// memory once for the check and once for the add, as a receive and an add
+// alone would (docs/architecture.md#the-data-path).
+//
+//   NonFiniteScan scan;
+//   scan.Add(/*offset=*/0, CopyScanNonFinite(dst, src, n), n, /*total=*/n);
+//   if (scan.Proves(DType::kBF16, payload_bytes)) ...  // no NaN or Inf
+#ifndef ZENFLOW_COMMON_COPY_SCAN_H_
+#define ZENFLOW_COMMON_COPY_SCAN_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/codec.h"
+
+namespace zenflow {
+
+// Bit (1 << int(dtype)) of a scan's result: some whole value of `dtype`
+// (4-byte words at multiples of 4 from the start for kF32, 2-byte words at
+// multiples of 2 for kBF16 and kF16) has an all-ones exponent.
+constexpr uint32_t NonFiniteBit(DType dtype) { return uint32_t{1} << static_cast<int>(dtype); }
+constexpr uint32_t kAllNonFiniteBits =
+    NonFiniteBit(DType::kF32) | NonFiniteBit(DType::kBF16) | NonFiniteBit(DType::kF16);
+
+// Copies n bytes from src to dst (they must not overlap) and returns the
+// bits of the dtypes with a non-finite value among the whole words of
+// [0, n) (a word cut by n is copied, not scanned). One read of src; the
+// SIMD level is the codec's (codec_internal::ActiveIsa).
+uint32_t CopyScanNonFinite(void* dst, const void* src, size_t n);
+
+namespace copy_scan_internal {
+// The same at a given level (which must be supported), for tests.
+uint32_t CopyScanNonFiniteWith(codec_internal::Isa isa, void* dst, const void* src, size_t n);
+}  // namespace copy_scan_internal
+
+// What the scans of a message's pieces prove, piece by piece as they arrive
+// (in any order). Nothing is proven until Begin; a piece that does not start
+// on a 4-byte boundary, or that cuts a word at its end (other than the
+// message's), leaves the whole message unproven, as does a piece never
+// scanned (the caller counts the bytes it scanned).
+class NonFiniteScan {
+ public:
+  // A message of `total` bytes is about to be scanned.
+  void Begin(size_t total) {
+    total_ = total;
+    scanned_ = 0;
+    seen_ = 0;
+  }
+  // The scan of bytes [offset, offset + n) returned `bits`.
+  void Add(size_t offset, uint32_t bits, size_t n) {
+    const bool whole_words = offset % 4 == 0 && (n % 4 == 0 || offset + n == total_);
+    seen_ |= whole_words ? bits : kAllNonFiniteBits;
+    scanned_ += n;
+  }
+  // No scan (or a failed one): proves nothing.
+  void Reset() { *this = NonFiniteScan(); }
+  // True when the first `bytes` bytes of the message are values of `dtype`
+  // that are all finite.
+  bool Proves(DType dtype, size_t bytes) const {
+    return scanned_ == total_ && bytes <= total_ && (seen_ & NonFiniteBit(dtype)) == 0;
+  }
+
+ private:
+  size_t total_ = 0;
+  size_t scanned_ = 1;  // != total_: unproven
+  uint32_t seen_ = kAllNonFiniteBits;
+};
+
+}  // namespace zenflow
+
+#endif  // ZENFLOW_COMMON_COPY_SCAN_H_
