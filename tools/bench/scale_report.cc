@@ -262,7 +262,7 @@ void WriteNewDefinitions(JsonWriter* w) {
       "bytes received per CPU second of the receiving worker's progress thread "
       "(pthread_getcpuclockid) in a raw UCP loop between two UcxWorkers of the bench process "
       "(transport_bench's raw UCP), same UCX transports as the daemon (without CMA), messages "
-      "of the client's max_shard_bytes, 64 MiB in flight; median of 3");
+      "of the client's max_shard_bytes, 64 MiB in flight; the best of 7");
   w->Key("accumulate_bytes_per_cpu_s_1thread").String(
       "DecodeAdd of the wire dtype (bf16) into fp32 on one thread, wire bytes per thread CPU "
       "second (CLOCK_THREAD_CPUTIME_ID), over a buffer of the job's daemon-hosted values; "
