@@ -47,10 +47,13 @@ class NonFiniteScan {
  public:
   // A message of `total` bytes is about to be scanned.
   void Begin(size_t total) {
+    begun_ = true;
     total_ = total;
     scanned_ = 0;
     seen_ = 0;
   }
+  // The message's length (0 before Begin).
+  size_t total() const { return total_; }
   // The scan of bytes [offset, offset + n) returned `bits`.
   void Add(size_t offset, uint32_t bits, size_t n) {
     const bool whole_words = offset % 4 == 0 && (n % 4 == 0 || offset + n == total_);
@@ -62,12 +65,14 @@ class NonFiniteScan {
   // True when the first `bytes` bytes of the message are values of `dtype`
   // that are all finite.
   bool Proves(DType dtype, size_t bytes) const {
-    return scanned_ == total_ && bytes <= total_ && (seen_ & NonFiniteBit(dtype)) == 0;
+    return begun_ && scanned_ == total_ && bytes <= total_ &&
+           (seen_ & NonFiniteBit(dtype)) == 0;
   }
 
  private:
+  bool begun_ = false;
   size_t total_ = 0;
-  size_t scanned_ = 1;  // != total_: unproven
+  size_t scanned_ = 0;
   uint32_t seen_ = kAllNonFiniteBits;
 };
 

@@ -111,8 +111,7 @@ struct UcxWorker::Impl {
     // A split message's head, received on its own; this receive (its body,
     // received into data's front) ends with the head's bytes appended.
     std::unique_ptr<Recv> head;
-    // A scanned receive (StartRecv): its length, and what the copy found.
-    size_t unpack_bytes = 0;
+    // A scanned receive (StartRecv): its length and what the copy found.
     NonFiniteScan scan;
   };
   struct Closing {
@@ -190,7 +189,6 @@ struct UcxWorker::Impl {
     r->done = false;
     r->status = UCS_OK;
     r->oversize = -1;
-    r->unpack_bytes = 0;
     r->scan.Reset();
     spare.push_back(std::move(r));
   }
@@ -462,10 +460,11 @@ struct UcxWorker::Impl {
   // buffer (UCX hands it to start_unpack and reads nothing else of it);
   // UCX calls unpack for each piece as it arrives, in any order.
   static void* ScanStartUnpack(void*, void* buffer, size_t) { return buffer; }
-  static size_t ScanPackedSize(void* state) { return static_cast<Recv*>(state)->unpack_bytes; }
+  static size_t ScanPackedSize(void* state) { return static_cast<Recv*>(state)->scan.total(); }
   static ucs_status_t ScanUnpack(void* state, size_t offset, const void* src, size_t n) {
     Recv* r = static_cast<Recv*>(state);
-    if (offset > r->unpack_bytes || n > r->unpack_bytes - offset) {
+    const size_t total = r->scan.total();
+    if (offset > total || n > total - offset) {
       r->scan.Reset();
       return UCS_ERR_MESSAGE_TRUNCATED;
     }
@@ -491,7 +490,6 @@ struct UcxWorker::Impl {
     if (scan_dt != 0 && n >= kScanMinBytes) {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       p.datatype = scan_dt;
-      r->unpack_bytes = n;
       r->scan.Begin(n);
       buffer = r;
     }
