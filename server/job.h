@@ -305,6 +305,10 @@ class Job : public std::enable_shared_from_this<Job> {
     int32_t steps = 0;  // the round's steps (as its closes said)
     float lr = 0.0f;
     bool nonfinite = false;
+    // A shard not proven below 2^63 in magnitude was added (or the round
+    // was restored from a snapshot, which does not say): its update checks
+    // the round's gradient before AdamW (RoundUpdateInput::bounded).
+    bool unbounded = false;
     std::chrono::steady_clock::time_point last_close;
     double interval_seconds = 0;  // previous round's last close -> this one's
     double max_stall_seconds = 0;  // the largest stall a rank's close reported
@@ -353,8 +357,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // Without mu_: INVALID_ARGUMENT for non-finite values (unless the job
   // skips such rounds: then *finite = false and nothing is added), else adds
   // the values to the round's sums.
+  // *bounded: every value is below 2^63 in magnitude (see
+  // RoundUpdateInput::bounded); false when that is not known.
   absl::Status AddShard(int32_t rank, const v1::GradientShard& shard,
-                        const ShardPayload& payload, const AddPlan& plan, bool* finite);
+                        const ShardPayload& payload, const AddPlan& plan, bool* finite,
+                        bool* bounded);
   // The rejection of a shard whose value (column `col` of the shard, `row`)
   // is not finite.
   absl::Status NonFiniteShardError(const v1::GradientShard& shard, const ShardPayload& payload,

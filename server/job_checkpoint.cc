@@ -263,6 +263,9 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     const int32_t lr_bits = static_cast<int32_t>(meta.Next());
     std::memcpy(&rs.lr, &lr_bits, sizeof(lr_bits));
     rs.nonfinite = meta.Next() != 0;
+    // The snapshot does not say whether its shards were below 2^63: the
+    // round's update checks the gradient first (RoundUpdateInput::bounded).
+    rs.unbounded = true;
     rs.steps = version >= 2 ? static_cast<int32_t>(meta.Next()) : 0;
     rs.last_close = std::chrono::steady_clock::now();
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/codec.h"
+#include "common/copy_scan.h"
 #include "common/dtype_proto.h"
 #include "common/geometry.h"
 #include "common/status_macros.h"
@@ -218,13 +219,14 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
   ++adds_in_flight_;
   const AddPlan plan{ti, round, int8, dt, esize, shard.step() - rs.round_first_step};
   mu_.Unlock();
-  bool finite = true;
-  const absl::Status checked = AddShard(rank, shard, payload, plan, &finite);
+  bool finite = true, bounded = false;
+  const absl::Status checked = AddShard(rank, shard, payload, plan, &finite, &bounded);
   mu_.Lock();
   me.adding = false;
   --adds_in_flight_;
   if (!checked.ok()) return checked;
   if (!finite) rounds_[round].nonfinite = true;
+  if (!bounded) rounds_[round].unbounded = true;
   for (int32_t c : shard.columns()) acc_->MarkReceived(ti, rank, shard.step(), c);
   me.round_last_step = std::max(me.round_last_step, shard.step());
   stats_.CountShard(wire, static_cast<int64_t>(payload.size()));
@@ -237,7 +239,8 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
 }
 
 absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
-                           const ShardPayload& payload, const AddPlan& plan, bool* finite_out) {
+                           const ShardPayload& payload, const AddPlan& plan, bool* finite_out,
+                           bool* bounded_out) {
   const TensorState& t = tensors_[plan.ti];  // metadata: immutable
   const size_t ncols = static_cast<size_t>(shard.columns_size());
   const size_t rows = static_cast<size_t>(t.rows);
@@ -265,6 +268,20 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
   // gRPC slice (or one for a UCX buffer), whatever the columns' length. A
   // payload the transport's receive copy already scanned (UCX, see
   // common/copy_scan.h) and proved finite for its dtype is not read here.
+  //
+  // The same read finds whether every value is below 2^63 in magnitude
+  // (AllBounded, or the receive scan's proof): a round of such shards
+  // cannot overflow its update, which then runs in one pass
+  // (RoundUpdateInput::bounded). Only a shard with a value that large (or
+  // not finite) is read again, to tell which (AllFinite).
+  bool bounded = false;
+  if (plan.int8) {
+    // |q| <= 128: below 2^63 when 128 * scale is (exact: a power of two).
+    bounded = true;
+    for (size_t i = 0; i < ncols && bounded; ++i) bounded = 128.0f * scale(i) < 0x1p63f;
+  } else {
+    bounded = payload.scan().ProvesBounded(plan.dt, payload.size());
+  }
   if (!skip) {
     bool finite = true;
     if (plan.int8) {
@@ -278,15 +295,22 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
                                                record_bad(i, row + at);
                                       });
     } else if (!payload.scan().Proves(plan.dt, payload.size())) {
-      finite = ForEachStretch(payload, ncols * rows, plan.esize, 0, 1,
-                              [&](size_t, size_t from, const char* v, size_t n) {
-                                size_t at = 0;
-                                return AllFinite(plan.dt, v, n, &at) ||
-                                       record_bad((from + at) / rows, (from + at) % rows);
-                              });
+      bounded = ForEachStretch(payload, ncols * rows, plan.esize, 0, 1,
+                               [&](size_t, size_t, const char* v, size_t n) {
+                                 return AllBounded(plan.dt, v, n);
+                               });
+      if (!bounded) {
+        finite = ForEachStretch(payload, ncols * rows, plan.esize, 0, 1,
+                                [&](size_t, size_t from, const char* v, size_t n) {
+                                  size_t at = 0;
+                                  return AllFinite(plan.dt, v, n, &at) ||
+                                         record_bad((from + at) / rows, (from + at) % rows);
+                                });
+      }
     }
     if (!finite) return NonFiniteShardError(shard, payload, plan, bad_col, bad_row);
   }
+  *bounded_out = bounded;
   // Shared sums: every rank adds into the same columns, so a run of columns
   // of one block is added under that block's stripe lock. Ranks that send
   // their columns in the same order then follow each other block by block.
@@ -542,6 +566,7 @@ void Job::RunUpdate(UpdateLease lease) {
   in.steps_sum = rs.steps_sum;
   in.lr = RoundStepLr(spec_, rs.lr, rs.steps);  // docs/design.md rule 12
   in.nonfinite = rs.nonfinite;
+  in.bounded = !rs.unbounded;
   in.folded_ranks = rs.folded;  // the rest (none) is folded by the update
   in.tensors = &update_tensors_;
   in.remote = &remote;
@@ -583,7 +608,7 @@ void Job::RunUpdate(UpdateLease lease) {
   TensorStore* const store = lease.store();
   const bool measure = divergence_->Start(round, rs.steps, store);
   RoundUpdateResult result = UpdateRound(in, std::move(lease));
-  const bool skip = result.skipped, overflowed = result.overflowed;
+  const bool skip = result.skipped, overflowed = result.overflowed, norm_first = result.two_pass;
   const float grad_norm = result.grad_norm;
   // The update divergence; negative: not measured.
   const float divergence =
@@ -631,6 +656,7 @@ void Job::RunUpdate(UpdateLease lease) {
     if (divergence >= 0) NoteDivergenceLocked(divergence, rs.steps);
     if (skip) ++stats_.rounds_skipped;
     if (overflowed) ++stats_.rounds_overflowed;
+    if (norm_first) ++stats_.rounds_norm_first;
     stats_.delta_messages_sent += messages * static_cast<int64_t>(boxes.size());
     stats_.delta_bytes_sent += delta_bytes * static_cast<int64_t>(boxes.size());
     stats_.last_update_seconds = Seconds(t1 - t0);

@@ -24,6 +24,7 @@ void JobStatistics::Export(v1::JobStats* out) const {
   out->set_last_round_steps(last_round_steps);
   if (last_update_divergence) out->set_update_divergence(*last_update_divergence);
   out->set_rounds_overflowed(rounds_overflowed);
+  out->set_rounds_norm_first(rounds_norm_first);
   update_seconds.Export(out->mutable_round_update_seconds());
   accumulate_seconds.Export(out->mutable_round_accumulate_seconds());
 }

@@ -46,6 +46,8 @@ struct JobStatistics {
   std::optional<float> last_update_divergence;
   // Of those, rounds whose accepted shards summed to a non-finite gradient.
   int64_t rounds_overflowed = 0;
+  // Rounds updated in two passes, the norm first (RoundUpdateResult::two_pass).
+  int64_t rounds_norm_first = 0;
   int64_t delta_messages_sent = 0;
   int64_t delta_bytes_sent = 0;
   double update_seconds_total = 0;

@@ -337,16 +337,24 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
   std::vector<v1::DownMessage> deltas;
   const double scale = in.steps_sum > 0 ? 1.0 / static_cast<double>(in.steps_sum) : 0.0;
   double clip = 1.0;
+  // One pass (RoundUpdateInput::bounded): the round cannot overflow and
+  // nothing scales the gradient by its norm, so each block's fold and
+  // squares come right before its AdamW, and the norm is summed after.
+  const bool one_pass = !skip && in.bounded && !(in.max_grad_norm > 0);
+  std::vector<BlockSquares> squares(blocks.size());
   if (skip) {
     ForEachTask(pool, blocks.size(), [&](size_t k) {
       acc->Clear(blocks[k].tensor, round, blocks[k].first_col, blocks[k].ncols);
     });
+  } else if (one_pass) {
+    // The first batch's messages, made before its blocks write into them.
+    deltas.resize(plan.size());
+    ForEachTask(pool, batches > 0 ? batch_at[1] : 0, [&](size_t k) { prepare(k, &deltas[k]); });
   } else {
     // Pass 1: the first batch's messages made (first, so that their
     // allocation overlaps the blocks), then per block the fold and the
     // squares.
     deltas.resize(plan.size());
-    std::vector<BlockSquares> squares(blocks.size());
     const size_t first = batches > 0 ? batch_at[1] : 0;
     ForEachTask(pool, first + blocks.size(), [&](size_t k) {
       if (k < first) {
@@ -367,6 +375,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     }
     const double norm = std::sqrt(sum) * scale;
     out.grad_norm = static_cast<float>(norm);
+    out.two_pass = true;
     if (in.max_grad_norm > 0 && norm > in.max_grad_norm) clip = in.max_grad_norm / (norm + 1e-6);
     // Finite shards can still sum to Inf, or to a mean whose square (Adam's
     // v) overflows fp32: such a round cannot update finitely and is skipped
@@ -382,7 +391,8 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
     }
   }
   if (!skip) {
-    // Pass 2, batch by batch: per block AdamW, the encode into the
+    // Pass 2 (or the one pass: each block's fold and squares first), batch
+    // by batch: per block AdamW, the encode into the
     // messages, the sums zeroed and the counts advanced, while the block is
     // in cache; beside the blocks, the next batch's messages made. Then the
     // batch's messages go to the sink (without the factored moment, which
@@ -426,6 +436,10 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
         RoundKernelOptions ok = o;
         ok.values = t.param_dtype;
         const size_t vsize = arithmetic ? sizeof(float) : DTypeSize(t.param_dtype);
+        if (one_pass) {
+          squares[b0 + task - next] =
+              acc->FoldNorm(in.simd, b.tensor, round, b.first_col, b.ncols, in.folded_ranks);
+        }
         float* g = acc->sum(b.tensor, round, b.first_col);
         const bool q = store->quantized(b.tensor);
         const Adam8Columns q8 = q ? store->q8(b.tensor, b.first_col) : Adam8Columns{};
@@ -443,6 +457,12 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
           in.sink(std::move(deltas[k]));
         }
       }
+    }
+    if (one_pass) {
+      // The norm, summed in block order as the first pass would have.
+      double sum = 0;
+      for (const BlockSquares& q : squares) sum += q.sum;
+      out.grad_norm = static_cast<float>(std::sqrt(sum) * scale);
     }
     if (factored) {
       AddFactoredMoments(tensors, remote, store, in.hyper.beta2, plan, pool, &deltas);

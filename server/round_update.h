@@ -105,6 +105,17 @@ struct RoundUpdateInput {
   int64_t steps_sum = 0;   // rank-steps summed into the round (the mean's divisor)
   float lr = 0;            // the round's learning rate
   bool nonfinite = false;  // a shard carried NaN/Inf (skip_nonfinite_rounds)
+  // Every value summed into the round was below 2^63 in magnitude (proven
+  // as the shards came in: Job::AddShard). Then the mean gradient of at most
+  // steps_sum such values is below 2^63 too, and its square and the norm's
+  // sum are finite: the round cannot overflow. Without clipping
+  // (max_grad_norm 0, the default) nothing then needs the norm before AdamW,
+  // and the update is one pass: per block the fold and the squares, then
+  // AdamW, the encode and the clear while the block is in cache. Otherwise
+  // (or false: not known) the first pass reads the whole round's sums for
+  // the norm and the overflow check before the second runs AdamW. The two
+  // give the same bits.
+  bool bounded = false;
   // Rank-ordered sums: ranks [0, folded_ranks) are already in rank 0's sum
   // (the owner folds them as they close: RoundAccumulator::FoldRanks); the
   // update folds the rest, in its first pass.
@@ -146,6 +157,7 @@ struct RoundUpdateResult {
   bool skipped = false;     // nothing was updated
   bool overflowed = false;  // skipped because the sums were not finite
   float grad_norm = 0;      // of the round's mean gradient (before clipping)
+  bool two_pass = false;    // the norm came first, in a pass of its own (not bounded)
   int64_t messages = 0;     // the delta messages made (into deltas, or to the sink)
   std::vector<v1::DownMessage> deltas;  // empty with a sink
 };

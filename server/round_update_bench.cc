@@ -8,7 +8,8 @@
 //
 // (a world given, not 0: only that many ranks' runs, for a profile of one
 // case; rows: of each tensor, 4096 unless given: server:round_update_bench_smoke
-// runs it tiny). round_update_fraction = kernels / update (medians). Sums
+// runs it tiny; the last line: a round not proven bounded, in two passes).
+// round_update_fraction = kernels / update (medians). Sums
 // are refilled before every update (outside the timing), so each update
 // reads and clears real sums. With rank-ordered sums the daemon folds each
 // rank's sums into rank 0's as the ranks close (Job::FoldClosedRanksLocked,
@@ -46,7 +47,7 @@ double Median(std::vector<double> v) {
 }
 
 void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPool* pool,
-         int reps) {
+         int reps, bool bounded = true) {
   std::vector<TensorStore::Shape> shapes(kTensors, {kRows, kCols});
   TensorStore store(shapes);
   RoundAccumulator acc(shapes, world, rank_ordered);
@@ -92,6 +93,9 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     in.moments = moments;
     in.simd = BestSimdLevel();
     in.pool = pool;
+    // The sums' values are small, as the ingest proves of real gradients:
+    // one pass (RoundUpdateInput::bounded), unless asked for two.
+    in.bounded = bounded;
     // As zenflowd: the messages go to a sink (the outboxes), and once the
     // ranks have them their buffers go back to the job's recycler, bounded
     // by the delta reserve the job is charged (two 16 MiB windows here).
@@ -115,7 +119,7 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     t0 = Now();
     RoundUpdateResult res = UpdateRound(in, UpdateLease::Grant(round, &store, &acc));
     upd.push_back(Now() - t0);
-    if (res.skipped || sent.empty()) {
+    if (res.skipped || sent.empty() || res.two_pass == bounded) {
       std::fprintf(stderr, "round_update_bench: the update was skipped\n");
       std::exit(1);
     }
@@ -142,13 +146,15 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
   const double u = Median(upd), k = Median(ker), f = Median(fold);
   const DeltaRecycler::Stats rs = recycler.stats();
   std::printf(
-      "world=%d sums=%s moments=%d dtype=%s threads=%d recycle=%d values=%lld: update %.2f ms "
+      "world=%d sums=%s moments=%d dtype=%s threads=%d recycle=%d passes=%d values=%lld: "
+      "update %.2f ms "
       "(%.2f ns/value), "
       "kernels %.2f ms (%.2f ns/value), round_update_fraction %.3f; close-path fold %.2f ms "
       "(%.2f ns/value, one thread, not in the update); buffers from the recycler %lld of "
       "%lld\n",
       world, rank_ordered ? "rank_ordered" : "shared", moments ? 1 : 0, DTypeName(param_dtype),
-      pool->num_threads(), kRecycle ? 1 : 0, static_cast<long long>(values), u * 1e3,
+      pool->num_threads(), kRecycle ? 1 : 0, bounded ? 1 : 2, static_cast<long long>(values),
+      u * 1e3,
       u * 1e9 / values, k * 1e3,
       k * 1e9 / values, k / u, f * 1e3, f * 1e9 / values, static_cast<long long>(rs.taken),
       static_cast<long long>(rs.taken + rs.missed));
@@ -173,5 +179,8 @@ int main(int argc, char** argv) {
     }
   }
   if (only <= 1) zenflow::Run(1, true, true, zenflow::DType::kBF16, &pool, reps);
+  // A round not proven bounded (or clipped): the norm first, in a pass of
+  // its own.
+  if (only <= 1) zenflow::Run(1, true, false, zenflow::DType::kF32, &pool, reps, false);
   return 0;
 }

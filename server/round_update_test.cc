@@ -312,12 +312,15 @@ TEST(RoundUpdateTest, ASinkGetsTheSameMessagesBatchByBatch) {
 
 // The fused passes against the unfused sequence built from the kernels
 // (Fold, AdamWUpdate per column, Encode): rank-ordered sums of three
-// ranks, moments and bf16 values, at every level, on a pool: the same
-// store and the same delta bytes; and ValueDeltas makes them again.
+// ranks, moments and bf16 values, at every level, on a pool, in two passes
+// and in one (a bounded round): the same store and the same delta bytes;
+// and ValueDeltas makes them again.
 TEST(RoundUpdateTest, FusedPassesEqualTheUnfusedKernels) {
   constexpr int64_t kR = 257, kC = 300;  // > 64K elements: the pool is used
   for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
     if (!SimdLevelSupported(level)) continue;
+    for (bool bounded : {false, true}) {
+    SCOPED_TRACE(bounded ? "one pass" : "two passes");
     TensorStore store({{kR, kC}}), ref({{kR, kC}});
     RoundAccumulator acc({{kR, kC}}, 3, true), racc({{kR, kC}}, 3, true);
     std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kBF16}};
@@ -351,8 +354,10 @@ TEST(RoundUpdateTest, FusedPassesEqualTheUnfusedKernels) {
     in.max_shard_bytes = 64 << 10;
     in.simd = level;
     in.pool = &pool;
+    in.bounded = bounded;
     RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(1, &store, &acc));
     ASSERT_FALSE(r.skipped);
+    EXPECT_EQ(r.two_pass, !bounded);
     // The unfused reference.
     AdamWHyper h = in.hyper;
     h.lr = in.lr;
@@ -412,7 +417,71 @@ TEST(RoundUpdateTest, FusedPassesEqualTheUnfusedKernels) {
     for (size_t k = 0; k < again.size(); ++k) {
       EXPECT_EQ(again[k].SerializeAsString(), r.deltas[k].SerializeAsString()) << k;
     }
+    }
   }
+}
+
+// A bounded round is updated in one pass, the same bits as in two: store,
+// sums, the messages a sink gets batch by batch, the norm to the last bit;
+// with clipping (which needs the norm before AdamW) or not bounded, in two.
+TEST(RoundUpdateTest, ABoundedRoundIsOnePassWithTheSameBits) {
+  constexpr int64_t kR = 200, kC = 400;
+  struct Run {
+    std::string messages, store;
+    float norm = 0;
+    bool two_pass = false;
+  };
+  auto run = [&](bool bounded, float max_grad_norm) {
+    TensorStore store({{kR, kC}});
+    RoundAccumulator acc({{kR, kC}}, 2, true);
+    std::vector<RoundUpdateTensor> tensors{{"w", kR, DType::kF32}};
+    std::vector<std::vector<int32_t>> remote{FillLarge(kR, kC, &store, &acc)};
+    for (int32_t c = 0; c < kC; ++c) {
+      for (int64_t i = 0; i < kR; ++i) acc.sum_of(0, 1, 0, c)[i] = 0.5f * acc.sum(0, 0, c)[i] - 0.25f;
+    }
+    ThreadPool pool(2);
+    RoundUpdateInput in;
+    in.round = 0;
+    in.steps_sum = 4;
+    in.lr = 1e-3f;
+    in.tensors = &tensors;
+    in.remote = &remote;
+    in.moments = true;
+    in.max_shard_bytes = 16 << 10;
+    in.window_bytes = 40 << 10;
+    in.pool = &pool;
+    in.bounded = bounded;
+    in.max_grad_norm = max_grad_norm;
+    Run out;
+    in.sink = [&](v1::DownMessage d) { out.messages += d.SerializeAsString(); };
+    const RoundUpdateResult r = UpdateRound(in, UpdateLease::Grant(0, &store, &acc));
+    EXPECT_FALSE(r.skipped);
+    out.norm = r.grad_norm;
+    out.two_pass = r.two_pass;
+    for (int32_t c = 0; c < kC; ++c) {
+      out.store.append(reinterpret_cast<const char*>(store.master(0, c)), kR * 4);
+      out.store.append(reinterpret_cast<const char*>(store.m(0, c)), kR * 4);
+      out.store.append(reinterpret_cast<const char*>(store.v(0, c)), kR * 4);
+      out.store += std::to_string(store.count(0, c));
+      for (int rank = 0; rank < 2; ++rank) {
+        out.store.append(reinterpret_cast<const char*>(acc.sum_of(0, rank, 0, c)), kR * 4);
+      }
+    }
+    return out;
+  };
+  const Run two = run(false, 0), one = run(true, 0);
+  EXPECT_TRUE(two.two_pass);
+  EXPECT_FALSE(one.two_pass);
+  EXPECT_GT(two.messages.size(), size_t{kR * kC * 4});
+  EXPECT_TRUE(one.messages == two.messages);
+  EXPECT_TRUE(one.store == two.store);
+  EXPECT_GT(two.norm, 0.0f);
+  EXPECT_EQ(0, std::memcmp(&one.norm, &two.norm, sizeof(float)));
+  // Clipping needs the norm first: two passes even when bounded.
+  const Run clipped = run(true, 0.5f);
+  EXPECT_TRUE(clipped.two_pass);
+  EXPECT_LT(0.5f, clipped.norm);  // (so the clip was applied)
+  EXPECT_FALSE(clipped.messages == two.messages);
 }
 
 // RunRoundUpdateKernels runs AdamW and the encode: the same bits as the

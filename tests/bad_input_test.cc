@@ -475,6 +475,11 @@ TEST_F(BadInputTest, NonFiniteValueInAScannedShardIsRejectedAndTheNextRoundIsExa
     }
     EXPECT_EQ(Rejected(*h, "INVALID_ARGUMENT"), 2);
     ASSERT_OK(h->GoodRound(1e-2f));  // step 4's good shards, and the round exact
+    // Every accepted value was proven below 2^63 (by the receive scan over
+    // UCX, by AllBounded over gRPC): both rounds were updated in one pass.
+    absl::StatusOr<v1::GetStatsResponse> st = h->client(0).GetStats(o.job_id);
+    ASSERT_OK(st.status());
+    EXPECT_EQ(st->jobs(0).rounds_norm_first(), 0);
   }
 }
 
@@ -778,6 +783,9 @@ TEST_F(BadInputTest, FiniteShardsThatSumToInfSkipTheRound) {
   ASSERT_OK(st.status());
   EXPECT_EQ(st->jobs(0).rounds_overflowed(), 1);
   EXPECT_EQ(st->jobs(0).rounds_skipped_nonfinite(), 1);
+  // Values of 2^63 or more: that round's update measured the norm first and
+  // found the overflow; the good rounds, all below, took one pass.
+  EXPECT_EQ(st->jobs(0).rounds_norm_first(), 1);
 }
 
 }  // namespace

@@ -221,6 +221,10 @@ TEST_F(DaemonE2ETest, ClippingUsesTheMeanGradientNorm) {
   ASSERT_OK(h.Setup());
   ASSERT_OK(h.GoodRound(1e-2f));
   ASSERT_OK(h.GoodRound(1e-2f));
+  // The clip needs the norm before AdamW: every round took two passes.
+  absl::StatusOr<v1::GetStatsResponse> st = h.client(0).GetStats(o.job_id);
+  ASSERT_OK(st.status());
+  EXPECT_EQ(st->jobs(0).rounds_norm_first(), 2);
 }
 
 // Expected top-k over the sum of both ranks' importance (0.25x + 0.75x).
