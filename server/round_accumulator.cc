@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/huge_pages.h"
 #include "common/simd.h"
 
 namespace zenflow {
@@ -156,8 +157,10 @@ RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes
     const size_t n = static_cast<size_t>(x.shape.rows * x.shape.cols);
     x.sum.resize(sum_ranks_);
     for (auto& parities : x.sum) {
-      parities[0].assign(n, 0.0f);
-      parities[1].assign(n, 0.0f);
+      // Huge pages: every shard's add and the update stream these
+      // (common/huge_pages.h).
+      AssignOnHugePages(&parities[0], n);
+      AssignOnHugePages(&parities[1], n);
     }
   }
 }

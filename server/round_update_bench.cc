@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/adamw.h"
+#include "common/huge_pages.h"
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
 #include "server/delta_recycler.h"
@@ -68,10 +69,19 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = 1e-3f * static_cast<float>(i % 113) - 0.05f;
   const int sums = acc.sum_ranks();
 
-  // The kernels' buffers: as many values, apart from the job's.
-  std::vector<float> kg(values), kp(values, 0.5f), km(values), kv(values);
+  // The kernels' buffers: as many values, apart from the job's, on huge
+  // pages as the job's state and sums are (common/huge_pages.h).
+  const size_t nv = static_cast<size_t>(values);
+  std::vector<float> kg, kp, km, kv;
+  AssignOnHugePages(&kg, nv);
+  AssignOnHugePages(&kp, nv, 0.5f);
+  AssignOnHugePages(&km, nv);
+  AssignOnHugePages(&kv, nv);
   const size_t vbytes = DTypeSize(param_dtype);
-  std::vector<char> kout(values * vbytes), kmo(moments ? values * 2 : 0), kvo(moments ? values * 2 : 0);
+  std::vector<char> kout, kmo, kvo;
+  AssignOnHugePages(&kout, nv * vbytes);
+  AssignOnHugePages(&kmo, moments ? nv * 2 : 0);
+  AssignOnHugePages(&kvo, moments ? nv * 2 : 0);
   for (size_t i = 0; i < kg.size(); ++i) kg[i] = pattern[i % pattern.size()];
 
   std::vector<double> upd, ker, fold;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/huge_pages.h"
+
 namespace zenflow {
 
 const char* StateFormatName(StateFormat f) { return f == StateFormat::k8bit ? "8bit" : "fp32"; }
@@ -27,17 +29,18 @@ TensorStore::TensorStore(const std::vector<Shape>& shapes, StateFormat format)
     t.shape = shapes[i];
     t.quantized = Quantizes(t.shape.rows, format);
     const size_t n = static_cast<size_t>(t.shape.rows * t.shape.cols);
-    t.master.assign(n, 0.0f);
+    // Huge pages: AdamW streams these end to end (common/huge_pages.h).
+    AssignOnHugePages(&t.master, n);
     if (t.quantized) {
       // Zero state: every scale 0 (each code then reads as 0).
       const size_t scales = static_cast<size_t>(t.shape.cols * Adam8BlocksPerColumn(t.shape.rows));
-      t.m8.assign(n, 0);
-      t.v8.assign(n, 0);
+      AssignOnHugePages(&t.m8, n);
+      AssignOnHugePages(&t.v8, n);
       t.m_scale.assign(scales, 0.0f);
       t.v_scale.assign(scales, 0.0f);
     } else {
-      t.m.assign(n, 0.0f);
-      t.v.assign(n, 0.0f);
+      AssignOnHugePages(&t.m, n);
+      AssignOnHugePages(&t.v, n);
     }
     t.count.assign(static_cast<size_t>(t.shape.cols), 0);
   }
