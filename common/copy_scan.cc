@@ -130,27 +130,20 @@ ZF_TARGET("avx512f,avx512bw")
 bool AllBoundedAvx512(DType dtype, const unsigned char* p, size_t n) {
   const size_t bytes = n * DTypeSize(dtype);
   size_t i = 0;
-  if (dtype == DType::kF32) {
-    const __m512i mask = _mm512_set1_epi32(static_cast<int>(kF32Exp));
-    const __m512i bound = _mm512_set1_epi32(static_cast<int>(kF32BoundBits));
-    while (i + 1024 <= bytes) {
-      __mmask16 hit = 0;
-      for (size_t end = i + 1024; i < end; i += 64) {
-        hit |= _mm512_cmpge_epu32_mask(_mm512_and_si512(_mm512_loadu_si512(p + i), mask), bound);
-      }
-      if (hit != 0) return false;
+  const bool f32 = dtype == DType::kF32, bf16 = dtype == DType::kBF16;
+  const __m512i mask = f32    ? _mm512_set1_epi32(static_cast<int>(kF32Exp))
+                       : bf16 ? _mm512_set1_epi16(static_cast<short>(kBf16Exp))
+                              : _mm512_set1_epi16(static_cast<short>(kF16Exp));
+  const __m512i bound = f32    ? _mm512_set1_epi32(static_cast<int>(kF32BoundBits))
+                        : bf16 ? _mm512_set1_epi16(static_cast<short>(kBf16BoundBits))
+                               : mask;
+  while (i + 1024 <= bytes) {
+    uint32_t hit = 0;
+    for (size_t end = i + 1024; i < end; i += 64) {
+      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(p + i), mask);
+      hit |= f32 ? _mm512_cmpge_epu32_mask(e, bound) : _mm512_cmpge_epu16_mask(e, bound);
     }
-  } else {
-    const bool bf16 = dtype == DType::kBF16;
-    const __m512i mask = _mm512_set1_epi16(static_cast<short>(bf16 ? kBf16Exp : kF16Exp));
-    const __m512i bound = bf16 ? _mm512_set1_epi16(static_cast<short>(kBf16BoundBits)) : mask;
-    while (i + 1024 <= bytes) {
-      __mmask32 hit = 0;
-      for (size_t end = i + 1024; i < end; i += 64) {
-        hit |= _mm512_cmpge_epu16_mask(_mm512_and_si512(_mm512_loadu_si512(p + i), mask), bound);
-      }
-      if (hit != 0) return false;
-    }
+    if (hit != 0) return false;
   }
   return AllBoundedScalar(dtype, p + i, (bytes - i) / DTypeSize(dtype));
 }
@@ -195,7 +188,6 @@ bool AllBoundedWith(Isa isa, DType dtype, const void* src, size_t n) {
   }
   return AllBoundedScalar(dtype, p, n);
 }
-
 
 uint32_t CopyScanNonFiniteWith(Isa isa, void* dst, const void* src, size_t n) {
   switch (isa) {
