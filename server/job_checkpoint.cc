@@ -443,7 +443,7 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
     if (acc_->sum_ranks() == 1) {
       rs.folded = world_;
     } else {
-      if (arrivals == nullptr) acc_->FoldRanks(round, 1, closed);
+      if (arrivals == nullptr) acc_->FoldRanks(ctx_.simd, round, 1, closed);
       rs.folded = closed;
     }
   }

@@ -512,7 +512,7 @@ void Job::FoldClosedRanksLocked(int32_t rank, int64_t r) {
       me.adding = true;
       ++adds_in_flight_;
       mu_.Unlock();
-      acc_->FoldRanks(r, from, to);
+      acc_->FoldRanks(ctx_.simd, r, from, to);
       mu_.Lock();
       me.adding = false;
       --adds_in_flight_;

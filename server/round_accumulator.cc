@@ -113,6 +113,34 @@ void FoldSquaresAvx512(float* total, float* const* parts, int nparts, size_t n, 
   FoldSquaresScalar(total, parts, nparts, i, n, lane, largest);
 }
 
+// The fold alone (the close path, before the update needs any squares):
+// the same per-element adds as FoldSquares', in rank order, every part
+// zeroed in the same pass.
+void FoldPartsScalar(float* total, float* const* parts, int nparts, size_t begin, size_t n) {
+  for (size_t i = begin; i < n; ++i) {
+    float x = total[i];
+    for (int r = 0; r < nparts; ++r) {
+      x += parts[r][i];
+      parts[r][i] = 0.0f;
+    }
+    total[i] = x;
+  }
+}
+
+ZF_TARGET("avx2,fma")
+void FoldPartsAvx2(float* total, float* const* parts, int nparts, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) FoldAvx2(total, parts, nparts, i);
+  FoldPartsScalar(total, parts, nparts, i, n);
+}
+
+ZF_TARGET("avx512f,avx2,fma")
+void FoldPartsAvx512(float* total, float* const* parts, int nparts, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) FoldAvx512(total, parts, nparts, i);
+  FoldPartsScalar(total, parts, nparts, i, n);
+}
+
 }  // namespace
 
 BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int nparts,
@@ -134,6 +162,21 @@ BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int
   out.largest = largest;
   for (double l : lane) out.sum += l;
   return out;
+}
+
+void FoldParts(SimdLevel level, float* total, float* const* parts, int nparts, size_t n) {
+  if (nparts <= 0) return;
+  switch (level) {
+    case SimdLevel::kAvx512:
+      FoldPartsAvx512(total, parts, nparts, n);
+      break;
+    case SimdLevel::kAvx2:
+      FoldPartsAvx2(total, parts, nparts, n);
+      break;
+    case SimdLevel::kScalar:
+      FoldPartsScalar(total, parts, nparts, 0, n);
+      break;
+  }
 }
 
 namespace {
@@ -165,66 +208,51 @@ RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes
   }
 }
 
-void RoundAccumulator::Fold(int t, int64_t round, int64_t first, int64_t n) {
-  Tensor& x = tensors_[t];
-  const size_t len = static_cast<size_t>(n * x.shape.rows);
-  float* total = sum(t, round, first);
-  for (int r = 1; r < sum_ranks_; ++r) {
-    float* part = sum_of(t, r, round, first);
-    for (size_t i = 0; i < len; ++i) total[i] += part[i];
-    std::memset(part, 0, len * sizeof(float));
+void RoundAccumulator::FoldInto(SimdLevel level, int t, int64_t round, int64_t first, size_t len,
+                                int first_rank, int end_rank) {
+  // At most a few ranks' pointers at a time: a small fixed array, no
+  // allocation. Any grouping gives each value the same adds in rank order.
+  constexpr int kMaxParts = 64;
+  float* parts[kMaxParts];
+  float* const total = sum(t, round, first);
+  for (int r = std::max(first_rank, 1); r < end_rank; r += kMaxParts) {
+    const int k = std::min(kMaxParts, end_rank - r);
+    for (int j = 0; j < k; ++j) parts[j] = sum_of(t, r + j, round, first);
+    FoldParts(level, total, parts, k, len);
   }
 }
 
-void RoundAccumulator::FoldRanks(int64_t round, int first_rank, int end_rank) {
-  first_rank = std::max(first_rank, 1);
+void RoundAccumulator::Fold(SimdLevel level, int t, int64_t round, int64_t first, int64_t n) {
+  FoldInto(level, t, round, first, static_cast<size_t>(n * tensors_[t].shape.rows), 1, sum_ranks_);
+}
+
+void RoundAccumulator::FoldRanks(SimdLevel level, int64_t round, int first_rank, int end_rank) {
+  // One pass over each tensor's total: each vector of it gets every rank's
+  // part added in rank order (the same adds as a fold of them all) while
+  // the parts are zeroed.
   end_rank = std::min(end_rank, sum_ranks_);
-  if (first_rank >= end_rank) return;
-  // A chunk of the total stays in L1 while every rank's part is added to it
-  // (in rank order, so each value gets the same adds as a fold of them all).
-  constexpr size_t kChunk = 2048;
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
-    const int t = static_cast<int>(ti);
-    const size_t len = static_cast<size_t>(tensors_[ti].shape.rows * tensors_[ti].shape.cols);
-    float* const total = sum(t, round, 0);
-    for (size_t at = 0; at < len; at += kChunk) {
-      const size_t n = std::min(kChunk, len - at);
-      float* const x = total + at;
-      for (int r = first_rank; r < end_rank; ++r) {
-        float* const part = sum_of(t, r, round, 0) + at;
-        for (size_t i = 0; i < n; ++i) x[i] += part[i];
-        std::memset(part, 0, n * sizeof(float));
-      }
-    }
+    const TensorStore::Shape& shape = tensors_[ti].shape;
+    FoldInto(level, static_cast<int>(ti), round, 0, static_cast<size_t>(shape.rows * shape.cols),
+             first_rank, end_rank);
   }
 }
 
 BlockSquares RoundAccumulator::FoldNorm(SimdLevel level, int t, int64_t round, int64_t first,
                                         int64_t n, int first_rank) {
-  // At most a few ranks' pointers: a small fixed array, no allocation.
   constexpr int kMaxParts = 64;
   float* parts[kMaxParts];
-  float* const total = sum(t, round, first);
   const size_t len = static_cast<size_t>(n * tensors_[t].shape.rows);
-  // The ranks beyond kMaxParts + 1 (a world that large) are folded first,
-  // in rank order, in groups; the result is the same sequence of adds.
+  // The ranks beyond the last kMaxParts (a world that large) are folded
+  // first, in rank order; the result is the same sequence of adds.
   int r = std::max(first_rank, 1);
-  while (sum_ranks_ - r > kMaxParts) {
-    for (int k = 0; k < kMaxParts; ++k) parts[k] = sum_of(t, r + k, round, first);
-    float* const* p = parts;
-    for (size_t i = 0; i < len; ++i) {
-      float x = total[i];
-      for (int k = 0; k < kMaxParts; ++k) {
-        x += p[k][i];
-        p[k][i] = 0.0f;
-      }
-      total[i] = x;
-    }
-    r += kMaxParts;
+  if (sum_ranks_ - r > kMaxParts) {
+    FoldInto(level, t, round, first, len, r, sum_ranks_ - kMaxParts);
+    r = sum_ranks_ - kMaxParts;
   }
   int nparts = 0;
   for (; r < sum_ranks_; ++r) parts[nparts++] = sum_of(t, r, round, first);
-  return FoldSquares(level, total, parts, nparts, len);
+  return FoldSquares(level, sum(t, round, first), parts, nparts, len);
 }
 
 void RoundAccumulator::Clear(int t, int64_t round, int64_t first, int64_t n) {

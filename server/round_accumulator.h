@@ -9,7 +9,7 @@
 //     acc.MarkReceived(t, rank, step, c);
 //   }
 //   ...  // ranks 0..r closed the round: theirs folded, in rank order
-//   acc.FoldRanks(round, 1, r + 1);  // once all are: acc.sum(t, round, c) is the total
+//   acc.FoldRanks(simd, round, 1, r + 1);  // once all are: acc.sum(t, round, c) is the total
 //
 // Floating-point addition is not associative: one buffer that every rank
 // adds into holds a sum that depends on the order the ranks' shards arrived
@@ -53,6 +53,12 @@ inline constexpr int kSquareLanes = 32;
 // |total[i]|. Every level gives the same bits (`level` must be supported).
 BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int nparts, size_t n);
 
+// The fold alone, in one pass: for each i in [0, n),
+//   total[i] = (...((total[i] + parts[0][i]) + parts[1][i]) + ...)
+// (FoldSquares' adds, the same bits at every level) and every parts[r][i]
+// set to 0. Vectorized at `level` (which must be supported).
+void FoldParts(SimdLevel level, float* total, float* const* parts, int nparts, size_t n);
+
 class RoundAccumulator {
  public:
   // Zeroed sums; nothing received. Allocates 8 B per element (times
@@ -78,10 +84,10 @@ class RoundAccumulator {
   // every tensor to rank 0's, in rank order, and zeroes them: the same adds,
   // in the same order, as folding them all at once. Nothing to do unless
   // rank-ordered.
-  void FoldRanks(int64_t round, int first_rank, int end_rank);
+  void FoldRanks(SimdLevel level, int64_t round, int first_rank, int end_rank);
   // Adds the other ranks' sums of columns [first, first + n) to rank 0's, in
   // rank order, and zeroes them. Nothing to do unless rank-ordered.
-  void Fold(int t, int64_t round, int64_t first, int64_t n);
+  void Fold(SimdLevel level, int t, int64_t round, int64_t first, int64_t n);
   // The squares of the total (FoldSquares) in the same pass as the fold of
   // ranks [first_rank, sum_ranks()) (those before it already folded: with
   // first_rank == sum_ranks(), the squares alone).
@@ -116,6 +122,11 @@ class RoundAccumulator {
   void ClearStaging(int t, int64_t elements);
 
  private:
+  // Adds ranks [first_rank, end_rank)'s sums of the len values from column
+  // `first` of tensor t to rank 0's, in rank order, and zeroes them.
+  void FoldInto(SimdLevel level, int t, int64_t round, int64_t first, size_t len, int first_rank,
+                int end_rank);
+
   struct Tensor {
     TensorStore::Shape shape;
     std::vector<std::array<std::vector<float>, 2>> sum;  // [rank][parity]

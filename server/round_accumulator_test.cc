@@ -85,7 +85,7 @@ float ArrivalSum(bool rank_ordered, const std::vector<int>& ranks) {
     acc.sum_of(0, rank, /*round=*/0, 0)[0] += kStepValue[rank][step];
     acc.MarkReceived(0, rank, step, 0);
   }
-  acc.Fold(0, 0, 0, 1);
+  acc.Fold(SimdLevel::kScalar, 0, 0, 0, 1);
   return acc.sum(0, 0, 0)[0];
 }
 
@@ -121,27 +121,32 @@ TEST(RoundAccumulatorTest, FoldRanksInPiecesIsOneFold) {
       }
     }
   };
-  RoundAccumulator whole(shapes, kWorld, true), pieces(shapes, kWorld, true);
+  RoundAccumulator whole(shapes, kWorld, true);
   fill(&whole);
-  fill(&pieces);
-  for (int t = 0; t < 2; ++t) whole.Fold(t, /*round=*/3, 0, shapes[t].cols);
-  pieces.FoldRanks(3, 0, 2);  // ranks 0 and 1 closed
-  pieces.FoldRanks(3, 2, 3);
-  pieces.FoldRanks(3, 3, kWorld);  // 4 closed before 3: both at 3's close
-  for (int t = 0; t < 2; ++t) {
-    EXPECT_EQ(pieces.sum_buffer(t, 0, 1), whole.sum_buffer(t, 0, 1));
-    for (int r = 1; r < kWorld; ++r) {
-      for (float x : pieces.sum_buffer(t, r, 1)) ASSERT_EQ(x, 0.0f);
+  for (int t = 0; t < 2; ++t) whole.Fold(SimdLevel::kScalar, t, /*round=*/3, 0, shapes[t].cols);
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!SimdLevelSupported(level)) continue;
+    SCOPED_TRACE(SimdLevelName(level));
+    RoundAccumulator pieces(shapes, kWorld, true);
+    fill(&pieces);
+    pieces.FoldRanks(level, 3, 0, 2);  // ranks 0 and 1 closed
+    pieces.FoldRanks(level, 3, 2, 3);
+    pieces.FoldRanks(level, 3, 3, kWorld);  // 4 closed before 3: both at 3's close
+    for (int t = 0; t < 2; ++t) {
+      EXPECT_EQ(pieces.sum_buffer(t, 0, 1), whole.sum_buffer(t, 0, 1));
+      for (int r = 1; r < kWorld; ++r) {
+        for (float x : pieces.sum_buffer(t, r, 1)) ASSERT_EQ(x, 0.0f);
+      }
+      EXPECT_EQ(pieces.sum_buffer(t, 2, 0), whole.sum_buffer(t, 2, 0)) << "the other round";
     }
-    EXPECT_EQ(pieces.sum_buffer(t, 2, 0), whole.sum_buffer(t, 2, 0)) << "the other round";
+    // The update's pass over folded sums: the squares alone, as FoldNorm's.
+    RoundAccumulator again(shapes, kWorld, true);
+    fill(&again);
+    const BlockSquares a = again.FoldNorm(SimdLevel::kScalar, 0, 3, 10, 50);
+    const BlockSquares b = pieces.FoldNorm(SimdLevel::kScalar, 0, 3, 10, 50, /*first_rank=*/kWorld);
+    EXPECT_EQ(a.sum, b.sum);
+    EXPECT_EQ(a.largest, b.largest);
   }
-  // The update's pass over folded sums: the squares alone, as FoldNorm's.
-  RoundAccumulator again(shapes, kWorld, true);
-  fill(&again);
-  const BlockSquares a = again.FoldNorm(SimdLevel::kScalar, 0, 3, 10, 50);
-  const BlockSquares b = pieces.FoldNorm(SimdLevel::kScalar, 0, 3, 10, 50, /*first_rank=*/kWorld);
-  EXPECT_EQ(a.sum, b.sum);
-  EXPECT_EQ(a.largest, b.largest);
 }
 
 TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
@@ -156,7 +161,7 @@ TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
       }
     }
   }
-  acc.Fold(0, /*round=*/1, /*first=*/1, /*n=*/2);
+  acc.Fold(BestSimdLevel(), 0, /*round=*/1, /*first=*/1, /*n=*/2);
   for (int64_t c = 1; c < 3; ++c) {
     EXPECT_EQ(acc.sum(0, 1, c)[1], static_cast<float>(2 * (c + 100) + 10));
     EXPECT_EQ(acc.sum_of(0, 1, 1, c)[0], 0.0f) << "Fold leaves rank 1's part zero";
@@ -178,7 +183,8 @@ TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
 
 // The fused fold and squares: at every level the totals are the rank-order
 // float sums, the parts are zeroed, and the squares' sum and the largest
-// magnitude are the same bits as the scalar lanes' (tails included).
+// magnitude are the same bits as the scalar lanes' (tails included); the
+// fold alone (FoldParts) gives the same totals.
 TEST(RoundAccumulatorTest, FoldSquaresIsTheSameAtEveryLevel) {
   for (int nparts : {0, 1, 3}) {
     for (size_t n : {size_t{0}, size_t{5}, size_t{32}, size_t{77}, size_t{1000}, size_t{2500}}) {
@@ -216,6 +222,16 @@ TEST(RoundAccumulatorTest, FoldSquaresIsTheSameAtEveryLevel) {
           ASSERT_EQ(buf[0][i], want[i]) << where << " element " << i;
           for (int r = 1; r <= nparts; ++r) ASSERT_EQ(buf[r][i], 0.0f) << where;
         }
+        // The close path's fold alone (FoldParts): the same totals, the
+        // parts zeroed.
+        for (int r = 0; r <= nparts; ++r) {
+          for (size_t i = 0; i < n; ++i) buf[r][i] = input(r, i);
+        }
+        FoldParts(level, buf[0].data(), parts.data(), nparts, n);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(buf[0][i], want[i]) << where << " FoldParts element " << i;
+          for (int r = 1; r <= nparts; ++r) ASSERT_EQ(buf[r][i], 0.0f) << where << " FoldParts";
+        }
       }
     }
   }
@@ -233,7 +249,7 @@ TEST(RoundAccumulatorTest, FoldNormFoldsAsFold) {
       }
     }
   }
-  a.Fold(0, 3, 2, 4);
+  a.Fold(SimdLevel::kScalar, 0, 3, 2, 4);
   const BlockSquares q = b.FoldNorm(BestSimdLevel(), 0, 3, 2, 4);
   double sum = 0;
   for (int r = 0; r < 4; ++r) {
@@ -245,6 +261,50 @@ TEST(RoundAccumulatorTest, FoldNormFoldsAsFold) {
     }
   }
   EXPECT_NEAR(q.sum, sum, 1e-12 * sum);
+}
+
+// A world beyond the 64 parts a pass takes: every fold (the close path's
+// FoldRanks, in pieces or at once, and the update's FoldNorm) adds each
+// value's ranks in rank order, at every level: the bits of a sequential
+// float sum, every other rank's part zeroed.
+TEST(RoundAccumulatorTest, AWorldOfMoreThanSixtyFourRanksFoldsInRankOrder) {
+  constexpr int kWorld = 70;
+  constexpr int64_t kRows = 3, kCols = 11;
+  auto value = [](int r, int64_t c, int64_t i) {
+    return (r % 3 == 0 ? 1e6f : 1e-3f) * static_cast<float>((r * 13 + c * 7 + i) % 17) - 0.5f;
+  };
+  std::vector<float> want(kRows * kCols);
+  for (int64_t c = 0; c < kCols; ++c) {
+    for (int64_t i = 0; i < kRows; ++i) {
+      float x = value(0, c, i);
+      for (int r = 1; r < kWorld; ++r) x += value(r, c, i);
+      want[c * kRows + i] = x;
+    }
+  }
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!SimdLevelSupported(level)) continue;
+    for (int how = 0; how < 3; ++how) {
+      SCOPED_TRACE(std::string(SimdLevelName(level)) + " way " + std::to_string(how));
+      RoundAccumulator acc({{kRows, kCols}}, kWorld, true);
+      for (int r = 0; r < kWorld; ++r) {
+        for (int64_t c = 0; c < kCols; ++c) {
+          for (int64_t i = 0; i < kRows; ++i) acc.sum_of(0, r, 1, c)[i] = value(r, c, i);
+        }
+      }
+      if (how == 0) {
+        acc.FoldRanks(level, 1, 1, kWorld);
+      } else if (how == 1) {
+        acc.FoldRanks(level, 1, 1, 5);
+        acc.FoldRanks(level, 1, 5, kWorld);
+      } else {
+        (void)acc.FoldNorm(level, 0, 1, 0, kCols);
+      }
+      for (int64_t k = 0; k < kRows * kCols; ++k) {
+        ASSERT_EQ(acc.sum(0, 1, 0)[k], want[k]) << "value " << k;
+        for (int r = 1; r < kWorld; ++r) ASSERT_EQ(acc.sum_of(0, r, 1, 0)[k], 0.0f) << "rank " << r;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -114,7 +114,7 @@ void Run(int world, bool rank_ordered, bool moments, DType param_dtype, ThreadPo
     in.sink = [&](v1::DownMessage d) { sent.push_back(std::move(d)); };
     // The close path: rank r folded once ranks 0..r closed (here in order).
     double t0 = Now();
-    for (int r = 1; r < sums; ++r) acc.FoldRanks(round, r, r + 1);
+    for (int r = 1; r < sums; ++r) acc.FoldRanks(in.simd, round, r, r + 1);
     fold.push_back(Now() - t0);
     in.folded_ranks = sums;
     for (int t = 0; t < kTensors; ++t) {

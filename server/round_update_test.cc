@@ -364,7 +364,7 @@ TEST(RoundUpdateTest, FusedPassesEqualTheUnfusedKernels) {
     std::string values, m, v;
     double norm2 = 0;
     for (int32_t c : remote[0]) {
-      racc.Fold(0, 1, c, 1);
+      racc.Fold(SimdLevel::kScalar, 0, 1, c, 1);
       for (int64_t i = 0; i < kR; ++i) norm2 += static_cast<double>(racc.sum(0, 1, c)[i]) * racc.sum(0, 1, c)[i];
     }
     for (int32_t c : remote[0]) {
