@@ -12,16 +12,23 @@ namespace zenflow {
 namespace {
 
 // The tail of a block (and the scalar level): element i into lane i % 32.
+// One float at i, as FoldAvx2 below: total + parts in order, parts zeroed,
+// the total stored (only when there are parts).
+inline float FoldScalar(float* total, float* const* parts, int nparts, size_t i) {
+  float x = total[i];
+  for (int r = 0; r < nparts; ++r) {
+    x += parts[r][i];
+    parts[r][i] = 0.0f;
+  }
+  if (nparts > 0) total[i] = x;
+  return x;
+}
+
 void FoldSquaresScalar(float* total, float* const* parts, int nparts, size_t begin, size_t n,
                        double* lane, float* largest) {
   float big = *largest;
   for (size_t i = begin; i < n; ++i) {
-    float x = total[i];
-    for (int r = 0; r < nparts; ++r) {
-      x += parts[r][i];
-      parts[r][i] = 0.0f;
-    }
-    if (nparts > 0) total[i] = x;
+    const float x = FoldScalar(total, parts, nparts, i);
     lane[i % kSquareLanes] += static_cast<double>(x) * static_cast<double>(x);
     big = std::max(big, std::fabs(x));
   }
@@ -117,14 +124,7 @@ void FoldSquaresAvx512(float* total, float* const* parts, int nparts, size_t n, 
 // the same per-element adds as FoldSquares', in rank order, every part
 // zeroed in the same pass.
 void FoldPartsScalar(float* total, float* const* parts, int nparts, size_t begin, size_t n) {
-  for (size_t i = begin; i < n; ++i) {
-    float x = total[i];
-    for (int r = 0; r < nparts; ++r) {
-      x += parts[r][i];
-      parts[r][i] = 0.0f;
-    }
-    total[i] = x;
-  }
+  for (size_t i = begin; i < n; ++i) FoldScalar(total, parts, nparts, i);
 }
 
 ZF_TARGET("avx2,fma")
@@ -210,13 +210,12 @@ RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes
 
 void RoundAccumulator::FoldInto(SimdLevel level, int t, int64_t round, int64_t first, size_t len,
                                 int first_rank, int end_rank) {
-  // At most a few ranks' pointers at a time: a small fixed array, no
-  // allocation. Any grouping gives each value the same adds in rank order.
-  constexpr int kMaxParts = 64;
-  float* parts[kMaxParts];
+  // At most kMaxFoldParts ranks' pointers at a time: a small fixed array,
+  // no allocation. Any grouping gives each value the same adds in rank order.
+  float* parts[kMaxFoldParts];
   float* const total = sum(t, round, first);
-  for (int r = std::max(first_rank, 1); r < end_rank; r += kMaxParts) {
-    const int k = std::min(kMaxParts, end_rank - r);
+  for (int r = std::max(first_rank, 1); r < end_rank; r += kMaxFoldParts) {
+    const int k = std::min(kMaxFoldParts, end_rank - r);
     for (int j = 0; j < k; ++j) parts[j] = sum_of(t, r + j, round, first);
     FoldParts(level, total, parts, k, len);
   }
@@ -227,9 +226,9 @@ void RoundAccumulator::Fold(SimdLevel level, int t, int64_t round, int64_t first
 }
 
 void RoundAccumulator::FoldRanks(SimdLevel level, int64_t round, int first_rank, int end_rank) {
-  // One pass over each tensor's total: each vector of it gets every rank's
-  // part added in rank order (the same adds as a fold of them all) while
-  // the parts are zeroed.
+  // One pass over each tensor's total per kMaxFoldParts ranks: each vector
+  // of it gets every rank's part added in rank order (the same adds as a
+  // fold of them all) while the parts are zeroed.
   end_rank = std::min(end_rank, sum_ranks_);
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     const TensorStore::Shape& shape = tensors_[ti].shape;
@@ -240,15 +239,14 @@ void RoundAccumulator::FoldRanks(SimdLevel level, int64_t round, int first_rank,
 
 BlockSquares RoundAccumulator::FoldNorm(SimdLevel level, int t, int64_t round, int64_t first,
                                         int64_t n, int first_rank) {
-  constexpr int kMaxParts = 64;
-  float* parts[kMaxParts];
+  float* parts[kMaxFoldParts];
   const size_t len = static_cast<size_t>(n * tensors_[t].shape.rows);
-  // The ranks beyond the last kMaxParts (a world that large) are folded
+  // The ranks before the last kMaxFoldParts (a world that large) are folded
   // first, in rank order; the result is the same sequence of adds.
   int r = std::max(first_rank, 1);
-  if (sum_ranks_ - r > kMaxParts) {
-    FoldInto(level, t, round, first, len, r, sum_ranks_ - kMaxParts);
-    r = sum_ranks_ - kMaxParts;
+  if (sum_ranks_ - r > kMaxFoldParts) {
+    FoldInto(level, t, round, first, len, r, sum_ranks_ - kMaxFoldParts);
+    r = sum_ranks_ - kMaxFoldParts;
   }
   int nparts = 0;
   for (; r < sum_ranks_; ++r) parts[nparts++] = sum_of(t, r, round, first);

@@ -122,6 +122,8 @@ class RoundAccumulator {
   void ClearStaging(int t, int64_t elements);
 
  private:
+  // The most ranks' parts one pass of a fold reads at once.
+  static constexpr int kMaxFoldParts = 64;
   // Adds ranks [first_rank, end_rank)'s sums of the len values from column
   // `first` of tensor t to rank 0's, in rank order, and zeroes them.
   void FoldInto(SimdLevel level, int t, int64_t round, int64_t first, size_t len, int first_rank,
