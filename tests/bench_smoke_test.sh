@@ -5,37 +5,46 @@
 # scale_bench and every per-transport, per-size key of transport_bench is
 # there, finite and positive, and the goals carry met flags. No timing is
 # part of pass or fail: the figures are only checked to be measured.
+#
+# Both run the way a lent GPU machine runs them: through the bundle's
+# scale.sh (tools/gpu_scale.sh) with the binaries in a bundle's bin/ (here
+# links to this test's), so tools/bench_scale.sh without a build
+# (ZF_BENCH_BIN), its four daemons placed with taskset (ZF_DAEMON_CPUS /
+# ZF_BENCH_CPUS: CPU 0 for both, which every host has).
 set -euo pipefail
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
-ZENFLOWD="$R/server/zenflowd"
 dir=$(mktemp -d "$TEST_TMPDIR/bench_smoke.XXXXXX")
-dpid=""
-cleanup() {
-  if [ -n "$dpid" ]; then kill -TERM "$dpid" 2>/dev/null || true; wait "$dpid" 2>/dev/null || true; fi
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; [ -f "$dir/zenflowd.log" ] && { echo "--- zenflowd log"; cat "$dir/zenflowd.log"; }; exit 1; }
+fail() { echo "FAIL: $*"; exit 1; }
 
-"$ZENFLOWD" --listen=127.0.0.1:0 --port_file="$dir/port" 2>"$dir/zenflowd.log" &
-dpid=$!
-for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
-[ -s "$dir/port" ] || fail "zenflowd did not start"
+bundle="$dir/bundle"
+mkdir -p "$bundle/bin" "$bundle/lib/ucx"
+ln -s "$R/server/zenflowd" "$R/tools/bench/scale_bench" "$R/tools/bench/adam_bench" \
+  "$R/tools/bench/transport_bench" "$bundle/bin/"
+cp "$R/tools/gpu_scale.sh" "$bundle/scale.sh"
+# (UCX_MODULE_DIR: the bundle's copy of the host's UCX modules.)
+ln -s /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$bundle/lib/ucx/"
+export ZF_TREE="$R" OUT="$dir/out"
+
+# Half a placement is refused before anything starts.
+if ZF_DAEMON_CPUS=0 bash "$bundle/scale.sh" scale >"$dir/half.out" 2>&1; then
+  cat "$dir/half.out"; fail "ZF_DAEMON_CPUS without ZF_BENCH_CPUS was accepted"
+fi
+grep -q "set both ZF_DAEMON_CPUS and ZF_BENCH_CPUS" "$OUT/scale.log" || { cat "$OUT/scale.log"; fail "no message for half a placement"; }
 
 # 1 and 2 ranks, one job, both sums; a small model (4M parameters: enough
 # shard bytes for the daemon's CPU outside updates to span many of /proc's
-# 10 ms ticks), few steps.
-"$R/tools/bench/scale_bench" --target="127.0.0.1:$(cat "$dir/port")" --daemon_pid="$dpid" \
-  --ranks=1,2 --jobs=1 --params=4194304 --steps=24 --ceiling_seconds=0.2 \
-  --out="$dir/scale.json" >"$dir/scale.out" 2>&1 || { cat "$dir/scale.out"; fail "scale_bench"; }
-cleanup
-dpid=""
+# 10 ms ticks), few steps; no several-daemons series; a given aggregate
+# ceiling, so no adam_bench run.
+ZF_DAEMON_CPUS=0 ZF_BENCH_CPUS=0 bash "$bundle/scale.sh" scale \
+  --ranks=1,2 --jobs=1 --params=4194304 --steps=24 --ceiling_seconds=0.2 --daemons= \
+  --accumulate_ceiling_bytes_per_s=1e10 --accumulate_ceiling_source=smoke \
+  >"$dir/scale.out" 2>&1 || { cat "$dir/scale.out"; fail "scale.sh scale"; }
 
-ZENFLOWD="$ZENFLOWD" "$R/tools/bench/transport_bench" --transports=grpc,ucx_sm --sizes=64KiB,1MiB \
+bash "$bundle/scale.sh" transport --transports=grpc,ucx_sm --sizes=64KiB,1MiB \
   --reps=1 --min_seconds=0.1 --min_bytes=8388608 --warmup_bytes=4194304 \
-  --out="$dir/transport.json" >"$dir/transport.out" 2>&1 ||
-  { cat "$dir/transport.out"; fail "transport_bench"; }
+  >"$dir/transport.out" 2>&1 || { cat "$dir/transport.out"; fail "scale.sh transport"; }
 
-python3 - "$dir/scale.json" "$dir/transport.json" <<'PY' || fail "the JSON misses a key or a measured value"
+python3 - "$OUT/scale.json" "$OUT/transport.json" <<'PY' || fail "the JSON misses a key or a measured value"
 import json, math, sys
 
 def nonnegative(where, v):
@@ -47,6 +56,9 @@ def positive(where, v):
         sys.exit("%s = %r: not a finite positive number" % (where, v))
 
 scale = json.load(open(sys.argv[1]))
+if not scale["placement"].startswith("daemons on CPUs 0; the bench (emulated ranks, ceilings) on CPUs 0"):
+    sys.exit("scale placement = %r" % scale["placement"])
+positive("host_cpus", scale["host_cpus"])
 for key in ("raw_receive_bytes_per_cpu_s", "accumulate_bytes_per_cpu_s_1thread",
             "ingest_ceiling_bytes_per_cpu_s", "accumulate_bytes_per_cpu_s_1thread_beside_copy",
             "ingest_ceiling_beside_copy_bytes_per_cpu_s"):

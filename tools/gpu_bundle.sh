@@ -5,11 +5,15 @@
 # CUDA-enabled _zenflow for CPython 3.11 among them), the
 # shared libraries they need that a non-Debian image lacks (gRPC, protobuf,
 # Abseil, UCX...; not libc, libstdc++ or CUDA's own), the two default texts,
-# and run.sh (tools/gpu_run.sh), which runs every device check in one go.
+# and run.sh (tools/gpu_run.sh), which runs every device check in one go;
+# with scale.sh (tools/gpu_scale.sh), issue 31's scale and transport benches
+# on the device machine's cores, one device call each.
 # The device machine cannot install packages, so this is what travels:
 #
 #   tools/gpu_bundle.sh
 #   device run: carry [".gpu_bundle"], command "bash .gpu_bundle/run.sh", timeout_s 540
+#   device run: carry [".gpu_bundle"], command "bash .gpu_bundle/scale.sh scale", timeout_s 540
+#   device run: carry [".gpu_bundle"], command "bash .gpu_bundle/scale.sh transport", timeout_s 540
 #
 # run.sh also works here (no GPU: the CUDA cases skip and --device=cuda
 # reports UNAVAILABLE), which is how this script is checked.
@@ -18,7 +22,8 @@ cd "$(dirname "$0")/.."
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu_bundle: needs /usr/local/cuda/bin/nvcc" >&2; exit 1; }
 targets=(//gpu_worker/kernels:kernels_test //gpu_worker/model:transformer_cuda_test
          //tools/bench:worker_bench //gpu_worker:zf_train //tools/bench:stall_bench
-         //server:zenflowd //gpu_worker:zf_cuda_path_check)
+         //server:zenflowd //gpu_worker:zf_cuda_path_check
+         //tools/bench:scale_bench //tools/bench:adam_bench //tools/bench:transport_bench)
 # Tests link their libraries dynamically by default: link everything in.
 bazel build -c opt --dynamic_mode=off "${targets[@]}" //python:_zenflow.so
 B=.gpu_bundle
@@ -45,6 +50,7 @@ done | grep -Ev "$skip" | sort -u | while read -r lib; do cp -L "$lib" "$B/lib/"
 cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$B/lib/ucx/"
 cp /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 "$B/data/"
 cp tools/gpu_run.sh "$B/run.sh"
+cp tools/gpu_scale.sh "$B/scale.sh"
 du -sh "$B"
 size=$(du -sm "$B" | cut -f1)
 [ "$size" -lt 60 ] || { echo "gpu_bundle: $size MiB is too large to travel (64 MiB with the tree)" >&2; exit 1; }

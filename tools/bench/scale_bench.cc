@@ -165,6 +165,10 @@ ABSL_FLAG(std::string, job_prefix, "scale-bench", "job ids are <prefix>-<config>
 ABSL_FLAG(std::string, out, "bench-results/scale.json", "JSON result file");
 ABSL_FLAG(double, ceiling_seconds, 1.0,
           "each of the 3 raw UCP receive measurements runs at least this long (and 256 MiB)");
+ABSL_FLAG(std::string, placement, "",
+          "which CPUs the daemons and this bench were given, in words (tools/bench_scale.sh "
+          "sets it from ZF_DAEMON_CPUS / ZF_BENCH_CPUS); empty: the host's scheduler placed "
+          "both on every CPU");
 ABSL_FLAG(int, update_threads, 0,
           "threads to time the round update's kernels on; 0: the first daemon's own "
           "(GetStats update_threads, its --update_threads)");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -25,6 +26,7 @@ ABSL_DECLARE_FLAG(int, interval);
 ABSL_DECLARE_FLAG(std::string, accumulate_ceiling_source);
 ABSL_DECLARE_FLAG(int, daemons_ranks);
 ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(std::string, placement);
 
 namespace zenflow {
 
@@ -336,6 +338,14 @@ absl::Status WriteScaleReport(const ScaleReport& rep) {
     json.Key("ucx_tls").String(absl::GetFlag(FLAGS_ucx_tls));
   }
   json.Key("emulated").Bool(true);
+  // Where the run was measured: the host's CPUs, and whether the emulated
+  // ranks shared the daemons' (docs/scale-benchmark.md, "The ranks on cores
+  // of their own").
+  json.Key("host_cpus").Int(static_cast<int64_t>(std::thread::hardware_concurrency()));
+  json.Key("placement")
+      .String(absl::GetFlag(FLAGS_placement).empty()
+                  ? "shared: the daemons and the emulated ranks on every CPU of the host"
+                  : absl::GetFlag(FLAGS_placement));
   json.Key("device_ms").Int(absl::GetFlag(FLAGS_device_ms));
   json.Key("device_ms_choice").String(
       "small, so that the daemon sets the pace: device_offered_bytes_per_s_per_rank (a rank's "
