@@ -31,6 +31,16 @@ if ZF_DAEMON_CPUS=0 bash "$bundle/scale.sh" scale >"$dir/half.out" 2>&1; then
 fi
 grep -q "set both ZF_DAEMON_CPUS and ZF_BENCH_CPUS" "$OUT/scale.log" || { cat "$OUT/scale.log"; fail "no message for half a placement"; }
 
+# A bundle without the binaries is refused by name, before anything starts.
+mkdir -p "$dir/empty/bin"
+cp "$R/tools/gpu_scale.sh" "$dir/empty/scale.sh"
+if OUT="$dir/empty_out" bash "$dir/empty/scale.sh" scale >"$dir/empty.out" 2>&1; then
+  cat "$dir/empty.out"; fail "a bundle without binaries was accepted"
+fi
+grep -q "has no executable zenflowd" "$dir/empty_out/scale.log" || { cat "$dir/empty_out/scale.log"; fail "no message for a bundle without binaries"; }
+bash "$bundle/scale.sh" nonsense >"$dir/usage.out" 2>&1 && fail "scale.sh nonsense was accepted"
+grep -q "usage: scale.sh scale|transport" "$dir/usage.out" || { cat "$dir/usage.out"; fail "no usage line"; }
+
 # 1 and 2 ranks, one job, both sums; a small model (4M parameters: enough
 # shard bytes for the daemon's CPU outside updates to span many of /proc's
 # 10 ms ticks), few steps; no several-daemons series; a given aggregate
