@@ -90,15 +90,19 @@ void DecodeScalar(DType dtype, const void* src, size_t n, float* dst) {
   }
 }
 
+// kFirst: the first add into a sum whose old values are stale (see
+// DecodeAdd's `first`): 0.0f takes the place of acc[i], which is not read.
+template <bool kFirst>
 void DecodeAddScalar(DType dtype, const void* src, size_t n, float* acc) {
+  auto old = [acc](size_t i) { return kFirst ? 0.0f : LoadF32(acc, i); };
   if (dtype == DType::kF32) {
     for (size_t i = 0; i < n; ++i) {
-      StoreF32(acc, i, LoadF32(acc, i) + LoadF32(src, i));
+      StoreF32(acc, i, old(i) + LoadF32(src, i));
     }
     return;
   }
   for (size_t i = 0; i < n; ++i) {
-    StoreF32(acc, i, LoadF32(acc, i) + DecodeOne16(dtype, LoadU16(src, i)));
+    StoreF32(acc, i, old(i) + DecodeOne16(dtype, LoadU16(src, i)));
   }
 }
 
@@ -194,6 +198,13 @@ ZF_TARGET_AVX2 void DecodeAvx2(DType dtype, const void* src, size_t n,
   DecodeScalar(dtype, in + 2 * i, n - i, dst + i);
 }
 
+// The sum's old values: zeros when kFirst (see DecodeAddScalar).
+template <bool kFirst>
+ZF_TARGET_AVX2 inline __m256 OldAvx2(const float* acc) {
+  return kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(acc);
+}
+
+template <bool kFirst>
 ZF_TARGET_AVX2 void DecodeAddAvx2(DType dtype, const void* src, size_t n,
                                   float* acc) {
   const auto* in = static_cast<const char*>(src);
@@ -204,21 +215,21 @@ ZF_TARGET_AVX2 void DecodeAddAvx2(DType dtype, const void* src, size_t n,
           _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i));
       const __m256 b =
           _mm256_loadu_ps(reinterpret_cast<const float*>(in + 4 * i + 32));
-      _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), a));
+      _mm256_storeu_ps(acc + i, _mm256_add_ps(OldAvx2<kFirst>(acc + i), a));
       _mm256_storeu_ps(acc + i + 8,
-                       _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), b));
+                       _mm256_add_ps(OldAvx2<kFirst>(acc + i + 8), b));
     }
-    DecodeAddScalar(dtype, in + 4 * i, n - i, acc + i);
+    DecodeAddScalar<kFirst>(dtype, in + 4 * i, n - i, acc + i);
     return;
   }
   for (; i + 16 <= n; i += 16) {
     const __m256 a = Load8Avx2(dtype, in + 2 * i);
     const __m256 b = Load8Avx2(dtype, in + 2 * i + 16);
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), a));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(OldAvx2<kFirst>(acc + i), a));
     _mm256_storeu_ps(acc + i + 8,
-                     _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), b));
+                     _mm256_add_ps(OldAvx2<kFirst>(acc + i + 8), b));
   }
-  DecodeAddScalar(dtype, in + 2 * i, n - i, acc + i);
+  DecodeAddScalar<kFirst>(dtype, in + 2 * i, n - i, acc + i);
 }
 
 // The finiteness checks' fast loops test 128 bytes per branch: four
@@ -389,6 +400,17 @@ ZF_TARGET_AVX512 void DecodeAvx512(DType dtype, const void* src, size_t n,
   }
 }
 
+// The sum's old values: zeros when kFirst (see DecodeAddScalar).
+template <bool kFirst>
+ZF_TARGET_AVX512 inline __m512 OldAvx512(const float* acc) {
+  return kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(acc);
+}
+template <bool kFirst>
+ZF_TARGET_AVX512 inline __m512 OldAvx512(__mmask16 k, const float* acc) {
+  return kFirst ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(k, acc);
+}
+
+template <bool kFirst>
 ZF_TARGET_AVX512 void DecodeAddAvx512(DType dtype, const void* src, size_t n,
                                       float* acc) {
   const auto* in = static_cast<const char*>(src);
@@ -398,32 +420,32 @@ ZF_TARGET_AVX512 void DecodeAddAvx512(DType dtype, const void* src, size_t n,
     for (; i + 32 <= n; i += 32) {
       const __m512 a = _mm512_loadu_ps(f + i);
       const __m512 b = _mm512_loadu_ps(f + i + 16);
-      _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), a));
+      _mm512_storeu_ps(acc + i, _mm512_add_ps(OldAvx512<kFirst>(acc + i), a));
       _mm512_storeu_ps(acc + i + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(acc + i + 16), b));
+                       _mm512_add_ps(OldAvx512<kFirst>(acc + i + 16), b));
     }
     for (; i < n; i += 16) {
       const size_t count = n - i < 16 ? n - i : 16;
       const __mmask16 k = TailMask16(count);
       const __m512 a = _mm512_maskz_loadu_ps(k, f + i);
       _mm512_mask_storeu_ps(
-          acc + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), a));
+          acc + i, k, _mm512_add_ps(OldAvx512<kFirst>(k, acc + i), a));
     }
     return;
   }
   for (; i + 32 <= n; i += 32) {
     const __m512 a = Load16Avx512(dtype, in + 2 * i);
     const __m512 b = Load16Avx512(dtype, in + 2 * i + 32);
-    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), a));
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(OldAvx512<kFirst>(acc + i), a));
     _mm512_storeu_ps(acc + i + 16,
-                     _mm512_add_ps(_mm512_loadu_ps(acc + i + 16), b));
+                     _mm512_add_ps(OldAvx512<kFirst>(acc + i + 16), b));
   }
   for (; i < n; i += 16) {
     const size_t count = n - i < 16 ? n - i : 16;
     const __mmask16 k = TailMask16(count);
     const __m512 a = Load16Avx512(dtype, in + 2 * i, k);
     _mm512_mask_storeu_ps(acc + i, k,
-                          _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), a));
+                          _mm512_add_ps(OldAvx512<kFirst>(k, acc + i), a));
   }
 }
 
@@ -503,21 +525,26 @@ ZF_TARGET_AVX512 bool AllFiniteAvx512(DType dtype, const void* src, size_t n,
 
 // ---- int8 (one scale per column) -------------------------------------------
 
+template <bool kFirst>
 void DecodeAddInt8Scalar(const int8_t* q, size_t n, float scale, float* acc) {
-  for (size_t i = 0; i < n; ++i) acc[i] += static_cast<float>(q[i]) * scale;
+  for (size_t i = 0; i < n; ++i) {
+    acc[i] = (kFirst ? 0.0f : acc[i]) + static_cast<float>(q[i]) * scale;
+  }
 }
 
+template <bool kFirst>
 ZF_TARGET_AVX2 void DecodeAddInt8Avx2(const int8_t* q, size_t n, float scale, float* acc) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
     const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), v));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(OldAvx2<kFirst>(acc + i), v));
   }
-  DecodeAddInt8Scalar(q + i, n - i, scale, acc + i);
+  DecodeAddInt8Scalar<kFirst>(q + i, n - i, scale, acc + i);
 }
 
+template <bool kFirst>
 ZF_TARGET_AVX512 void DecodeAddInt8Avx512(const int8_t* q, size_t n, float scale, float* acc) {
   const __m512 s = _mm512_set1_ps(scale);
   for (size_t i = 0; i < n; i += 16) {
@@ -525,7 +552,7 @@ ZF_TARGET_AVX512 void DecodeAddInt8Avx512(const int8_t* q, size_t n, float scale
     const __mmask16 k = TailMask16(count);
     const __m128i b = _mm_maskz_loadu_epi8(k, q + i);
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
-    _mm512_mask_storeu_ps(acc + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), v));
+    _mm512_mask_storeu_ps(acc + i, k, _mm512_add_ps(OldAvx512<kFirst>(k, acc + i), v));
   }
 }
 
@@ -608,18 +635,19 @@ void DecodeWith(Isa isa, DType dtype, const void* src, size_t n, float* dst) {
 }
 
 void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n,
-                   float* acc) {
+                   float* acc, bool first) {
   switch (isa) {
     case Isa::kAvx512:
-      DecodeAddAvx512(dtype, src, n, acc);
+      first ? DecodeAddAvx512<true>(dtype, src, n, acc)
+            : DecodeAddAvx512<false>(dtype, src, n, acc);
       return;
     case Isa::kAvx2:
-      DecodeAddAvx2(dtype, src, n, acc);
+      first ? DecodeAddAvx2<true>(dtype, src, n, acc) : DecodeAddAvx2<false>(dtype, src, n, acc);
       return;
     case Isa::kScalar:
       break;
   }
-  DecodeAddScalar(dtype, src, n, acc);
+  first ? DecodeAddScalar<true>(dtype, src, n, acc) : DecodeAddScalar<false>(dtype, src, n, acc);
 }
 
 bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
@@ -635,22 +663,26 @@ bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
   return AllFiniteScalar(dtype, src, n, first_bad);
 }
 
-void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc) {
+void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc,
+                       bool first) {
   switch (isa) {
     case Isa::kAvx512:
-      DecodeAddInt8Avx512(q, n, scale, acc);
+      first ? DecodeAddInt8Avx512<true>(q, n, scale, acc)
+            : DecodeAddInt8Avx512<false>(q, n, scale, acc);
       return;
     case Isa::kAvx2:
-      DecodeAddInt8Avx2(q, n, scale, acc);
+      first ? DecodeAddInt8Avx2<true>(q, n, scale, acc)
+            : DecodeAddInt8Avx2<false>(q, n, scale, acc);
       return;
     case Isa::kScalar:
       break;
   }
-  DecodeAddInt8Scalar(q, n, scale, acc);
+  first ? DecodeAddInt8Scalar<true>(q, n, scale, acc)
+        : DecodeAddInt8Scalar<false>(q, n, scale, acc);
 }
 
 bool DecodeAddFiniteWith(Isa isa, DType dtype, const void* src, size_t n, float* acc,
-                         size_t* first_bad) {
+                         size_t* first_bad, bool first) {
   const size_t esize = DTypeSize(dtype);
   const char* bytes = static_cast<const char*>(src);
   for (size_t i = 0; i < n; i += kFusedBlockElements) {
@@ -660,15 +692,15 @@ bool DecodeAddFiniteWith(Isa isa, DType dtype, const void* src, size_t n, float*
       if (first_bad != nullptr) *first_bad = i + at;
       return false;
     }
-    DecodeAddWith(isa, dtype, bytes + i * esize, m, acc + i);  // the block, from L1
+    DecodeAddWith(isa, dtype, bytes + i * esize, m, acc + i, first);  // the block, from L1
   }
   return true;
 }
 
 bool DecodeAddInt8FiniteWith(Isa isa, const int8_t* q, size_t n, float scale, float* acc,
-                             size_t* first_bad) {
+                             size_t* first_bad, bool first) {
   if (std::isfinite(128.0f * scale)) {  // every value is finite
-    DecodeAddInt8With(isa, q, n, scale, acc);
+    DecodeAddInt8With(isa, q, n, scale, acc, first);
     return true;
   }
   for (size_t i = 0; i < n; i += kFusedBlockElements) {
@@ -678,7 +710,7 @@ bool DecodeAddInt8FiniteWith(Isa isa, const int8_t* q, size_t n, float scale, fl
       if (first_bad != nullptr) *first_bad = i + at;
       return false;
     }
-    DecodeAddInt8With(isa, q + i, m, scale, acc + i);
+    DecodeAddInt8With(isa, q + i, m, scale, acc + i, first);
   }
   return true;
 }
@@ -698,19 +730,20 @@ bool Int8AllFinite(const int8_t* q, size_t n, float scale, size_t* first_bad) {
   return true;
 }
 
-bool DecodeAddFinite(DType dtype, const void* src, size_t n, float* acc, size_t* first_bad) {
+bool DecodeAddFinite(DType dtype, const void* src, size_t n, float* acc, size_t* first_bad,
+                     bool first) {
   return codec_internal::DecodeAddFiniteWith(codec_internal::ActiveIsa(), dtype, src, n, acc,
-                                             first_bad);
+                                             first_bad, first);
 }
 
 bool DecodeAddInt8Finite(const int8_t* q, size_t n, float scale, float* acc,
-                         size_t* first_bad) {
+                         size_t* first_bad, bool first) {
   return codec_internal::DecodeAddInt8FiniteWith(codec_internal::ActiveIsa(), q, n, scale, acc,
-                                                 first_bad);
+                                                 first_bad, first);
 }
 
-void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc) {
-  codec_internal::DecodeAddInt8With(codec_internal::ActiveIsa(), q, n, scale, acc);
+void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc, bool first) {
+  codec_internal::DecodeAddInt8With(codec_internal::ActiveIsa(), q, n, scale, acc, first);
 }
 
 void Encode(DType dtype, const float* src, size_t n, void* dst) {
@@ -721,9 +754,8 @@ void Decode(DType dtype, const void* src, size_t n, float* dst) {
   codec_internal::DecodeWith(codec_internal::ActiveIsa(), dtype, src, n, dst);
 }
 
-void DecodeAdd(DType dtype, const void* src, size_t n, float* acc) {
-  codec_internal::DecodeAddWith(codec_internal::ActiveIsa(), dtype, src, n,
-                                acc);
+void DecodeAdd(DType dtype, const void* src, size_t n, float* acc, bool first) {
+  codec_internal::DecodeAddWith(codec_internal::ActiveIsa(), dtype, src, n, acc, first);
 }
 
 bool AllFinite(DType dtype, const void* src, size_t n, size_t* first_bad) {

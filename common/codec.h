@@ -44,7 +44,13 @@ void Encode(DType dtype, const float* src, size_t n, void* dst);
 void Decode(DType dtype, const void* src, size_t n, float* dst);
 
 // acc[i] += decode(src[i]) for i in [0, n).
-void DecodeAdd(DType dtype, const void* src, size_t n, float* acc);
+//
+// first: the first add into a sum whose old values are stale (the daemon's
+// per-rank round sums are not zeroed between rounds:
+// server/round_accumulator.h): acc[i] = 0.0f + decode(src[i]), acc not
+// read; the same bits as an add into zeros (-0 gives +0). So for every add
+// function below.
+void DecodeAdd(DType dtype, const void* src, size_t n, float* acc, bool first = false);
 
 // Returns true if all n encoded values are finite. Otherwise returns false and,
 // if first_bad is non-null, stores the index of the first NaN or Inf there.
@@ -52,7 +58,7 @@ bool AllFinite(DType dtype, const void* src, size_t n, size_t* first_bad);
 
 // acc[i] += float(q[i]) * scale for i in [0, n): the product rounded, then
 // the sum (no fused multiply-add), as the scalar expression gives.
-void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc);
+void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc, bool first = false);
 
 // The shard path's one pass over a shard's values (server/job_rounds.cc):
 // the finiteness check and the add fused, block by block of
@@ -66,7 +72,8 @@ void DecodeAddInt8(const int8_t* q, size_t n, float scale, float* acc);
 // So use it where a partial add is harmless (a round that is dropped);
 // where acc must stay untouched, check the whole input (AllFinite) first.
 constexpr size_t kFusedBlockElements = 2048;
-bool DecodeAddFinite(DType dtype, const void* src, size_t n, float* acc, size_t* first_bad);
+bool DecodeAddFinite(DType dtype, const void* src, size_t n, float* acc, size_t* first_bad,
+                     bool first = false);
 
 // True when every q[i] * scale is finite (as DecodeAddInt8 computes it);
 // else false, and the first index where it is not in *first_bad (if
@@ -78,7 +85,7 @@ bool Int8AllFinite(const int8_t* q, size_t n, float scale, size_t* first_bad);
 // |q| <= 128 that needs 128 * scale to overflow, so only such huge scales
 // read the values before adding them.
 bool DecodeAddInt8Finite(const int8_t* q, size_t n, float scale, float* acc,
-                         size_t* first_bad);
+                         size_t* first_bad, bool first = false);
 
 // SIMD level used by the functions above: "avx512", "avx2" or "scalar".
 const char* CodecSimdLevel();
@@ -100,14 +107,16 @@ std::vector<Isa> SupportedIsas();
 // Same as the public functions but forced to `isa`, which must be supported.
 void EncodeWith(Isa isa, DType dtype, const float* src, size_t n, void* dst);
 void DecodeWith(Isa isa, DType dtype, const void* src, size_t n, float* dst);
-void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n, float* acc);
+void DecodeAddWith(Isa isa, DType dtype, const void* src, size_t n, float* acc,
+                   bool first = false);
 bool AllFiniteWith(Isa isa, DType dtype, const void* src, size_t n,
                    size_t* first_bad);
-void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc);
+void DecodeAddInt8With(Isa isa, const int8_t* q, size_t n, float scale, float* acc,
+                       bool first = false);
 bool DecodeAddFiniteWith(Isa isa, DType dtype, const void* src, size_t n, float* acc,
-                         size_t* first_bad);
+                         size_t* first_bad, bool first = false);
 bool DecodeAddInt8FiniteWith(Isa isa, const int8_t* q, size_t n, float scale, float* acc,
-                             size_t* first_bad);
+                             size_t* first_bad, bool first = false);
 
 }  // namespace codec_internal
 }  // namespace zenflow

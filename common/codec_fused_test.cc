@@ -48,6 +48,54 @@ std::vector<size_t> Positions(size_t n) {
   return out;
 }
 
+// `first`: the sum's old values are not read; the result is the scalar add
+// into zeros, bit for bit (-0 in gives +0), at every level, in every add.
+TEST(CodecFusedTest, FirstAddIsTheAddIntoZeros) {
+  std::mt19937 rng(11);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const size_t es = DTypeSize(dt);
+    for (size_t n : kSizes) {
+      std::vector<float> values = Random(&rng, n);
+      values[n / 2] = -0.0f;
+      std::vector<char> enc(n * es + 1);
+      Encode(dt, values.data(), n, enc.data() + 1);  // misaligned
+      std::vector<float> want(n, 0.0f);
+      codec_internal::DecodeAddWith(Isa::kScalar, dt, enc.data() + 1, n, want.data());
+      ASSERT_FALSE(std::signbit(want[n / 2]));
+      for (Isa isa : SupportedIsas()) {
+        std::vector<float> acc(n, std::numeric_limits<float>::quiet_NaN());  // stale
+        codec_internal::DecodeAddWith(isa, dt, enc.data() + 1, n, acc.data(), /*first=*/true);
+        EXPECT_TRUE(SameBits(acc, want, 0, n)) << DTypeName(dt) << " n=" << n;
+        acc.assign(n, std::numeric_limits<float>::quiet_NaN());
+        size_t bad = 0;
+        ASSERT_TRUE(codec_internal::DecodeAddFiniteWith(isa, dt, enc.data() + 1, n, acc.data(),
+                                                        &bad, /*first=*/true));
+        EXPECT_TRUE(SameBits(acc, want, 0, n)) << "finite " << DTypeName(dt) << " n=" << n;
+      }
+    }
+  }
+  for (size_t n : kSizes) {
+    std::vector<int8_t> q(n);
+    for (size_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int>(i * 37 % 256) - 128);
+    for (float scale : {0.01f, 3e38f}) {  // the second overflows: Int8Finite reads the values
+      std::vector<float> want(n, 0.0f);
+      codec_internal::DecodeAddInt8With(Isa::kScalar, q.data(), n, scale, want.data());
+      for (Isa isa : SupportedIsas()) {
+        std::vector<float> acc(n, std::numeric_limits<float>::quiet_NaN());
+        codec_internal::DecodeAddInt8With(isa, q.data(), n, scale, acc.data(), /*first=*/true);
+        EXPECT_TRUE(SameBits(acc, want, 0, n)) << "int8 n=" << n;
+        if (std::isfinite(128.0f * scale)) {
+          acc.assign(n, std::numeric_limits<float>::quiet_NaN());
+          size_t bad = 0;
+          ASSERT_TRUE(codec_internal::DecodeAddInt8FiniteWith(isa, q.data(), n, scale, acc.data(),
+                                                              &bad, /*first=*/true));
+          EXPECT_TRUE(SameBits(acc, want, 0, n)) << "int8 finite n=" << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(CodecFusedTest, FiniteInputAddsAsDecodeAdd) {
   std::mt19937 rng(3);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {

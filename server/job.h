@@ -353,6 +353,10 @@ class Job : public std::enable_shared_from_this<Job> {
     DType dt;
     size_t esize;
     int64_t step_in_round;  // the shard's step, 0-based in its round
+    // Per column of the shard: the rank's first add of the round into it,
+    // which stores (RoundAccumulator::first_add_stores); null: every add
+    // adds (shared sums).
+    const uint8_t* first = nullptr;
   };
   // Without mu_: INVALID_ARGUMENT for non-finite values (unless the job
   // skips such rounds: then *finite = false and nothing is added), else adds

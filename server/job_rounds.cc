@@ -215,9 +215,24 @@ absl::Status Job::HandleShard(int32_t rank, const v1::GradientShard& shard,
   // The round's divergence sample is drawn at its first shard, from the
   // daemon's columns then (they stay until the round's update).
   if (!divergence_->Began(round)) divergence_->BeginRound(round, RemoteColumnsLocked());
+  // Where each rank has a buffer of its own, the rank's first shard of the
+  // round for a column stores instead of adding (its stale values from two
+  // rounds before are not read, so nothing zeroes them): known here, under
+  // the lock, from the columns' arrivals (a rank's adds are one at a time).
+  // The thread's flags keep their room: no allocation per shard.
+  thread_local std::vector<uint8_t> first;
+  const uint8_t* first_flags = nullptr;
+  if (acc_->first_add_stores()) {
+    first.resize(ncols);
+    for (size_t i = 0; i < ncols; ++i) {
+      first[i] = acc_->hits(ti, rank, shard.columns(static_cast<int>(i))) == 0 ? 1 : 0;
+    }
+    first_flags = first.data();
+  }
   me.adding = true;
   ++adds_in_flight_;
-  const AddPlan plan{ti, round, int8, dt, esize, shard.step() - rs.round_first_step};
+  AddPlan plan{ti, round, int8, dt, esize, shard.step() - rs.round_first_step};
+  plan.first = first_flags;
   mu_.Unlock();
   bool finite = true, bounded = false;
   const absl::Status checked = AddShard(rank, shard, payload, plan, &finite, &bounded);
@@ -318,21 +333,22 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
   const int64_t block = std::max<int64_t>(1, kStripeElements / t.rows);
   std::unique_lock<std::mutex> stripe;
   int64_t held = -1;
-  auto add = [&](size_t i, size_t row, const char* v, size_t n, float* to) {
+  // first: the store of the rank's first add of the round (plan.first).
+  auto add = [&](size_t i, size_t row, const char* v, size_t n, float* to, bool first) {
     size_t at = 0;
     if (plan.int8) {
       const int8_t* q = reinterpret_cast<const int8_t*>(v);
       if (!skip) {
-        DecodeAddInt8(q, n, scale(i), to);
+        DecodeAddInt8(q, n, scale(i), to, first);
         return true;
       }
-      return DecodeAddInt8Finite(q, n, scale(i), to, &at) || record_bad(i, row + at);
+      return DecodeAddInt8Finite(q, n, scale(i), to, &at, first) || record_bad(i, row + at);
     }
     if (!skip) {
-      DecodeAdd(plan.dt, v, n, to);
+      DecodeAdd(plan.dt, v, n, to, first);
       return true;
     }
-    return DecodeAddFinite(plan.dt, v, n, to, &at) || record_bad(i, row + at);
+    return DecodeAddFinite(plan.dt, v, n, to, &at, first) || record_bad(i, row + at);
   };
   // One pass: with skip_nonfinite_rounds each block of values is checked
   // and then added (DecodeAddFinite). A non-finite value stops the add part
@@ -347,7 +363,8 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
           stripe = std::unique_lock<std::mutex>(
               stripes_[static_cast<size_t>(plan.ti * 7919 + held) % stripes_.size()]);
         }
-        return add(i, row, v, n, acc_->sum_of(plan.ti, rank, plan.round, c) + row);
+        return add(i, row, v, n, acc_->sum_of(plan.ti, rank, plan.round, c) + row,
+                   plan.first != nullptr && plan.first[i] != 0);
       });
   if (stripe.owns_lock()) stripe.unlock();
   if (!finite) {
@@ -363,7 +380,7 @@ absl::Status Job::AddShard(int32_t rank, const v1::GradientShard& shard,
     divergence_->Capture(slot, rank, plan.round, plan.step_in_round, [&](float* to) {
       ForEachStretch(payload, rows, plan.esize, i, i + 1,
                      [&](size_t col, size_t row, const char* v, size_t n) {
-                       return add(col, row, v, n, to + row);
+                       return add(col, row, v, n, to + row, /*first=*/false);
                      });
     });
   }

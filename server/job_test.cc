@@ -265,6 +265,76 @@ std::shared_ptr<Job> LoadedCopy(JobRegistry* registry,
   return copy->LoadSnapshot(sections).ok() ? copy : nullptr;
 }
 
+// Sums are not zeroed between rounds where each rank has a buffer of its own
+// (rank-ordered sums, one rank): a rank's first add of a round into a column
+// stores. Over four rounds (each parity's buffers reused twice), with shards
+// that split the columns differently per step and per rank, and a job
+// restored from a snapshot in the middle of round 2, the state equals the
+// shared-sums job's, which zeroes its buffer after every update (the
+// gradients are exact in fp32, so every order of adding gives the same
+// bits); and one rank equals two ranks of shared sums sending the same.
+TEST(JobTest, SumsReusedWithoutZeroingEqualZeroedSums) {
+  auto grad = [](int rank, int64_t step, int32_t c, int row) {
+    return 0.25f * static_cast<float>((step * 3 + c + row) % 5) - 0.5f * static_cast<float>(rank) +
+           (c == 1 ? 8.0f : 0.0f);
+  };
+  auto shard = [&](int rank, int64_t step, const std::vector<int32_t>& cols, bool same) {
+    v1::UpMessage m;
+    auto* s = m.mutable_shard();
+    s->set_step(step);
+    s->set_tensor("w");
+    s->set_dtype(v1::DTYPE_FP32);
+    std::vector<float> g;
+    for (int32_t c : cols) {
+      s->add_columns(c);
+      for (int row = 0; row < 2; ++row) g.push_back(grad(same ? 0 : rank, step, c, row));
+    }
+    s->set_payload(reinterpret_cast<const char*>(g.data()), sizeof(float) * g.size());
+    return m;
+  };
+  // Rounds [from, to) of `world` ranks into *job (which may be replaced by
+  // a copy restored from a snapshot taken after round 2's first shards).
+  auto run = [&](std::shared_ptr<Job>* job, JobRegistry* spare, int world, bool same,
+                 bool restore) {
+    for (int64_t round = 0; round < 4; ++round) {
+      for (int64_t step = 2 * round; step < 2 * round + 2; ++step) {
+        for (int rank = 0; rank < world; ++rank) {
+          const bool split = (step + rank) % 2 == 1;
+          const std::vector<std::vector<int32_t>> parts =
+              split ? std::vector<std::vector<int32_t>>{{2}, {0, 1}}
+                    : std::vector<std::vector<int32_t>>{{0, 1, 2}};
+          for (const auto& cols : parts) {
+            ASSERT_TRUE((*job)->HandleUp(rank, shard(rank, step, cols, same), Wire::kGrpc).ok());
+          }
+        }
+        if (restore && step == 4) {
+          absl::StatusOr<JobSnapshot> snap = (*job)->Snapshot();
+          ASSERT_TRUE(snap.ok()) << snap.status();
+          std::shared_ptr<Job> copy = LoadedCopy(spare, SectionsOf(*snap));
+          ASSERT_NE(copy, nullptr);
+          *job = copy;
+        }
+      }
+      for (int rank = 0; rank < world; ++rank) {
+        ASSERT_TRUE((*job)->HandleUp(rank, Close(round, 2, 0.1), Wire::kGrpc).ok());
+      }
+      ASSERT_TRUE((*job)->Snapshot().ok());  // the update done: round + 2 may reuse its buffer
+    }
+  };
+  auto state = [&](int world, bool rank_ordered, bool same, bool restore) {
+    JobRegistry registry(RegistryOptions{}), spare(RegistryOptions{});
+    std::shared_ptr<Job> job = JoinedJob(&registry, world, rank_ordered);
+    run(&job, &spare, world, same, restore);
+    return StateAfterUpdates(job.get());
+  };
+  const std::string shared = state(2, false, false, false);
+  ASSERT_FALSE(shared.empty());
+  EXPECT_EQ(state(2, true, false, false), shared) << "rank-ordered";
+  EXPECT_EQ(state(2, true, false, true), shared) << "rank-ordered, restored in round 2";
+  EXPECT_EQ(state(1, false, true, false), state(2, false, true, false)) << "one rank";
+  EXPECT_EQ(state(1, false, true, true), state(2, false, true, false)) << "one rank, restored";
+}
+
 // Rank-ordered sums are folded as ranks close (rank r once ranks 0..r
 // have): whatever order four ranks' shards and closes arrive in, and with
 // a snapshot taken and restored between closes, the state after the

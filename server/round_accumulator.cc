@@ -12,14 +12,12 @@ namespace zenflow {
 namespace {
 
 // The tail of a block (and the scalar level): element i into lane i % 32.
-// One float at i, as FoldAvx2 below: total + parts in order, parts zeroed,
-// the total stored (only when there are parts).
+// One float at i, as FoldAvx2 below: total + parts in order, the total
+// stored (only when there are parts). The parts are only read: each rank's
+// first add of a round stores (RoundAccumulator::first_add_stores).
 inline float FoldScalar(float* total, float* const* parts, int nparts, size_t i) {
   float x = total[i];
-  for (int r = 0; r < nparts; ++r) {
-    x += parts[r][i];
-    parts[r][i] = 0.0f;
-  }
+  for (int r = 0; r < nparts; ++r) x += parts[r][i];
   if (nparts > 0) total[i] = x;
   return x;
 }
@@ -42,7 +40,7 @@ void MaxInto(const float* lanes, int n, float* largest) {
   *largest = m;
 }
 
-// 8 floats at i: total + parts in order, parts zeroed, total stored. With
+// 8 floats at i: total + parts in order (only read), total stored. With
 // no parts (shared sums, or rank-ordered sums folded at the closes) the
 // total is only read: storing it back would make every line of the round's
 // sums dirty and write them to memory for nothing (the update's first pass
@@ -50,10 +48,7 @@ void MaxInto(const float* lanes, int n, float* largest) {
 ZF_TARGET("avx2,fma") inline __m256 FoldAvx2(float* total, float* const* parts, int nparts,
                                              size_t i) {
   __m256 x = _mm256_loadu_ps(total + i);
-  for (int r = 0; r < nparts; ++r) {
-    x = _mm256_add_ps(x, _mm256_loadu_ps(parts[r] + i));
-    _mm256_storeu_ps(parts[r] + i, _mm256_setzero_ps());
-  }
+  for (int r = 0; r < nparts; ++r) x = _mm256_add_ps(x, _mm256_loadu_ps(parts[r] + i));
   if (nparts > 0) _mm256_storeu_ps(total + i, x);
   return x;
 }
@@ -87,10 +82,7 @@ void FoldSquaresAvx2(float* total, float* const* parts, int nparts, size_t n, do
 ZF_TARGET("avx512f,avx2,fma") inline __m512 FoldAvx512(float* total, float* const* parts,
                                                        int nparts, size_t i) {
   __m512 x = _mm512_loadu_ps(total + i);
-  for (int r = 0; r < nparts; ++r) {
-    x = _mm512_add_ps(x, _mm512_loadu_ps(parts[r] + i));
-    _mm512_storeu_ps(parts[r] + i, _mm512_setzero_ps());
-  }
+  for (int r = 0; r < nparts; ++r) x = _mm512_add_ps(x, _mm512_loadu_ps(parts[r] + i));
   if (nparts > 0) _mm512_storeu_ps(total + i, x);
   return x;
 }
@@ -121,8 +113,7 @@ void FoldSquaresAvx512(float* total, float* const* parts, int nparts, size_t n, 
 }
 
 // The fold alone (the close path, before the update needs any squares):
-// the same per-element adds as FoldSquares', in rank order, every part
-// zeroed in the same pass.
+// the same per-element adds as FoldSquares', in rank order.
 void FoldPartsScalar(float* total, float* const* parts, int nparts, size_t begin, size_t n) {
   for (size_t i = begin; i < n; ++i) FoldScalar(total, parts, nparts, i);
 }
@@ -192,6 +183,7 @@ std::vector<int64_t> ColumnsOf(const std::vector<TensorStore::Shape>& shapes) {
 RoundAccumulator::RoundAccumulator(const std::vector<TensorStore::Shape>& shapes, int world,
                                    bool rank_ordered)
     : sum_ranks_(rank_ordered ? world : 1),
+      world_(world),
       tensors_(shapes.size()),
       arrivals_(ColumnsOf(shapes), world) {
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -228,7 +220,7 @@ void RoundAccumulator::Fold(SimdLevel level, int t, int64_t round, int64_t first
 void RoundAccumulator::FoldRanks(SimdLevel level, int64_t round, int first_rank, int end_rank) {
   // One pass over each tensor's total per kMaxFoldParts ranks: each vector
   // of it gets every rank's part added in rank order (the same adds as a
-  // fold of them all) while the parts are zeroed.
+  // fold of them all). The parts are only read.
   end_rank = std::min(end_rank, sum_ranks_);
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     const TensorStore::Shape& shape = tensors_[ti].shape;
@@ -254,6 +246,7 @@ BlockSquares RoundAccumulator::FoldNorm(SimdLevel level, int t, int64_t round, i
 }
 
 void RoundAccumulator::Clear(int t, int64_t round, int64_t first, int64_t n) {
+  if (first_add_stores()) return;  // the next round's first adds store
   for (int r = 0; r < sum_ranks_; ++r) {
     std::memset(sum_of(t, r, round, first), 0,
                 static_cast<size_t>(n * tensors_[t].shape.rows) * sizeof(float));

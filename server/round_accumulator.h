@@ -19,6 +19,17 @@
 // rank sent: reruns, and runs that ride through a daemon restart, are
 // bit-identical. A rank's own steps always arrive in order.
 //
+// Sums are not zeroed between rounds where each rank adds into a buffer of
+// its own (rank-ordered sums, or a one-rank job: first_add_stores()): a
+// rank's first shard of a round for a column STORES (DecodeAdd's `first`,
+// when hits() of that column is 0), so a buffer's stale values from two
+// rounds before are never read, and neither the fold nor the update
+// writes zeros. Every column a round's update or fold reads was stored
+// first: a rank closes a round only with every column of every step
+// (RankArrivals), and a round's buffer is reused only after its update
+// (Job::CheckRoundBuffer). Shared sums (one buffer that the ranks add into
+// concurrently) are zeroed after the update, as before (Clear).
+//
 // Not thread-safe: its owner (Job) serializes access, under its mutex, or by
 // the ownership a round's update has of that round's buffer.
 #ifndef ZENFLOW_SERVER_ROUND_ACCUMULATOR_H_
@@ -46,7 +57,7 @@ inline constexpr int kSquareLanes = 32;
 
 // The fold and the norm's pass in one: for each i in [0, n),
 //   total[i] = (...((total[i] + parts[0][i]) + parts[1][i]) + ...)  (float,
-// in the order of parts: rank order), every parts[r][i] set to 0, and of
+// in the order of parts: rank order; the parts only read), and of
 // the new total[i] the square summed in double (double(x) * double(x) is
 // exact, so a fused multiply-add gives the same bits) into lane
 // i % kSquareLanes, the lanes then added 0, 1, ..., 31; and the largest
@@ -55,8 +66,8 @@ BlockSquares FoldSquares(SimdLevel level, float* total, float* const* parts, int
 
 // The fold alone, in one pass: for each i in [0, n),
 //   total[i] = (...((total[i] + parts[0][i]) + parts[1][i]) + ...)
-// (FoldSquares' adds, the same bits at every level) and every parts[r][i]
-// set to 0. Vectorized at `level` (which must be supported).
+// (FoldSquares' adds, the same bits at every level); the parts are only
+// read. Vectorized at `level` (which must be supported).
 void FoldParts(SimdLevel level, float* total, float* const* parts, int nparts, size_t n);
 
 class RoundAccumulator {
@@ -71,6 +82,10 @@ class RoundAccumulator {
 
   // How many sum buffers a round has: `world` when rank-ordered, else 1.
   int sum_ranks() const { return sum_ranks_; }
+  // Each rank adds into a buffer of its own (rank-ordered sums, or one
+  // rank): its first add of a round into a column stores (hits() == 0), and
+  // nothing zeroes the sums between rounds (see the top of this file).
+  bool first_add_stores() const { return sum_ranks_ > 1 || world_ == 1; }
 
   // Column c of tensor t in round `round`'s sum (rows floats, followed by
   // column c + 1's): after Fold, the total of every rank.
@@ -81,19 +96,20 @@ class RoundAccumulator {
     return x.sum[rank < sum_ranks_ ? rank : 0][round & 1].data() + c * x.shape.rows;
   }
   // Adds the sums of ranks [first_rank, end_rank) (first_rank >= 1) of
-  // every tensor to rank 0's, in rank order, and zeroes them: the same adds,
-  // in the same order, as folding them all at once. Nothing to do unless
-  // rank-ordered.
+  // every tensor to rank 0's, in rank order: the same adds, in the same
+  // order, as folding them all at once. Each rank is folded once a round
+  // (its part is left as it was). Nothing to do unless rank-ordered.
   void FoldRanks(SimdLevel level, int64_t round, int first_rank, int end_rank);
   // Adds the other ranks' sums of columns [first, first + n) to rank 0's, in
-  // rank order, and zeroes them. Nothing to do unless rank-ordered.
+  // rank order. Nothing to do unless rank-ordered.
   void Fold(SimdLevel level, int t, int64_t round, int64_t first, int64_t n);
   // The squares of the total (FoldSquares) in the same pass as the fold of
   // ranks [first_rank, sum_ranks()) (those before it already folded: with
   // first_rank == sum_ranks(), the squares alone).
   BlockSquares FoldNorm(SimdLevel level, int t, int64_t round, int64_t first, int64_t n,
                         int first_rank = 1);
-  // Zeroes columns [first, first + n) of round `round`'s sums.
+  // Zeroes columns [first, first + n) of round `round`'s shared sums after
+  // its update; nothing where the first adds store (first_add_stores()).
   void Clear(int t, int64_t round, int64_t first, int64_t n);
 
   // Whether `rank` already sent column c of tensor t for `step`.
@@ -125,7 +141,7 @@ class RoundAccumulator {
   // The most ranks' parts one pass of a fold reads at once.
   static constexpr int kMaxFoldParts = 64;
   // Adds ranks [first_rank, end_rank)'s sums of the len values from column
-  // `first` of tensor t to rank 0's, in rank order, and zeroes them.
+  // `first` of tensor t to rank 0's, in rank order.
   void FoldInto(SimdLevel level, int t, int64_t round, int64_t first, size_t len, int first_rank,
                 int end_rank);
 
@@ -134,6 +150,7 @@ class RoundAccumulator {
     std::vector<std::array<std::vector<float>, 2>> sum;  // [rank][parity]
   };
   int sum_ranks_ = 1;
+  int world_ = 1;
   std::vector<Tensor> tensors_;
   RankArrivals arrivals_;
 };

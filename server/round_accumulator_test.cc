@@ -134,8 +134,9 @@ TEST(RoundAccumulatorTest, FoldRanksInPiecesIsOneFold) {
     pieces.FoldRanks(level, 3, 3, kWorld);  // 4 closed before 3: both at 3's close
     for (int t = 0; t < 2; ++t) {
       EXPECT_EQ(pieces.sum_buffer(t, 0, 1), whole.sum_buffer(t, 0, 1));
+      // The parts only read: their next round's first adds store.
       for (int r = 1; r < kWorld; ++r) {
-        for (float x : pieces.sum_buffer(t, r, 1)) ASSERT_EQ(x, 0.0f);
+        EXPECT_EQ(pieces.sum_buffer(t, r, 1), whole.sum_buffer(t, r, 1)) << "rank " << r;
       }
       EXPECT_EQ(pieces.sum_buffer(t, 2, 0), whole.sum_buffer(t, 2, 0)) << "the other round";
     }
@@ -161,28 +162,41 @@ TEST(RoundAccumulatorTest, FoldAndClearTouchOnlyTheirColumnsAndRound) {
       }
     }
   }
+  EXPECT_TRUE(acc.first_add_stores());
   acc.Fold(BestSimdLevel(), 0, /*round=*/1, /*first=*/1, /*n=*/2);
   for (int64_t c = 1; c < 3; ++c) {
     EXPECT_EQ(acc.sum(0, 1, c)[1], static_cast<float>(2 * (c + 100) + 10));
-    EXPECT_EQ(acc.sum_of(0, 1, 1, c)[0], 0.0f) << "Fold leaves rank 1's part zero";
+    EXPECT_EQ(acc.sum_of(0, 1, 1, c)[0], static_cast<float>(110 + c))
+        << "Fold only reads rank 1's part";
   }
   EXPECT_EQ(acc.sum(0, 1, 0)[0], 100.0f) << "Fold went past its columns";
   EXPECT_EQ(acc.sum_of(0, 1, 1, 0)[0], 110.0f);
   EXPECT_EQ(acc.sum(0, 0, 1)[0], 1.0f) << "Fold touched the other round";
+  // Each rank's buffer of its own: nothing to zero (the first adds store).
   acc.Clear(0, 0, 0, 3);
   for (int64_t c = 0; c < 3; ++c) {
-    EXPECT_EQ(acc.sum_of(0, 0, 0, c)[1], 0.0f);
-    EXPECT_EQ(acc.sum_of(0, 1, 0, c)[1], 0.0f);
+    EXPECT_EQ(acc.sum_of(0, 0, 0, c)[1], static_cast<float>(c));
+    EXPECT_EQ(acc.sum_of(0, 1, 0, c)[1], static_cast<float>(10 + c));
   }
-  EXPECT_EQ(acc.sum_of(0, 1, 1, 0)[1], 110.0f) << "Clear touched the other round";
-  // Without rank order every rank adds into rank 0's buffer.
+  // Without rank order every rank adds into rank 0's buffer, which the
+  // update's Clear zeroes (its columns, its round only).
   RoundAccumulator shared({{2, 3}}, 2, false);
   EXPECT_EQ(shared.sum_ranks(), 1);
+  EXPECT_FALSE(shared.first_add_stores());
   EXPECT_EQ(shared.sum_of(0, 1, 0, 2), shared.sum(0, 0, 2));
+  for (int64_t round : {0, 1}) {
+    for (int64_t c = 0; c < 3; ++c) shared.sum(0, round, c)[0] = shared.sum(0, round, c)[1] = 7;
+  }
+  shared.Clear(0, 0, 1, 2);
+  EXPECT_EQ(shared.sum(0, 0, 0)[1], 7.0f) << "Clear went past its columns";
+  for (int64_t c = 1; c < 3; ++c) EXPECT_EQ(shared.sum(0, 0, c)[1], 0.0f);
+  for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(shared.sum(0, 1, c)[0], 7.0f) << "the other round";
+  // One rank: its buffer is its own.
+  EXPECT_TRUE(RoundAccumulator({{2, 3}}, 1, false).first_add_stores());
 }
 
 // The fused fold and squares: at every level the totals are the rank-order
-// float sums, the parts are zeroed, and the squares' sum and the largest
+// float sums, the parts are only read, and the squares' sum and the largest
 // magnitude are the same bits as the scalar lanes' (tails included); the
 // fold alone (FoldParts) gives the same totals.
 TEST(RoundAccumulatorTest, FoldSquaresIsTheSameAtEveryLevel) {
@@ -220,24 +234,26 @@ TEST(RoundAccumulatorTest, FoldSquaresIsTheSameAtEveryLevel) {
         EXPECT_EQ(q.largest, big) << where;
         for (size_t i = 0; i < n; ++i) {
           ASSERT_EQ(buf[0][i], want[i]) << where << " element " << i;
-          for (int r = 1; r <= nparts; ++r) ASSERT_EQ(buf[r][i], 0.0f) << where;
+          for (int r = 1; r <= nparts; ++r) ASSERT_EQ(buf[r][i], input(r, i)) << where;
         }
         // The close path's fold alone (FoldParts): the same totals, the
-        // parts zeroed.
+        // parts as they were.
         for (int r = 0; r <= nparts; ++r) {
           for (size_t i = 0; i < n; ++i) buf[r][i] = input(r, i);
         }
         FoldParts(level, buf[0].data(), parts.data(), nparts, n);
         for (size_t i = 0; i < n; ++i) {
           ASSERT_EQ(buf[0][i], want[i]) << where << " FoldParts element " << i;
-          for (int r = 1; r <= nparts; ++r) ASSERT_EQ(buf[r][i], 0.0f) << where << " FoldParts";
+          for (int r = 1; r <= nparts; ++r) {
+            ASSERT_EQ(buf[r][i], input(r, i)) << where << " FoldParts";
+          }
         }
       }
     }
   }
 }
 
-// FoldNorm folds as Fold does: the same totals, the other ranks zeroed.
+// FoldNorm folds as Fold does: the same totals, the other ranks only read.
 TEST(RoundAccumulatorTest, FoldNormFoldsAsFold) {
   RoundAccumulator a({{5, 9}}, 4, true), b({{5, 9}}, 4, true);
   for (int r = 0; r < 4; ++r) {
@@ -266,7 +282,7 @@ TEST(RoundAccumulatorTest, FoldNormFoldsAsFold) {
 // A world beyond the 64 parts a pass takes: every fold (the close path's
 // FoldRanks, in pieces or at once, and the update's FoldNorm) adds each
 // value's ranks in rank order, at every level: the bits of a sequential
-// float sum, every other rank's part zeroed.
+// float sum, every other rank's part only read.
 TEST(RoundAccumulatorTest, AWorldOfMoreThanSixtyFourRanksFoldsInRankOrder) {
   constexpr int kWorld = 70;
   constexpr int64_t kRows = 3, kCols = 11;
@@ -301,7 +317,10 @@ TEST(RoundAccumulatorTest, AWorldOfMoreThanSixtyFourRanksFoldsInRankOrder) {
       }
       for (int64_t k = 0; k < kRows * kCols; ++k) {
         ASSERT_EQ(acc.sum(0, 1, 0)[k], want[k]) << "value " << k;
-        for (int r = 1; r < kWorld; ++r) ASSERT_EQ(acc.sum_of(0, r, 1, 0)[k], 0.0f) << "rank " << r;
+        for (int r = 1; r < kWorld; ++r) {
+          ASSERT_EQ(acc.sum_of(0, r, 1, 0)[k], value(r, k / kRows, k % kRows))  // only read
+              << "rank " << r;
+        }
       }
     }
   }

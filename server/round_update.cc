@@ -393,7 +393,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
   if (!skip) {
     // Pass 2 (or the one pass: each block's fold and squares first), batch
     // by batch: per block AdamW, the encode into the
-    // messages, the sums zeroed and the counts advanced, while the block is
+    // messages, shared sums zeroed and the counts advanced, while the block is
     // in cache; beside the blocks, the next batch's messages made. Then the
     // batch's messages go to the sink (without the factored moment, which
     // needs all of v).
@@ -448,7 +448,7 @@ RoundUpdateResult UpdateRound(const RoundUpdateInput& in, UpdateLease lease) {
                         q ? nullptr : store->v(b.tensor, b.first_col), n,
                         dst.values + at * vsize, moments ? dst.m + at * 2 : nullptr,
                         moments ? dst.v + at * 2 : nullptr, &old, q ? &q8 : nullptr, t.rows);
-        std::memset(g, 0, n * sizeof(float));
+        acc->Clear(b.tensor, round, b.first_col, b.ncols);  // shared sums only
         for (int64_t c = 0; c < b.ncols; ++c) store->set_count(b.tensor, b.first_col + c, b.step);
       });
       if (stream) {

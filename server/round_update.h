@@ -1,12 +1,14 @@
 // The update of one closed round, as a function of the job's state: the
 // mean of the round's sums (clipped if asked), one AdamW step on the
 // daemon's columns of the tensor store (bias correction by each column's own
-// count), the round's sums cleared, and the new values (or arithmetic
+// count), the round's shared sums cleared (RoundAccumulator::Clear: per-rank
+// sums are not, their next first adds store), and the new values (or arithmetic
 // deltas) encoded as ParameterDelta messages of at most max_shard_bytes
 // (with the columns' state for the predicted step and the factored second
 // moment for the local step, if asked). A
 // round whose shards were non-finite, or whose mean cannot give a finite
-// update, is skipped: the store is untouched and the sums are cleared.
+// update, is skipped: the store is untouched and the sums are cleared as
+// above.
 //
 //   UpdateLease lease = UpdateLease::Grant(round, &store, &accumulator);  // the owner, under its lock
 //   input.sink = [&](v1::DownMessage d) { ... };  // to every rank, in order
@@ -29,7 +31,7 @@
 //   2. batch by batch (consecutive messages of at most window_bytes), per
 //      block, while it is in cache: AdamW, the values (or fp32 new - old)
 //      and with moments m and v encoded straight into their message's
-//      payload, the sum zeroed, the counts advanced; beside the blocks, the
+//      payload, the shared sum zeroed, the counts advanced; beside the blocks, the
 //      next batch's messages are made; then the batch's messages go to the
 //      sink (the ranks' outboxes), so a round's deltas are never all held
 //      by the update.
@@ -111,7 +113,7 @@ struct RoundUpdateInput {
   // sum are finite: the round cannot overflow. Without clipping
   // (max_grad_norm 0, the default) nothing then needs the norm before AdamW,
   // and the update is one pass: per block the fold and the squares, then
-  // AdamW, the encode and the clear while the block is in cache. Otherwise
+  // AdamW, the encode and (shared sums) the clear while the block is in cache. Otherwise
   // (or false: not known) the first pass reads the whole round's sums for
   // the norm and the overflow check before the second runs AdamW. The two
   // give the same bits.
@@ -174,7 +176,7 @@ inline constexpr int64_t kUpdateBlockElements = int64_t{1} << 14;
 // (round_update_fraction = RunRoundUpdateKernels' time over the round's
 // number of values on the update pool / UpdateRound's, or the daemon's
 // JobStats.round_update_seconds). UpdateRound's second pass runs the same
-// code per block (plus the zeroing of the sums and the counts).
+// code per block (plus the zeroing of shared sums and the counts).
 struct RoundKernelOptions {
   SimdLevel simd = SimdLevel::kScalar;
   AdamWHyper hyper;

@@ -123,8 +123,10 @@ TEST(RoundUpdateTest, ANonFiniteSumIsSkippedAndCleared) {
 }
 
 // Rank-ordered sums: the update folds rank 1's part into rank 0's before
-// anything reads the sum, so it equals the update of the folded sum; rank
-// 1's part is cleared with the rest (a skipped round's too).
+// anything reads the sum, so it equals the update of the folded sum. Nothing
+// is zeroed (each rank's next first add of a round stores:
+// RoundAccumulator::first_add_stores): rank 1's part is only read, and a
+// skipped round's sums are left as they were.
 TEST(RoundUpdateTest, RankOrderedSumsAreFoldedBeforeTheUpdate) {
   Fixture plain, ordered(true);
   for (int64_t c = 0; c < kCols; ++c) {
@@ -141,18 +143,18 @@ TEST(RoundUpdateTest, RankOrderedSumsAreFoldedBeforeTheUpdate) {
     EXPECT_EQ(std::memcmp(ordered.store.master(0, c), plain.store.master(0, c), kRows * 4), 0);
     EXPECT_EQ(std::memcmp(ordered.store.m(0, c), plain.store.m(0, c), kRows * 4), 0);
     EXPECT_EQ(std::memcmp(ordered.store.v(0, c), plain.store.v(0, c), kRows * 4), 0);
-    EXPECT_EQ(ordered.acc.sum_of(0, 1, 1, c)[0] == 0.0f, c != 2)
-        << "column " << c << ": remote columns' parts are folded and cleared, the important "
-        << "column's is not touched";
+    EXPECT_EQ(ordered.acc.sum_of(0, 1, 1, c)[0], 0.5f * static_cast<float>(c) + 0.07f)
+        << "column " << c << ": rank 1's part only read";
   }
 
   Fixture skipped(true);
   skipped.acc.sum_of(0, 1, 1, 3)[1] = 5.0f;
   RoundUpdateInput in = skipped.Input();
   in.nonfinite = true;
+  const float total = skipped.acc.sum(0, 1, 3)[1];
   EXPECT_TRUE(UpdateRound(in, UpdateLease::Grant(1, &skipped.store, &skipped.acc)).skipped);
-  EXPECT_EQ(skipped.acc.sum_of(0, 1, 1, 3)[1], 0.0f);
-  EXPECT_EQ(skipped.acc.sum(0, 1, 3)[1], 0.0f);
+  EXPECT_EQ(skipped.acc.sum_of(0, 1, 1, 3)[1], 5.0f);
+  EXPECT_EQ(skipped.acc.sum(0, 1, 3)[1], total);
 }
 
 // With the local step (docs/design.md rule 13) every delta carries the
@@ -388,9 +390,11 @@ TEST(RoundUpdateTest, FusedPassesEqualTheUnfusedKernels) {
       ASSERT_EQ(0, std::memcmp(store.v(0, c), ref.v(0, c), kR * 4)) << c;
       for (int rank = 0; rank < 3; ++rank) {
         for (int64_t i = 0; i < kR; ++i) {
-          const bool daemons = c % 9 != 4;
-          ASSERT_EQ(acc.sum_of(0, rank, 1, c)[i], daemons ? 0.0f : racc.sum_of(0, rank, 1, c)[i])
-              << "the daemon's columns' sums cleared, the others untouched";
+          // The daemon's columns folded as the reference's, nothing zeroed
+          // (rank-ordered: the next round's first adds store), the others
+          // untouched.
+          ASSERT_EQ(acc.sum_of(0, rank, 1, c)[i], racc.sum_of(0, rank, 1, c)[i])
+              << "rank " << rank << " column " << c;
         }
       }
     }
