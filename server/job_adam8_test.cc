@@ -11,6 +11,7 @@
 #include "common/adam8.h"
 #include "gtest/gtest.h"
 #include "server/job.h"
+#include "server/job_test_support.h"
 #include "server/job_spec.h"
 #include "server/registry.h"
 #include "server/test_specs.h"
@@ -40,15 +41,7 @@ std::vector<float> Values(uint32_t seed, float scale) {
 std::shared_ptr<Job> Joined(JobRegistry* registry, const v1::JobSpec& spec) {
   EXPECT_TRUE(registry->CreateJob(spec).ok());
   std::shared_ptr<Job> job = *registry->Find("unit");
-  const std::vector<float> init = Values(1, 1.0f);
-  v1::UploadParametersRequest chunk;
-  chunk.set_tensor("w");
-  chunk.add_shape(kRows);
-  chunk.add_shape(kCols);
-  chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
-  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-  EXPECT_TRUE(job->Join(0).ok());
+  UploadWAndJoin(job, kRows, kCols, Values(1, 1.0f), 1);
   return job;
 }
 

@@ -15,6 +15,7 @@
 #include "common/up_wire.h"
 #include "gtest/gtest.h"
 #include "server/job.h"
+#include "server/job_test_support.h"
 #include "server/registry.h"
 #include "zenflow/v1/zenflow.pb.h"
 
@@ -44,14 +45,7 @@ std::shared_ptr<Job> MakeJob(JobRegistry* registry, bool rank_ordered, bool skip
   std::shared_ptr<Job> job = *registry->Find("fused");
   std::vector<float> init(kRows * kCols);
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * static_cast<float>(i % 37);
-  v1::UploadParametersRequest chunk;
-  chunk.set_tensor("w");
-  chunk.add_shape(kRows);
-  chunk.add_shape(kCols);
-  chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
-  absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job);
-  EXPECT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
-  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(job->Join(r).ok());
+  UploadWAndJoin(job, kRows, kCols, init, kWorld);
   return job;
 }
 

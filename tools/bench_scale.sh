@@ -20,7 +20,7 @@
 #                      taskset CPU lists for the daemons and for the bench
 #                      (its emulated ranks and its ceilings), e.g. 0,1 and
 #                      2-15: the ranks on cores of their own, as GPU workers'
-#                      host threads are (docs/scale-benchmark.md). Unset:
+#                      host threads are (docs/scale-ingest.md). Unset:
 #                      both run on every CPU. The JSON's `placement` says
 #                      which.
 set -euo pipefail

@@ -339,7 +339,7 @@ absl::Status WriteScaleReport(const ScaleReport& rep) {
   }
   json.Key("emulated").Bool(true);
   // Where the run was measured: the host's CPUs, and whether the emulated
-  // ranks shared the daemons' (docs/scale-benchmark.md, "The ranks on cores
+  // ranks shared the daemons' (docs/scale-ingest.md, "The ranks on cores
   // of their own").
   json.Key("host_cpus").Int(static_cast<int64_t>(std::thread::hardware_concurrency()));
   json.Key("placement")
