@@ -88,6 +88,11 @@ for r in runs:
                 "ingest_fraction_beside_copy", "round_update_fraction",
                 "daemon_outside_update_cpu_s"):
         positive(label + "." + key, r[key])
+    # The whole host's busy share of the window: measured, and a share (the
+    # 10 ms ticks of /proc/stat at both edges of a short window leave room).
+    positive(label + ".host_busy_fraction", r["host_busy_fraction"])
+    if r["host_busy_fraction"] > 1.25:
+        sys.exit("%s.host_busy_fraction = %r: more than the host's CPUs" % (label, r["host_busy_fraction"]))
     # /proc counts CPU in clock ticks (10 ms): a few small updates may read 0.
     nonnegative(label + ".daemon_update_cpu_s", r["daemon_update_cpu_s"])
     # ... so the update's CPU fraction is null exactly when that read 0.
@@ -104,7 +109,7 @@ if goals["ingest_scaling_min"]["met"] is not None:
     sys.exit("scale goals.ingest_scaling_min.met = %r without 8/16-rank runs"
              % goals["ingest_scaling_min"]["met"])
 for key in ("ingest_bytes_per_cpu_s", "ingest_fraction", "round_update_fraction",
-            "round_update_cpu_fraction", "goals"):
+            "round_update_cpu_fraction", "host_busy_fraction", "goals"):
     if key not in scale["definitions"]:
         sys.exit("scale definitions lack " + key)
 if not isinstance(scale["goal_met"], bool):

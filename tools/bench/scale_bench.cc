@@ -79,6 +79,10 @@
 //   round_update_cpu_fraction  the same kernels' CPU seconds per round / the
 //                           daemon's zf-update threads' CPU seconds per round
 //                           (the update's extra work, whatever the cores).
+//   host_busy_fraction      the whole host's busy CPU in the window
+//                           (/proc/stat) / (window x online CPUs): how
+//                           full the cores were while the fractions above
+//                           were measured.
 // scale_run.cc runs one configuration; scale_report.cc computes the
 // fractions and goals and writes the JSON.
 //

@@ -146,6 +146,7 @@ void WriteRun(const ConfigResult& r, const ScaleRunFractions& f, double ceiling_
   OptionalDouble(w, "daemon_cpu_s", r.daemon_cpu_s);
   w->Key("bench_process_cpu_s").Double(r.bench_cpu_s);
   OptionalDouble(w, "other_processes_cpu_s", r.other_cpu_s);
+  OptionalDouble(w, "host_busy_fraction", r.host_busy_fraction);
   w->Key("job_memory_bytes").Int(r.job_memory_bytes);
   w->Key("setup_s").Double(r.setup_s);
   w->Key("finish_ms").Double(r.finish_ms);
@@ -289,6 +290,11 @@ void WriteNewDefinitions(JsonWriter* w) {
       "threads: getrusage of the bench process) / (daemon_update_cpu_s / rounds): the update's "
       "work beyond its kernels, apart from the cores it did not get while ingest and the ranks "
       "ran beside it (round_update_fraction counts both); one-daemon runs only");
+  w->Key("host_busy_fraction").String(
+      "the host's busy CPU seconds in the window (/proc/stat, every process: the daemons, this "
+      "bench with its ranks, the rest) / (window_s x the host's online CPUs): near 1 the run "
+      "had no core to spare, so round_update_fraction (wall time) counts the cores the update "
+      "waited for, which round_update_cpu_fraction leaves out (a diagnostic, not a goal)");
   w->Key("daemon_update_cpu_s").String(
       "CPU seconds of the daemon's zf-update threads in the window (round updates)");
   w->Key("goals").String(
@@ -421,18 +427,20 @@ absl::Status WriteScaleReport(const ScaleReport& rep) {
               absl::GetFlag(FLAGS_transport).c_str(), absl::GetFlag(FLAGS_topk),
               absl::GetFlag(FLAGS_interval), absl::GetFlag(FLAGS_steps),
               rep.results.empty() ? 0 : rep.results[0].warmup_steps);
-  std::printf("%5s %4s %-12s %7s %10s %8s %9s %9s %7s %12s %7s %11s %7s %7s %7s\n", "ranks",
-              "jobs", "sums", "daemons", "GB/s", "of ceil", "p50 ms", "p99 ms", "stall",
-              "CPU s/round", "rounds", "GB/CPU-s", "ingest", "update", "upd-cpu");
+  std::printf("%5s %4s %-12s %7s %10s %8s %9s %9s %7s %12s %7s %11s %7s %7s %7s %7s\n",
+              "ranks", "jobs", "sums", "daemons", "GB/s", "of ceil", "p50 ms", "p99 ms", "stall",
+              "CPU s/round", "rounds", "GB/CPU-s", "ingest", "update", "upd-cpu", "busy");
   for (size_t i = 0; i < rep.results.size(); ++i) {
     const ConfigResult& r = rep.results[i];
-    std::printf("%5d %4d %-12s %7d %10.2f %7.0f%% %9.1f %9.1f %7.3f %12.4f %7lld %11.2f %7.2f %7.2f %7.2f\n",
+    std::printf("%5d %4d %-12s %7d %10.2f %7.0f%% %9.1f %9.1f %7.3f %12.4f %7lld %11.2f %7.2f %7.2f "
+                "%7.2f %7.2f\n",
                 r.cfg.ranks, r.cfg.jobs, r.cfg.sums().c_str(), r.cfg.daemons,
                 r.accumulate_bytes_per_s / 1e9,
                 ceiling > 0 ? 100 * r.accumulate_bytes_per_s / ceiling : 0.0, r.p50_ms, r.p99_ms,
                 r.stall_fraction, r.daemon_cpu_s_per_round, static_cast<long long>(r.rounds),
                 r.ingest_bytes_per_cpu_s / 1e9, fractions[i].ingest_fraction,
-                fractions[i].round_update_fraction, fractions[i].round_update_cpu_fraction);
+                fractions[i].round_update_fraction, fractions[i].round_update_cpu_fraction,
+                r.host_busy_fraction);
   }
   if (ceiling > 0) {
     std::printf("ceiling: %.2f GB/s bf16 accumulate (%s)\n", ceiling / 1e9,

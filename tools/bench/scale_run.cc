@@ -450,6 +450,11 @@ class ConfigRun {
     r.setup_s = setup;
     r.finish_ms = 1e3 * fin;
     r.bench_cpu_s = end_.self_cpu_s - start_.self_cpu_s;
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (start_.host_busy_s >= 0 && end_.host_busy_s >= 0 && cpus > 0 && r.window_s > 0) {
+      r.host_busy_fraction = (end_.host_busy_s - start_.host_busy_s) /
+                             (r.window_s * static_cast<double>(cpus));
+    }
     if (start_.daemon_cpu_s >= 0) {
       r.daemon_cpu_s = end_.daemon_cpu_s - start_.daemon_cpu_s;
       r.daemon_cpu_s_per_round = r.rounds > 0 ? r.daemon_cpu_s / r.rounds : -1;

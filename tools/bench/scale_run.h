@@ -52,6 +52,10 @@ struct ConfigResult {
   double daemon_cpu_s_per_round = -1;
   double bench_cpu_s = 0;
   double other_cpu_s = -1;  // the host's other processes
+  // The host's busy CPU seconds in the window (/proc/stat: all processes)
+  // / (window_s x its online CPUs); -1: not measured. Near 1 the run had no
+  // core to spare, and wall-time figures count the cores a thread waited for.
+  double host_busy_fraction = -1;
   double shard_bytes_per_rank_per_step = 0;
   // The job's shard bytes over the whole run (every step, warm-up
   // included), read after the last round: exact, unlike the window's.
