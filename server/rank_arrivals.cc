@@ -147,6 +147,15 @@ int32_t RankArrivals::hits(int t, int rank, int32_t c) const {
   return n;
 }
 
+bool RankArrivals::Seen(int t, int rank, int32_t c) const {
+  const int64_t k = Number(t, c);
+  if (k < 0) return false;
+  for (const Step& s : ranks_[rank]) {
+    if (Contains(s.runs, k)) return true;
+  }
+  return false;
+}
+
 bool RankArrivals::FirstIncomplete(int rank, int64_t steps, Miss* miss) const {
   const int64_t total = offset_.back();
   // Every run's edges, swept in order: between two edges every number has

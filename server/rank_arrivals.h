@@ -55,8 +55,14 @@ class RankArrivals {
   bool Received(int t, int rank, int64_t step, int32_t c) const;
   // Records it. Column c must be unimportant and not yet received.
   void MarkReceived(int t, int rank, int64_t step, int32_t c);
-  // Steps of the rank's open round that have column c of tensor t.
+  // Steps of the rank's open round that have column c of tensor t: a walk
+  // over all of them.
   int32_t hits(int t, int rank, int32_t c) const;
+  // Whether any step of the rank's open round has column c of tensor t
+  // (hits() > 0), from its oldest step on: a column the rank sends every
+  // step answers at the first, however long the round (the shard path asks
+  // for every column of every shard).
+  bool Seen(int t, int rank, int32_t c) const;
   // The first unimportant column (tensor order, then column order) that
   // does not have exactly `steps` steps from `rank`: false if there is none.
   struct Miss {

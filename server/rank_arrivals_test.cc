@@ -35,9 +35,28 @@ TEST(RankArrivalsTest, ColumnsOfAStepMergeIntoRunsAcrossImportantGaps) {
   EXPECT_TRUE(arr.FirstIncomplete(0, 1, &miss)) << "rank 0 sent nothing";
   EXPECT_EQ(miss.column, 0);
   EXPECT_EQ(miss.hits, 0);
+  EXPECT_TRUE(arr.Seen(1, 1, 3));
+  EXPECT_FALSE(arr.Seen(1, 0, 3)) << "rank 0 sent nothing";
+  EXPECT_FALSE(arr.Seen(0, 1, 2)) << "an important column is never seen";
   arr.ResetRank(1);
   EXPECT_FALSE(arr.Received(0, 1, 7, 0));
   EXPECT_EQ(arr.hits(1, 1, 3), 0);
+  EXPECT_FALSE(arr.Seen(1, 1, 3));
+}
+
+// Seen answers whether a column came in any step of the open round, where
+// only a later step has it too (a column that became the daemon's mid-round).
+TEST(RankArrivalsTest, SeenFindsAColumnInAnyStepOfTheRound) {
+  RankArrivals arr({6}, 1);
+  for (int64_t step = 0; step < 50; ++step) {
+    for (int32_t c = 0; c < 4; ++c) arr.MarkReceived(0, 0, step, c);
+  }
+  arr.MarkReceived(0, 0, 49, 5);
+  for (int32_t c = 0; c < 4; ++c) EXPECT_TRUE(arr.Seen(0, 0, c)) << c;
+  EXPECT_FALSE(arr.Seen(0, 0, 4));
+  EXPECT_TRUE(arr.Seen(0, 0, 5)) << "only the newest step has it";
+  EXPECT_EQ(arr.hits(0, 0, 5), 1);
+  EXPECT_EQ(arr.hits(0, 0, 0), 50);
 }
 
 TEST(RankArrivalsTest, FirstIncompleteNamesTheFirstColumnShortOfSteps) {
@@ -103,6 +122,7 @@ TEST(RankArrivalsTest, AgreesWithASetOfEveryArrival) {
               int32_t h = 0;
               for (int64_t s = 100; s < 103; ++s) h += ref.count({r, s, tt, cc}) > 0 ? 1 : 0;
               EXPECT_EQ(arr.hits(tt, r, cc), h);
+              EXPECT_EQ(arr.Seen(tt, r, cc), h > 0) << tt << " " << r << " " << cc;
               if (h != steps) {
                 want_miss = true;
                 w = {tt, cc, h};

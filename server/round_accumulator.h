@@ -22,7 +22,7 @@
 // Sums are not zeroed between rounds where each rank adds into a buffer of
 // its own (rank-ordered sums, or a one-rank job: first_add_stores()): a
 // rank's first shard of a round for a column STORES (DecodeAdd's `first`,
-// when hits() of that column is 0), so a buffer's stale values from two
+// when no step of the rank's open round has that column: !Seen()), so a buffer's stale values from two
 // rounds before are never read, and neither the fold nor the update
 // writes zeros. Every column a round's update or fold reads was stored
 // first: a rank closes a round only with every column of every step
@@ -83,7 +83,7 @@ class RoundAccumulator {
   // How many sum buffers a round has: `world` when rank-ordered, else 1.
   int sum_ranks() const { return sum_ranks_; }
   // Each rank adds into a buffer of its own (rank-ordered sums, or one
-  // rank): its first add of a round into a column stores (hits() == 0), and
+  // rank): its first add of a round into a column stores (!Seen()), and
   // nothing zeroes the sums between rounds (see the top of this file).
   bool first_add_stores() const { return sum_ranks_ > 1 || world_ == 1; }
 
@@ -122,6 +122,9 @@ class RoundAccumulator {
   }
   // Steps of the rank's open round received for column c of tensor t.
   int32_t hits(int t, int rank, int32_t c) const { return arrivals_.hits(t, rank, c); }
+  // Whether any step of the rank's open round has column c of tensor t
+  // (hits() > 0, without counting them all).
+  bool Seen(int t, int rank, int32_t c) const { return arrivals_.Seen(t, rank, c); }
   // The rank closed its round: its counts start again from zero.
   void ResetRank(int rank) { arrivals_.ResetRank(rank); }
   // Which rank sent which column (the selection set on it, checkpoints).
