@@ -117,8 +117,7 @@ TEST(JobAdam8Test, CheckpointsHoldTheEightBitFormAndRestoreBitIdentically) {
   Round(job.get(), 0);
   absl::StatusOr<JobSnapshot> snap = job->Snapshot();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  std::map<std::string, const std::string*> sections;
-  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  std::map<std::string, const std::string*> sections = SectionsOf(*snap);
   EXPECT_EQ(sections.count("t0.m"), 0u);
   EXPECT_EQ(sections.count("t0.v"), 0u);
   ASSERT_EQ(sections.count("t0.m8"), 1u);
@@ -153,8 +152,7 @@ TEST(JobAdam8Test, Fp32CheckpointsStillLoad) {
   const v1::ColumnState want = State(job.get());
   absl::StatusOr<JobSnapshot> snap = job->Snapshot();
   ASSERT_TRUE(snap.ok());
-  std::map<std::string, const std::string*> sections;
-  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  std::map<std::string, const std::string*> sections = SectionsOf(*snap);
   ASSERT_EQ(sections.count("t0.m"), 1u);
   ASSERT_EQ(sections.count("t0.m8"), 0u);
   for (const std::string state : {"fp32", "8bit"}) {

@@ -59,8 +59,7 @@ TEST(JobTest, RankOrderedSumsMakeTheStateIndependentOfArrivalOrder) {
   }
   absl::StatusOr<JobSnapshot> snap = job->Snapshot();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  std::map<std::string, const std::string*> sections;
-  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  std::map<std::string, const std::string*> sections = SectionsOf(*snap);
   ASSERT_EQ(sections.count("t0.sum0.r1"), 1u);
   ASSERT_EQ(sections.count("t0.sum1.r1"), 1u);
   JobRegistry second(RegistryOptions{});

@@ -88,8 +88,7 @@ TEST(JobCheckpointTest, AJobRestoredFromASnapshotContinuesBitIdentically) {
   EXPECT_EQ(snap->rounds_updated, 1);
 
   JobRegistry other(RegistryOptions{});
-  std::map<std::string, const std::string*> sections;
-  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  std::map<std::string, const std::string*> sections = SectionsOf(*snap);
   v1::JobSpec spec;
   ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));
   ASSERT_TRUE(other.CreateJob(spec).ok());
@@ -542,8 +541,7 @@ TEST(JobTest, AutoIntervalRoundsOfChangingLength) {
   // Mid-round 3 (rank 0 sent step 6): a snapshot restores the open round.
   absl::StatusOr<JobSnapshot> snap = job->Snapshot();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  std::map<std::string, const std::string*> sections;
-  for (const auto& [name, bytes] : snap->sections) sections[name] = &bytes;
+  std::map<std::string, const std::string*> sections = SectionsOf(*snap);
   JobRegistry second(RegistryOptions{});
   v1::JobSpec spec;
   ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));

@@ -1,6 +1,7 @@
 // Test support: a job of OneTensorSpec ("unit": w is 2 x 3) uploaded and
 // joined, its shards and closes, its state and its snapshots, for the job
-// tests (job_test.cc, job_sums_test.cc).
+// tests (job_test.cc, job_sums_test.cc, job_adam8_test.cc, shard_path_test.cc,
+// shard_alloc_test.cc).
 #ifndef ZENFLOW_SERVER_JOB_TEST_SUPPORT_H_
 #define ZENFLOW_SERVER_JOB_TEST_SUPPORT_H_
 

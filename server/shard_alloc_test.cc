@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "server/ingest.h"
 #include "server/job.h"
+#include "server/job_test_support.h"
 #include "server/raw_message.h"
 #include "server/registry.h"
 #include "tests/testing/counting_new.h"
@@ -90,16 +91,9 @@ class ShardAllocTest : public ::testing::TestWithParam<Case> {
     spec.set_rank_ordered_sums(c.rank_ordered);
     ASSERT_TRUE(registry_.CreateJob(spec).ok());
     job_ = *registry_.Find("alloc");
-    std::vector<float> init(kRows * kCols, 0.25f);
-    v1::UploadParametersRequest chunk;
-    chunk.set_tensor("w");
-    chunk.add_shape(kRows);
-    chunk.add_shape(kCols);
-    chunk.set_payload(reinterpret_cast<const char*>(init.data()), init.size() * sizeof(float));
-    absl::StatusOr<std::unique_ptr<Job::Upload>> up = Job::Upload::Begin(job_);
-    ASSERT_TRUE(up.ok() && (*up)->AddChunk(chunk).ok() && (*up)->Commit().ok());
+    UploadWAndJoin(job_, kRows, kCols, std::vector<float>(kRows * kCols, 0.25f), kWorld);
+    ASSERT_FALSE(HasFailure());
     for (int r = 0; r < kWorld; ++r) {
-      ASSERT_TRUE(job_->Join(r).ok());
       absl::StatusOr<std::shared_ptr<Mailbox>> box = job_->MailboxFor(r);
       ASSERT_TRUE(box.ok());
       boxes_.push_back(*box);
