@@ -430,6 +430,14 @@ absl::Status Job::LoadSnapshot(const std::map<std::string, const std::string*>& 
       for (int r = 0; r < world_; ++r) {
         std::memcpy(l.data(), last->data() + r * cols * sizeof(int64_t), cols * sizeof(int64_t));
         std::memcpy(h.data(), hits->data() + r * cols * sizeof(int32_t), cols * sizeof(int32_t));
+        // A count is of the open round's steps: at most the interval (and
+        // LoadPerColumn walks that many steps per column).
+        for (size_t c = 0; c < cols; ++c) {
+          if (h[c] < 0 || h[c] > interval_) {
+            return bad(absl::StrCat("tensor ", ti, " column ", c, ": rank ", r, " has ", h[c],
+                                    " steps of its open round, outside [0, ", interval_, "]"));
+          }
+        }
         acc_->arrivals().LoadPerColumn(static_cast<int>(ti), r, l.data(), h.data());
       }
     }

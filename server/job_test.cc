@@ -144,6 +144,21 @@ TEST(JobCheckpointTest, PerColumnArrivalSectionsOfOlderCheckpointsLoad) {
     ASSERT_TRUE(j->HandleUp(0, Close(0, 2, 0.1), Wire::kGrpc).ok());
   }
   EXPECT_EQ(StateAfterUpdates(copy.get()), StateAfterUpdates(whole.get()));
+  // A count of more steps than a round has (S = 2), or below 0, is refused
+  // before any is walked (a fuzzed one of 2^31 - 1 took the restore minutes).
+  for (int32_t bad : {3, -1, 0x7fffffff}) {
+    const std::vector<int32_t> wrong = {1, bad, 1};
+    const std::string wrong_bytes(reinterpret_cast<const char*>(wrong.data()),
+                                  3 * sizeof(int32_t));
+    sections["t0.hits"] = &wrong_bytes;
+    JobRegistry third(RegistryOptions{});
+    v1::JobSpec spec;
+    ASSERT_TRUE(spec.ParseFromString(*sections.at("spec")));
+    ASSERT_TRUE(third.CreateJob(spec).ok());
+    const absl::Status s = (*third.Find(spec.job_id()))->LoadSnapshot(sections);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << bad << ": " << s;
+    EXPECT_NE(s.message().find("steps of its open round"), absl::string_view::npos) << s;
+  }
 }
 
 TEST(JobRegistryTest, JobsBeyondMaxJobsAreRefusedUntilOneIsDeleted) {
